@@ -1,0 +1,198 @@
+"""Plain-data syntax tree of the formula language.
+
+The parser turns text into these nodes; nothing here knows about sympy or configs. Each node
+keeps the :class:`~memform.errors.Loc` it came from so traces and errors can point at it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import Loc
+
+# ---------------------------------------------------------------- expressions
+
+
+@dataclass(frozen=True)
+class Num:
+    text: str
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Str:
+    value: str
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Bool:
+    value: bool
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Ref:
+    """``name``, ``block.quantity`` or ``block.quantity[variant]``."""
+
+    name: str
+    attr: str | None
+    variant: str | None
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Call:
+    func: str
+    args: tuple["Expr", ...]
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class BinOp:
+    op: str  # + - * / % ^
+    left: "Expr"
+    right: "Expr"
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Neg:
+    operand: "Expr"
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Cmp:
+    op: str  # == != < <= > >=
+    left: "Expr"
+    right: "Expr"
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Logic:
+    op: str  # and / or
+    operands: tuple["Expr", ...]
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Not:
+    operand: "Expr"
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class If:
+    cond: "Expr"
+    then: "Expr"
+    other: "Expr"
+    loc: Loc
+
+
+Expr = Num | Str | Bool | Ref | Call | BinOp | Neg | Cmp | Logic | Not | If
+
+# ---------------------------------------------------------------- declarations
+
+
+@dataclass(frozen=True)
+class TypeSpec:
+    """Type of a config-bound name: int (optionally ranged), real, bool, dtype or enum."""
+
+    kind: str
+    lo: int | None = None
+    hi: int | None = None
+    choices: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        if self.kind == "enum":
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.kind == "int" and self.lo is not None:
+            return f"an integer in {self.lo}..{self.hi}"
+        return {"int": "an integer", "real": "a number", "bool": "true or false",
+                "dtype": "a dtype name (fp32, bf16, fp16, fp8, ...)"}[self.kind]
+
+
+@dataclass(frozen=True)
+class Include:
+    path: str
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Binding:
+    """``symbol`` (kept symbolic in closed forms) or ``option`` (substituted) bound to a config key."""
+
+    keyword: str  # "symbol" or "option"
+    name: str
+    type: TypeSpec
+    path: str
+    default: Expr | None
+    doc: str
+    unit: str | None
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Let:
+    name: str
+    expr: Expr
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Def:
+    name: str
+    params: tuple[str, ...]
+    expr: Expr
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Require:
+    expr: Expr
+    message: str
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Quantity:
+    name: str
+    variants: tuple[str, ...] | None  # None: the same formula for every variant
+    expr: Expr
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Block:
+    """``block``, ``comm`` or ``schedule``: a named group of quantities."""
+
+    kind: str
+    name: str
+    base: str | None
+    quantities: tuple[Quantity, ...]
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class StackEntry:
+    place: str | None  # "first", "last" or None (body, split over pipeline chunks)
+    block: str
+    count: Expr | None
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Stack:
+    entries: tuple[StackEntry, ...]
+    loc: Loc
+
+
+Decl = Include | Binding | Let | Def | Require | Block | Stack
+
+
+@dataclass(frozen=True)
+class File:
+    path: str
+    decls: tuple[Decl, ...] = field(default_factory=tuple)

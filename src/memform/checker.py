@@ -1,0 +1,230 @@
+"""Static checks of a :class:`~memform.program.Program`: the formula author's lint.
+
+Run before any config is bound, so ``memform check FILE.mf`` finds unknown names, wrong
+arities, missing recompute variants and cyclic definitions without a model at hand.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from . import ast
+from .errors import MemformError, did_you_mean
+from .program import (BUILTIN_FUNCS, LAYER_QUANTITIES, RECOMPUTE_MODES, SCHEDULE_NAMES,
+                      SCHEDULE_QUANTITIES, Program)
+
+
+def walk(node: ast.Expr) -> Iterator[ast.Expr]:
+    """Every sub-expression of ``node`` (pre-order)."""
+    yield node
+    if isinstance(node, (ast.BinOp, ast.Cmp)):
+        yield from walk(node.left)
+        yield from walk(node.right)
+    elif isinstance(node, (ast.Neg, ast.Not)):
+        yield from walk(node.operand)
+    elif isinstance(node, ast.Logic):
+        for o in node.operands:
+            yield from walk(o)
+    elif isinstance(node, ast.If):
+        yield from walk(node.cond)
+        yield from walk(node.then)
+        yield from walk(node.other)
+    elif isinstance(node, ast.Call):
+        for a in node.args:
+            yield from walk(a)
+
+
+# A dependency node: ("global", name) or ("q", block, quantity, mode)
+Node = tuple
+
+
+class _Checker:
+    def __init__(self, prog: Program):
+        self.prog = prog
+
+    def run(self) -> None:
+        prog = self.prog
+        for name in prog.blocks:
+            prog.chain(name)  # unknown / cyclic extends
+        for b in prog.bindings.values():
+            if b.keyword == "symbol" and b.type.kind not in ("int", "real"):
+                raise MemformError(f"symbol '{b.name}' must be int or real; use 'option' for {b.type.kind}", b.loc)
+            if b.default is not None:
+                self.refs(b.default, block=None, params=(), where="default")
+        for let in prog.lets.values():
+            self.refs(let.expr, block=None, params=(), where="let")
+        for d in prog.defs.values():
+            self.refs(d.expr, block=None, params=d.params, where="def")
+        for r in prog.requires:
+            self.refs(r.expr, block=None, params=(), where="require")
+        for bname, b in prog.blocks.items():
+            for qd in b.quantities.values():
+                for q in qd.all():
+                    self.refs(q.expr, block=bname, params=(), where=b.kind)
+        self.stack()
+        for name, b in prog.schedules().items():
+            self.require_quantities(name, SCHEDULE_QUANTITIES)
+        for name in prog.comms():
+            self.require_quantities(name, ("bytes",))
+        self.cycles()
+
+    # ---------------------------------------------------------------- names
+    def refs(self, expr: ast.Expr, *, block: str | None, params: tuple[str, ...], where: str) -> None:
+        prog = self.prog
+        for node in walk(expr):
+            if isinstance(node, ast.Ref):
+                self.ref(node, block, params, where)
+            elif isinstance(node, ast.Call):
+                arity = BUILTIN_FUNCS.get(node.func, -1)
+                if node.func in prog.defs:
+                    arity = len(prog.defs[node.func].params)
+                if arity == -1:
+                    names = list(BUILTIN_FUNCS) + list(prog.defs)
+                    raise MemformError(f"unknown function '{node.func}'{did_you_mean(node.func, names)}", node.loc)
+                if arity is None and len(node.args) < 2:
+                    raise MemformError(f"{node.func}() takes at least 2 arguments", node.loc)
+                if arity is not None and len(node.args) != arity:
+                    raise MemformError(f"{node.func}() takes {arity} argument{'s' * (arity != 1)}, "
+                                       f"got {len(node.args)}", node.loc)
+
+    def ref(self, node: ast.Ref, block: str | None, params: tuple[str, ...], where: str) -> None:
+        prog = self.prog
+        if node.attr is not None:
+            if node.name not in prog.blocks:
+                raise MemformError(f"unknown block '{node.name}'{did_you_mean(node.name, prog.blocks)}", node.loc)
+            names = prog.quantity_names(node.name)
+            if node.attr not in names:
+                raise MemformError(f"block '{node.name}' has no quantity '{node.attr}'"
+                                   f"{did_you_mean(node.attr, names)}", node.loc)
+            return
+        if node.name in params:
+            return
+        visible = set(params) | prog.global_names()
+        if block is not None:
+            own = prog.quantity_names(block)
+            if node.name in own:
+                return
+            visible |= own
+            if prog.blocks[block].kind == "schedule":
+                if node.name in SCHEDULE_NAMES:
+                    return
+                visible |= set(SCHEDULE_NAMES)
+        if node.name in prog.global_names():
+            if node.variant is not None:
+                raise MemformError(f"'{node.name}' is not a block quantity and has no variants", node.loc)
+            return
+        if node.name in prog.blocks:
+            qs = ", ".join(sorted(prog.quantity_names(node.name)))
+            raise MemformError(f"'{node.name}' is a {prog.blocks[node.name].kind}; name one of its quantities "
+                               f"({node.name}.{qs.split(', ')[0]} ...): {qs}", node.loc)
+        if node.name in SCHEDULE_NAMES:
+            raise MemformError(f"'{node.name}' is only defined inside schedule blocks", node.loc)
+        raise MemformError(f"unknown symbol '{node.name}'{did_you_mean(node.name, visible)}", node.loc)
+
+    # ---------------------------------------------------------------- structure
+    def require_quantities(self, block: str, needed: tuple[str, ...]) -> None:
+        prog = self.prog
+        have = prog.quantity_names(block)
+        missing = [q for q in needed if q not in have]
+        b = prog.blocks[block]
+        if missing:
+            raise MemformError(f"{b.kind} '{block}' must define {', '.join(missing)} "
+                               f"(directly or through 'extends')", b.loc)
+        for q in needed:
+            for mode in RECOMPUTE_MODES:
+                if prog.pick(block, q, mode) is None:
+                    raise MemformError(f"{b.kind} '{block}': quantity '{q}' has no formula for recompute mode "
+                                       f"'{mode}' (add {q}[{mode}] = ... or a default {q} = ...)", b.loc)
+
+    def stack(self) -> None:
+        prog = self.prog
+        if prog.stack is None:
+            return
+        seen_body = False
+        for e in prog.stack.entries:
+            if e.block not in prog.blocks or prog.blocks[e.block].kind != "block":
+                layer_blocks = [n for n, b in prog.blocks.items() if b.kind == "block"]
+                raise MemformError(f"stack names unknown block '{e.block}'{did_you_mean(e.block, layer_blocks)}",
+                                   e.loc)
+            if e.count is not None:
+                self.refs(e.count, block=None, params=(), where="stack")
+            if e.place is None:
+                seen_body = True
+            self.require_quantities(e.block, LAYER_QUANTITIES)
+        if not seen_body:
+            raise MemformError("stack has no body entries to split over pipeline stages", prog.stack.loc)
+
+    # ---------------------------------------------------------------- cycles
+    def deps(self, node: Node) -> list[tuple[Node, ast.Ref]]:
+        """What ``node``'s formula refers to, as dependency nodes (late binding for 'self')."""
+        prog = self.prog
+        out: list[tuple[Node, ast.Ref]] = []
+        if node[0] == "global":
+            decl = prog.lets.get(node[1]) or prog.bindings.get(node[1])
+            expr = decl.expr if isinstance(decl, ast.Let) else getattr(decl, "default", None)
+            exprs = [(expr, None, None, ())] if expr is not None else []
+        else:
+            _, block, qname, mode = node
+            q = prog.pick(block, qname, mode)
+            exprs = [(q.expr, block, mode, ())] if q is not None else []
+        todo = list(exprs)
+        seen_defs: set[str] = set()
+        while todo:
+            expr, block, mode, params = todo.pop()
+            for sub in walk(expr):
+                if isinstance(sub, ast.Call) and sub.func in prog.defs and sub.func not in seen_defs:
+                    seen_defs.add(sub.func)
+                    d = prog.defs[sub.func]
+                    todo.append((d.expr, None, None, d.params))
+                if not isinstance(sub, ast.Ref):
+                    continue
+                if sub.attr is not None:
+                    out.append((("q", sub.name, sub.attr, sub.variant or mode), sub))
+                elif sub.name in params:
+                    continue
+                elif block is not None and sub.name in prog.quantity_names(block):
+                    out.append((("q", block, sub.name, sub.variant or mode), sub))
+                elif sub.name in prog.global_names():
+                    out.append((("global", sub.name), sub))
+        return out
+
+    def cycles(self) -> None:
+        prog = self.prog
+        starts: list[Node] = [("global", n) for n in prog.global_names()]
+        for bname, b in prog.blocks.items():
+            for qname in b.quantities:
+                for mode in RECOMPUTE_MODES:
+                    starts.append(("q", bname, qname, mode))
+        state: dict[Node, int] = {}  # 1 = on stack, 2 = done
+
+        def label(n: Node) -> str:
+            if n[0] == "global":
+                return n[1]
+            return f"{n[1]}.{n[2]}" + (f"[{n[3]}]" if n[3] and prog.has_variants(n[1], n[2]) else "")
+
+        for start in starts:
+            if state.get(start) == 2:
+                continue
+            path: list[Node] = [start]
+            iters = [iter(self.deps(start))]
+            state[start] = 1
+            while iters:
+                try:
+                    nxt, ref = next(iters[-1])
+                except StopIteration:
+                    state[path.pop()] = 2
+                    iters.pop()
+                    continue
+                st = state.get(nxt)
+                if st == 1:
+                    cyc = path[path.index(nxt):] + [nxt]
+                    raise MemformError("cyclic definition: " + " -> ".join(label(n) for n in cyc), ref.loc)
+                if st is None:
+                    state[nxt] = 1
+                    path.append(nxt)
+                    iters.append(iter(self.deps(nxt)))
+
+
+def check_program(prog: Program) -> None:
+    """Raise :class:`MemformError` for the first problem found in ``prog``."""
+    _Checker(prog).run()

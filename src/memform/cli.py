@@ -1,0 +1,89 @@
+"""Command line: ``memform estimate | check`` (argparse; one function per sub-command)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable, Sequence
+
+from .errors import EXIT_USER_ERROR, MemformError
+
+Command = Callable[[argparse.Namespace], int]
+_COMMANDS: dict[str, Command] = {}
+
+
+def command(name: str):
+    def wrap(fn: Command) -> Command:
+        _COMMANDS[name] = fn
+        return fn
+    return wrap
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="YAML config (model, parallel, training, device)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key by dotted path, e.g. --set parallel.tp=8 (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="memform", description="Per-stage training memory of LLMs, "
+                                     "from declarative formula files.")
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"memform {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("estimate", help="per-stage peak memory table")
+    _add_config_args(p)
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="machine-readable output")
+    out.add_argument("--symbolic", action="store_true", help="closed form of each stage's peak")
+    out.add_argument("--explain", type=int, metavar="STAGE", help="every layer's contribution on one stage")
+
+    p = sub.add_parser("check", help="parse and validate formula files (the author's lint)")
+    p.add_argument("files", nargs="+", help=".mf files, loaded in order (later ones override)")
+    return parser
+
+
+@command("estimate")
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from .api import estimate
+    from .report import render
+    est = estimate(args.config, args.overrides)
+    if args.json:
+        print(json.dumps(est.to_dict(), indent=2, sort_keys=True))
+    elif args.symbolic:
+        sys.stdout.write(render("symbolic.txt.j2", est))
+    elif args.explain is not None:
+        if not 0 <= args.explain < len(est.stages):
+            raise MemformError(f"--explain: stage {args.explain} does not exist (stages 0..{len(est.stages) - 1})")
+        sys.stdout.write(render("explain.txt.j2", est, stage=est.stages[args.explain]))
+    else:
+        sys.stdout.write(render("estimate.txt.j2", est))
+    return 0
+
+
+@command("check")
+def cmd_check(args: argparse.Namespace) -> int:
+    from .program import load_program
+    prog = load_program(args.files)
+    blocks = len(prog.blocks)
+    print(f"ok: {len(prog.files)} file(s), {len(prog.bindings)} bindings, {len(prog.lets)} lets, "
+          f"{blocks} blocks, {len(prog.schedules())} schedules")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except MemformError as exc:
+        print(f"memform: error: {exc.render()}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

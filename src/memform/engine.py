@@ -1,0 +1,151 @@
+"""The interpreter: walk ``layers[stage][chunk]`` and sum the formula blocks per stage.
+
+Per stage ``i`` (Korthikanti et al. 2022 §4.2.3; MemEst ``_backbone.py``)::
+
+    static(i)  = Σ_layers count · (param_bytes + grad_bytes + optimizer_bytes)
+    act(i)     = Σ_chunks inflight(i, c) · Σ_layers-in-chunk count · act[mode]
+    comm(i)    = max over the stage's layers of comm      (transient buffers, one layer at a time)
+    peak(i)    = static(i) + act(i) + comm(i)
+
+Everything physical (what a layer stores, how many micro-batches a schedule keeps in flight)
+comes from the formula files; this module only decides *where* each formula applies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from .errors import MemformError
+from .evaluator import Evaluator
+from .partition import Partition
+from .program import Program
+
+CATEGORIES = ("params", "grads", "optimizer", "activations", "comm")
+STATIC = ("params", "grads", "optimizer")
+_QUANTITY = {"param_count": "params", "params": "param_bytes", "grads": "grad_bytes",
+             "optimizer": "optimizer_bytes", "activations": "act", "comm": "comm"}
+
+
+@dataclass
+class LayerReport:
+    """One group of identical layers on a stage: what each contributes and why."""
+
+    stage: int
+    chunk: int
+    block: str
+    mode: str
+    count: sympy.Expr
+    count_value: int
+    first_layer: int
+    inflight: sympy.Expr
+    inflight_value: sympy.Expr
+    per_layer: dict[str, sympy.Expr]          # param_count, params, grads, optimizer, activations, comm
+    per_layer_values: dict[str, sympy.Expr]
+    sources: dict[str, str]                   # quantity -> file:line of the formula used
+
+
+@dataclass
+class StageResult:
+    stage: int
+    exprs: dict[str, sympy.Expr]
+    exact: dict[str, sympy.Expr]
+    values: dict[str, int]
+    param_count: int
+    layers: list[LayerReport] = field(default_factory=list)
+    capacity_bytes: int = 0
+
+    @property
+    def static_bytes(self) -> int:
+        return sum(self.values[c] for c in STATIC)
+
+    @property
+    def dynamic_bytes(self) -> int:
+        return self.values["activations"] + self.values["comm"]
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.static_bytes + self.dynamic_bytes
+
+    @property
+    def total_expr(self) -> sympy.Expr:
+        return sympy.Add(*(self.exprs[c] for c in CATEGORIES))
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+
+def to_bytes(value: sympy.Expr) -> int:
+    """Exact rational → whole bytes, rounding up (a fraction of a byte still needs a byte)."""
+    p, q = sympy.fraction(sympy.Rational(value))
+    return -(-int(p) // int(q))
+
+
+class Interpreter:
+    """Evaluates a program over a partition with one evaluator (symbolic) and its numbers."""
+
+    def __init__(self, program: Program, evaluator: Evaluator, schedule: str):
+        self.program = program
+        self.ev = evaluator
+        self.schedule = schedule
+        self._layer_cache: dict[tuple[str, str], tuple[dict, dict, dict]] = {}
+
+    def layer(self, block: str, mode: str) -> tuple[dict[str, sympy.Expr], dict[str, sympy.Expr], dict[str, str]]:
+        key = (block, mode)
+        if key not in self._layer_cache:
+            exprs, values, sources = {}, {}, {}
+            for cat, qname in _QUANTITY.items():
+                q = self.program.pick(block, qname, mode)
+                e = self.ev._as_expr(self.ev.quantity(block, qname, mode), q.loc)
+                what = f"{block}.{qname}" + (f"[{mode}]" if self.program.has_variants(block, qname) else "")
+                values[cat] = self.check_number(e, what, q.loc)
+                exprs[cat] = e
+                sources[cat] = str(q.loc)
+            self._layer_cache[key] = (exprs, values, sources)
+        return self._layer_cache[key]
+
+    def check_number(self, expr: sympy.Expr, what: str, loc) -> sympy.Expr:
+        n = self.ev.number(expr, loc, what)
+        if n is sympy.nan or n.has(sympy.zoo, sympy.oo, -sympy.oo) or not n.is_real:
+            raise MemformError(f"{what} evaluates to {n} for this config, which is not a finite real byte count", loc)
+        if n < 0:
+            raise MemformError(f"{what} evaluates to a negative value ({n}) for this config", loc)
+        return n
+
+    def inflight(self, stage: int, chunk: int) -> tuple[sympy.Expr, sympy.Expr]:
+        extra = (("stage", sympy.Integer(stage)), ("chunk", sympy.Integer(chunk)))
+        q = self.program.pick(self.schedule, "inflight", None)
+        e = self.ev._as_expr(self.ev.quantity(self.schedule, "inflight", None, extra=extra), q.loc)
+        return e, self.check_number(e, f"schedule {self.schedule}: inflight at stage {stage} chunk {chunk}", q.loc)
+
+    def stage(self, index: int, partition: Partition, capacity_bytes: int) -> StageResult:
+        sums: dict[str, sympy.Expr] = {c: sympy.Integer(0) for c in ("param_count",) + STATIC + ("activations",)}
+        exact: dict[str, sympy.Expr] = dict(sums)
+        comm_expr, comm_value = sympy.Integer(0), sympy.Integer(0)
+        comm_terms: list[sympy.Expr] = []
+        layers: list[LayerReport] = []
+        for chunk in partition.chunks[index]:
+            if not chunk.groups:
+                continue
+            mf, mf_value = self.inflight(index, chunk.index)
+            for g in chunk.groups:
+                exprs, values, sources = self.layer(g.block, g.mode)
+                for cat in ("param_count",) + STATIC:
+                    sums[cat] += g.count * exprs[cat]
+                    exact[cat] += g.count_value * values[cat]
+                sums["activations"] += mf * g.count * exprs["activations"]
+                exact["activations"] += mf_value * g.count_value * values["activations"]
+                if not comm_terms or values["comm"] > comm_value:
+                    comm_expr, comm_value = exprs["comm"], values["comm"]
+                comm_terms.append(exprs["comm"])
+                layers.append(LayerReport(index, chunk.index, g.block, g.mode, g.count, g.count_value,
+                                          g.first_layer, mf, mf_value, exprs, values, sources))
+        if not self.ev.resolve and len(set(comm_terms)) > 1:
+            comm_expr = sympy.Max(*set(comm_terms))
+        sums["comm"] = comm_expr
+        exact["comm"] = comm_value
+        values_int = {c: to_bytes(exact[c]) for c in CATEGORIES}
+        return StageResult(index, {c: sums[c] for c in CATEGORIES}, {c: exact[c] for c in CATEGORIES},
+                           values_int, to_bytes(exact["param_count"]), layers, capacity_bytes)

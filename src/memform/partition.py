@@ -1,0 +1,170 @@
+"""The pipeline stage partition ``layers[stage][chunk]``.
+
+The stack declared in the formula files (``first embedding  decoder * L  last output``) is
+laid out here: body layers are split into ``pp × vpp`` consecutive pieces (evenly, or as
+``parallel.stage_layers`` says), each piece is placed on a (stage, chunk) by the schedule's
+placement, and pinned layers go in front of the first piece / behind the last one.
+
+Placements (named by the schedule block's ``placement`` quantity):
+
+* ``interleaved`` -- piece k goes to stage k mod p, chunk k div p (Megatron virtual pipeline;
+  with one chunk this is the plain split).
+* ``v`` -- chunk 0 runs down the stages and chunk 1 back up: piece k < p goes to stage k,
+  piece k ≥ p to stage 2p-1-k (zero-bubble-V / DualPipeV, Qi et al. 2024).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from .errors import MemformError
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """``count`` consecutive layers of one block with one recompute mode."""
+
+    block: str
+    mode: str
+    count: sympy.Expr     # symbolic (e.g. L/p) when the split is even, else an integer
+    count_value: int
+    first_layer: int      # index of the first layer in the whole stack (0-based)
+
+
+@dataclass
+class Chunk:
+    stage: int
+    index: int
+    groups: list[LayerGroup] = field(default_factory=list)
+
+    @property
+    def num_layers(self) -> int:
+        return sum(g.count_value for g in self.groups)
+
+
+@dataclass
+class Partition:
+    pp: int
+    vpp: int
+    chunks: list[list[Chunk]]  # [stage][chunk]
+
+    def describe(self) -> list[str]:
+        """One line per stage in the compact notation ``[['1embedding', '16decoder:full']]``."""
+        lines = []
+        for s, chunks in enumerate(self.chunks):
+            parts = []
+            for c in chunks:
+                parts.append("[" + ", ".join(f"{g.count_value}×{g.block}" + (f"({g.mode})" if g.mode != "none" else "")
+                                             for g in c.groups) + "]")
+            lines.append(f"stage {s}: " + " ".join(parts))
+        return lines
+
+
+@dataclass(frozen=True)
+class StackItem:
+    place: str | None
+    block: str
+    count: sympy.Expr      # as written (symbolic)
+    count_value: int
+
+
+def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str,
+                    stage_layers: list[int] | None, mode_of, pieces_symbol: sympy.Expr | None) -> Partition:
+    """Lay the stack out on ``pp`` stages × ``vpp`` chunks.
+
+    ``mode_of(stage, chunk, index_in_stage, block)`` gives each body layer's recompute mode;
+    ``pieces_symbol`` is the symbolic number of pieces (p·vpp) used for even splits.
+    """
+    first = [i for i in items if i.place == "first"]
+    last = [i for i in items if i.place == "last"]
+    body = [i for i in items if i.place is None]
+    total = sum(i.count_value for i in body)
+    npieces = pp * vpp
+    if placement not in ("interleaved", "v"):
+        raise MemformError(f"unknown placement '{placement}' (use 'interleaved' or 'v')")
+    if placement == "v" and vpp != 2:
+        raise MemformError(f"the V-shaped schedule needs parallel.vpp = 2 (two chunks per stage), got {vpp}")
+
+    if stage_layers is not None:
+        if sum(stage_layers) != total:
+            raise MemformError(f"parallel.stage_layers sums to {sum(stage_layers)} but the model has {total} "
+                               f"body layers")
+        sizes = []
+        for per_stage in stage_layers:
+            base, extra = divmod(per_stage, vpp)
+            sizes.append([base + (1 if c < extra else 0) for c in range(vpp)])
+        piece_sizes = [0] * npieces
+        for k in range(npieces):
+            s, c = _place(k, pp, placement)
+            piece_sizes[k] = sizes[s][c]
+        even = False
+    else:
+        if total % npieces:
+            raise MemformError(f"{total} body layers do not split evenly over parallel.pp × parallel.vpp = "
+                               f"{pp} × {vpp}; set parallel.stage_layers (one count per stage) or change pp")
+        piece_sizes = [total // npieces] * npieces
+        even = True
+
+    chunks = [[Chunk(s, c) for c in range(vpp)] for s in range(pp)]
+    # expand the body into (block, count-as-written) runs and cut it into pieces
+    runs = [(i.block, i.count_value, i.count) for i in body]
+    single_run = len(runs) == 1
+    run_idx, used = 0, 0
+    layer_no = sum(i.count_value for i in first)
+    per_stage_seen = [0] * pp
+    for k in range(npieces):
+        s, c = _place(k, pp, placement)
+        need = piece_sizes[k]
+        modes: list[tuple[str, str, int]] = []  # (block, mode, first_layer) per layer
+        while need:
+            block, count, _ = runs[run_idx]
+            take = min(need, count - used)
+            for j in range(take):
+                mode = mode_of(s, c, per_stage_seen[s], block)
+                per_stage_seen[s] += 1
+                modes.append((block, mode, layer_no))
+                layer_no += 1
+            used += take
+            need -= take
+            if used == count:
+                run_idx, used = run_idx + 1, 0
+        groups = _rle(modes)
+        if even and single_run and len(groups) == 1 and pieces_symbol is not None:
+            g = groups[0]
+            sym = runs[0][2] / pieces_symbol
+            groups = [LayerGroup(g.block, g.mode, sym, g.count_value, g.first_layer)]
+        chunks[s][c].groups.extend(groups)
+
+    first_s, first_c = _place(0, pp, placement)
+    last_s, last_c = _place(npieces - 1, pp, placement)
+    head_layer = 0
+    head_groups = []
+    for i in first:
+        head_groups.append(LayerGroup(i.block, mode_of(first_s, first_c, None, i.block), i.count,
+                                      i.count_value, head_layer))
+        head_layer += i.count_value
+    chunks[first_s][first_c].groups[:0] = head_groups
+    for i in last:
+        chunks[last_s][last_c].groups.append(LayerGroup(i.block, mode_of(last_s, last_c, None, i.block), i.count,
+                                                        i.count_value, layer_no))
+        layer_no += i.count_value
+    return Partition(pp, vpp, chunks)
+
+
+def _place(k: int, pp: int, placement: str) -> tuple[int, int]:
+    if placement == "v":
+        return (k, 0) if k < pp else (2 * pp - 1 - k, 1)
+    return k % pp, k // pp
+
+
+def _rle(layers: list[tuple[str, str, int]]) -> list[LayerGroup]:
+    groups: list[LayerGroup] = []
+    for block, mode, no in layers:
+        if groups and groups[-1].block == block and groups[-1].mode == mode:
+            g = groups[-1]
+            groups[-1] = LayerGroup(block, mode, sympy.Integer(g.count_value + 1), g.count_value + 1, g.first_layer)
+        else:
+            groups.append(LayerGroup(block, mode, sympy.Integer(1), 1, no))
+    return groups

@@ -1,0 +1,235 @@
+"""Loading formula files into one :class:`Program` and checking it before any config is seen.
+
+Files are read in order; ``include`` pulls a file in at the point it appears (once per
+program, cycles are errors). A name defined again in a *later file* overrides the earlier
+definition -- that is how a config adds an architecture-specific file that changes one
+quantity. Defining a name twice in the *same* file is a mistake and is reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from . import ast
+from .errors import Loc, MemformError, did_you_mean
+from .parser import parse_file
+from .resources import formulas_dir
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+BUILTIN_FUNCS = {"ceil": 1, "floor": 1, "min": None, "max": None, "log2": 1, "abs": 1}
+SCHEDULE_NAMES = ("stage", "chunk")  # bound by the interpreter inside schedule blocks
+#: quantities every layer block in the stack must define (possibly by inheritance)
+LAYER_QUANTITIES = ("params", "param_bytes", "grad_bytes", "optimizer_bytes", "act", "comm")
+SCHEDULE_QUANTITIES = ("inflight",)
+
+
+@dataclass
+class QuantityDef:
+    """All definitions of one quantity in one block: a default and/or per-variant formulas."""
+
+    name: str
+    default: ast.Quantity | None = None
+    variants: dict[str, ast.Quantity] = field(default_factory=dict)
+
+    def pick(self, mode: str | None) -> ast.Quantity | None:
+        if mode is not None and mode in self.variants:
+            return self.variants[mode]
+        return self.default
+
+    def all(self) -> Iterator[ast.Quantity]:
+        if self.default is not None:
+            yield self.default
+        yield from self.variants.values()
+
+
+@dataclass
+class BlockDef:
+    kind: str  # block | comm | schedule
+    name: str
+    base: str | None
+    loc: Loc
+    quantities: dict[str, QuantityDef] = field(default_factory=dict)
+
+
+@dataclass
+class Program:
+    """Every declaration visible after loading, with the last definition of each name winning."""
+
+    files: list[str] = field(default_factory=list)
+    bindings: dict[str, ast.Binding] = field(default_factory=dict)
+    lets: dict[str, ast.Let] = field(default_factory=dict)
+    defs: dict[str, ast.Def] = field(default_factory=dict)
+    requires: list[ast.Require] = field(default_factory=list)
+    blocks: dict[str, BlockDef] = field(default_factory=dict)
+    stack: ast.Stack | None = None
+    _origin: dict[tuple[str, str], str] = field(default_factory=dict)  # (namespace, name) -> file
+
+    # ---------------------------------------------------------------- lookups
+    def chain(self, block: str) -> list[BlockDef]:
+        """The block followed by its bases (nearest first)."""
+        out: list[BlockDef] = []
+        seen: set[str] = set()
+        name: str | None = block
+        while name is not None:
+            if name in seen:
+                cycle = " extends ".join([b.name for b in out] + [name])
+                raise MemformError(f"cyclic 'extends': {cycle}", self.blocks[block].loc)
+            seen.add(name)
+            b = self.blocks.get(name)
+            if b is None:
+                child = out[-1] if out else None
+                raise MemformError(f"block '{child.name if child else block}' extends unknown block "
+                                   f"'{name}'{did_you_mean(name, self.blocks)}", child.loc if child else None)
+            out.append(b)
+            name = b.base
+        return out
+
+    def find_quantity(self, block: str, qname: str) -> QuantityDef | None:
+        for b in self.chain(block):
+            if qname in b.quantities:
+                return b.quantities[qname]
+        return None
+
+    def quantity_names(self, block: str) -> set[str]:
+        return {q for b in self.chain(block) for q in b.quantities}
+
+    def pick(self, block: str, qname: str, mode: str | None) -> ast.Quantity | None:
+        """The formula that defines ``block.qname`` for recompute ``mode`` (inheritance applied)."""
+        for b in self.chain(block):
+            qd = b.quantities.get(qname)
+            if qd is not None:
+                return qd.pick(mode)
+        return None
+
+    def has_variants(self, block: str, qname: str) -> bool:
+        qd = self.find_quantity(block, qname)
+        return bool(qd and qd.variants)
+
+    def global_names(self) -> set[str]:
+        return set(self.bindings) | set(self.lets)
+
+    def schedules(self) -> dict[str, BlockDef]:
+        return {n: b for n, b in self.blocks.items() if b.kind == "schedule"}
+
+    def comms(self) -> dict[str, BlockDef]:
+        return {n: b for n, b in self.blocks.items() if b.kind == "comm"}
+
+    # ---------------------------------------------------------------- building
+    def _claim(self, namespace: str, name: str, loc: Loc, previous: Loc | None) -> None:
+        origin = self._origin.get((namespace, name))
+        if origin == loc.file and previous is not None:
+            raise MemformError(f"'{name}' is defined twice in this file (first at {previous})", loc)
+        self._origin[(namespace, name)] = loc.file
+
+    def add(self, decl: ast.Decl) -> None:
+        if isinstance(decl, (ast.Binding, ast.Let)):
+            prev = self.bindings.get(decl.name) or self.lets.get(decl.name)
+            self._claim("global", decl.name, decl.loc, prev.loc if prev else None)
+            self.bindings.pop(decl.name, None)
+            self.lets.pop(decl.name, None)
+            if isinstance(decl, ast.Binding):
+                self.bindings[decl.name] = decl
+            else:
+                self.lets[decl.name] = decl
+        elif isinstance(decl, ast.Def):
+            prev = self.defs.get(decl.name)
+            self._claim("def", decl.name, decl.loc, prev.loc if prev else None)
+            if decl.name in BUILTIN_FUNCS:
+                raise MemformError(f"'{decl.name}' is a built-in function and cannot be redefined", decl.loc)
+            self.defs[decl.name] = decl
+        elif isinstance(decl, ast.Require):
+            self.requires.append(decl)
+        elif isinstance(decl, ast.Block):
+            self._add_block(decl)
+        elif isinstance(decl, ast.Stack):
+            prev = self.stack
+            self._claim("stack", "stack", decl.loc, prev.loc if prev else None)
+            self.stack = decl
+
+    def _add_block(self, decl: ast.Block) -> None:
+        prev = self.blocks.get(decl.name)
+        self._claim("block", decl.name, decl.loc, prev.loc if prev else None)
+        if prev is not None and prev.kind != decl.kind:
+            raise MemformError(f"'{decl.name}' was declared as a {prev.kind} at {prev.loc}; "
+                               f"it cannot be redeclared as a {decl.kind}", decl.loc)
+        if prev is None:
+            prev = BlockDef(decl.kind, decl.name, decl.base, decl.loc)
+            self.blocks[decl.name] = prev
+        elif decl.base is not None:
+            prev.base = decl.base
+        fresh: set[tuple[str, str | None]] = set()  # what this declaration itself defines
+        for q in decl.quantities:
+            qd = prev.quantities.setdefault(q.name, QuantityDef(q.name))
+            keys = q.variants if q.variants is not None else (None,)
+            for key in keys:
+                if (q.name, key) in fresh:
+                    what = q.name if key is None else f"{q.name}[{key}]"
+                    raise MemformError(f"'{what}' is defined twice in block '{decl.name}'", q.loc)
+                fresh.add((q.name, key))
+                if key is None:
+                    qd.default = q
+                else:
+                    if key not in RECOMPUTE_MODES:
+                        raise MemformError(f"unknown variant '{key}'{did_you_mean(key, RECOMPUTE_MODES)}; "
+                                           f"variants are the recompute modes {', '.join(RECOMPUTE_MODES)}",
+                                           q.loc)
+                    qd.variants[key] = q
+
+
+# -------------------------------------------------------------------- loading
+
+
+def display_path(path: Path) -> Path:
+    """``path`` relative to the working directory when it lies below it (shorter messages)."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return path
+
+
+def resolve_formula_path(name: str, relative_to: Path | None) -> Path:
+    """A formula file named in an include or a config: next to the referrer, else bundled."""
+    p = Path(name)
+    if p.is_absolute():
+        return p
+    candidates = []
+    if relative_to is not None:
+        candidates.append(relative_to / p)
+    candidates.append(formulas_dir() / p)
+    for c in candidates:
+        if c.is_file():
+            return c
+    return candidates[0]
+
+
+def load_program(paths: list[str | Path], *, check: bool = True) -> Program:
+    """Read formula files (and what they include) into one checked :class:`Program`."""
+    prog = Program()
+    loaded: set[Path] = set()
+
+    def visit(path: Path, stack: list[Path], loc: Loc | None) -> None:
+        key = path.resolve()
+        if key in stack:
+            chain = " -> ".join(str(p.name) for p in stack + [key])
+            raise MemformError(f"include cycle: {chain}", loc)
+        if key in loaded:
+            return
+        if not path.is_file():
+            raise MemformError(f"formula file not found: {path}", loc)
+        tree = parse_file(display_path(path))
+        for decl in tree.decls:
+            if isinstance(decl, ast.Include):
+                visit(resolve_formula_path(decl.path, path.parent), stack + [key], decl.loc)
+            else:
+                prog.add(decl)
+        loaded.add(key)
+        prog.files.append(str(path))
+
+    for p in paths:
+        visit(Path(p), [], None)
+    if check:
+        from .checker import check_program
+        check_program(prog)
+    return prog
