@@ -10,17 +10,13 @@ from typing import Callable, Sequence
 from .errors import EXIT_USER_ERROR, MemformError
 
 Command = Callable[[argparse.Namespace], int]
-_COMMANDS: dict[str, Command] = {}
+
+#: modules that add sub-commands: each defines ``register(subparsers)`` and sets
+#: ``func=`` on its parser(s) (one module per feature keeps this file small)
+EXTENSIONS: list[str] = []
 
 
-def command(name: str):
-    def wrap(fn: Command) -> Command:
-        _COMMANDS[name] = fn
-        return fn
-    return wrap
-
-
-def _add_config_args(p: argparse.ArgumentParser) -> None:
+def add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="YAML config (model, parallel, training, device)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key by dotted path, e.g. --set parallel.tp=8 (repeatable)")
@@ -34,18 +30,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("estimate", help="per-stage peak memory table")
-    _add_config_args(p)
+    add_config_args(p)
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="machine-readable output")
     out.add_argument("--symbolic", action="store_true", help="closed form of each stage's peak")
     out.add_argument("--explain", type=int, metavar="STAGE", help="every layer's contribution on one stage")
+    p.set_defaults(func=cmd_estimate)
 
     p = sub.add_parser("check", help="parse and validate formula files (the author's lint)")
     p.add_argument("files", nargs="+", help=".mf files, loaded in order (later ones override)")
+    p.set_defaults(func=cmd_check)
+
+    import importlib
+    for name in EXTENSIONS:
+        importlib.import_module(name).register(sub)
     return parser
 
 
-@command("estimate")
 def cmd_estimate(args: argparse.Namespace) -> int:
     from .api import estimate
     from .report import render
@@ -63,7 +64,6 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("check")
 def cmd_check(args: argparse.Namespace) -> int:
     from .program import load_program
     prog = load_program(args.files)
@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return _COMMANDS[args.command](args)
+        return args.func(args)
     except MemformError as exc:
         print(f"memform: error: {exc.render()}", file=sys.stderr)
         return EXIT_USER_ERROR
