@@ -79,8 +79,10 @@ class StageResult:
 
 def to_bytes(value: sympy.Expr) -> int:
     """Exact rational → whole bytes, rounding up (a fraction of a byte still needs a byte)."""
-    p, q = sympy.fraction(sympy.Rational(value))
-    return -(-int(p) // int(q))
+    if value.is_Rational:
+        p, q = sympy.fraction(value)
+        return -(-int(p) // int(q))
+    return int(sympy.ceiling(value))
 
 
 class Interpreter:

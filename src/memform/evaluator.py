@@ -101,6 +101,8 @@ class Evaluator:
         n = v.xreplace(self.values) if v.free_symbols else v
         if not n.is_number:
             raise MemformError(f"{what} does not reduce to a number: {n}", loc)
+        if not n.is_Rational:  # e.g. log(8)/log(2): let sympy find the exact value when there is one
+            n = sympy.nsimplify(sympy.simplify(n), rational=False)
         return n
 
     # ---------------------------------------------------------------- internals

@@ -1,0 +1,26 @@
+"""Shared fixtures: paths to the bundled configs and a small dense model as a dict."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
+
+#: GPT-3 175B shape (Brown et al. 2020, Table 2.1), no parallelism, Korthikanti's setting
+GPT3 = {
+    "name": "gpt3",
+    "model": {"hidden_size": 12288, "num_heads": 96, "num_layers": 96, "ffn_hidden_size": 49152,
+              "vocab_size": 51200, "seq_length": 2048, "activation": "gelu", "norm": "layernorm",
+              "dropout": True, "position_embedding": "learned"},
+    "parallel": {"dp": 1, "tp": 1, "pp": 1},
+    "training": {"micro_batch_size": 1, "num_micro_batches": 8, "recompute": "none"},
+}
+
+
+@pytest.fixture
+def gpt3() -> dict:
+    return copy.deepcopy(GPT3)

@@ -1,0 +1,96 @@
+"""The real console script: tables, JSON, closed forms, overrides and user errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(["memform", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_estimate_table():
+    r = run("estimate", "configs/llama2-7b.yaml")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("llama2-7b: 1f1b schedule, pp=2")
+    assert "activations" in lines[1] and "fits" in lines[1]
+    assert len([l for l in lines if l.strip()[:1].isdigit()]) == 2  # one row per stage
+    assert lines[-1].startswith("peak: stage 0")
+
+
+def test_estimate_json_shape_and_overrides():
+    r = run("estimate", "configs/gpt3-175b.yaml", "--json", "--set", "parallel.tp=4",
+            "--set", "training.recompute=full")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["model"] == "gpt3-175b"
+    assert len(out["stages"]) == 8
+    for s in out["stages"]:
+        assert set(s["breakdown"]) == {"params", "grads", "optimizer", "activations", "comm"}
+        assert s["peak_bytes"] == s["static_bytes"] + s["dynamic_bytes"] == sum(s["breakdown"].values())
+        assert isinstance(s["symbolic"], str) and s["symbolic"]
+        assert isinstance(s["fits"], bool)
+    assert out["peak_bytes"] == max(s["peak_bytes"] for s in out["stages"])
+    # tp=4 halves nothing but the TP-sharded part: params per stage must grow vs tp=8
+    base = json.loads(run("estimate", "configs/gpt3-175b.yaml", "--json").stdout)
+    assert out["stages"][1]["breakdown"]["params"] > base["stages"][1]["breakdown"]["params"]
+
+
+def test_symbolic_output_and_python_api_agree():
+    r = run("estimate", "configs/gpt3-175b.yaml", "--symbolic")
+    assert r.returncode == 0, r.stderr
+    assert "stage 0 =" in r.stdout and "activations" in r.stdout and "valid where:" in r.stdout
+    import memform
+    est = memform.estimate(ROOT / "configs/gpt3-175b.yaml")
+    assert f"stage 0 = {est.stages[0].peak_bytes} bytes" in r.stdout
+
+
+def test_explain_names_formula_locations():
+    r = run("estimate", "configs/llama3-8b.yaml", "--explain", "0")
+    assert r.returncode == 0, r.stderr
+    assert "formulas/dense.mf:" in r.stdout and "in-flight micro-batches" in r.stdout
+
+
+def test_check_formula_files():
+    r = run("check", "formulas/dense.mf")
+    assert r.returncode == 0 and r.stdout.startswith("ok:")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["estimate", "configs/gpt3-175b.yaml", "--set", "model.hiden_size=4"], "did you mean 'model.hidden_size'"),
+    (["estimate", "configs/gpt3-175b.yaml", "--set", "parallel.tp=0"], "'parallel.tp' must be positive"),
+    (["estimate", "configs/gpt3-175b.yaml", "--set", "parallel.tp=eight"], "'parallel.tp' must be an integer"),
+    (["estimate", "configs/gpt3-175b.yaml", "--set", "parallel.tp=7"], "parallel.tp must divide model.num_heads"),
+    (["estimate", "configs/gpt3-175b.yaml", "--set", "parallel.pp=5"], "do not split evenly"),
+    (["estimate", "configs/gpt3-175b.yaml", "--set", "training.recompute=some"], "training.recompute"),
+    (["estimate", "configs/gpt3-175b.yaml", "--set", "model.hidden_size=null"], "missing config key 'model.hidden_size'"),
+    (["estimate", "configs/nope.yaml"], "config file not found"),
+    (["check", "tests/data/missing.mf"], "formula file not found"),
+])
+def test_user_errors_exit_2(args, fragment):
+    r = run(*args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert fragment in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_syntax_error_in_formula_file(tmp_path):
+    bad = tmp_path / "bad.mf"
+    bad.write_text("let a = 1\nlet b = a +\n")
+    r = run("check", str(bad))
+    assert r.returncode == 2
+    assert f"{bad}:2:" in r.stderr and "syntax error" in r.stderr and "^" in r.stderr
+
+
+def test_python_module_entry_point():
+    r = subprocess.run([sys.executable, "-m", "memform", "estimate", "configs/llama3-8b.yaml", "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and json.loads(r.stdout)["model"] == "llama3-8b"

@@ -1,0 +1,193 @@
+"""The formula language: each feature, and each mistake a formula author can make."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import sympy
+
+import memform
+from memform.errors import MemformError
+from memform.parser import parse_text
+from memform.program import load_program
+
+HEADER = """
+symbol h : int = model.hidden_size "hidden size"
+symbol n : int = model.num_layers "layers"
+symbol b : int = training.micro_batch_size default 1 "micro-batch"
+symbol m : int = training.num_micro_batches default 1 "micro-batches"
+symbol p : int = parallel.pp default 1 "stages"
+schedule 1f1b { inflight = min(p - stage, m) }
+block layer {
+  params = 0
+  param_bytes = 2 * params
+  grad_bytes = 2 * params
+  optimizer_bytes = 12 * params
+  act = 0
+  comm = 0
+}
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def model(tmp_path: Path, body: str, **model_keys) -> memform.Estimate:
+    f = write(tmp_path, "m.mf", HEADER + body)
+    cfg = {"formulas": [str(f)], "model": {"hidden_size": 8, "num_layers": 4, **model_keys}}
+    return memform.estimate(cfg)
+
+
+def test_arithmetic_functions_and_conditionals(tmp_path):
+    est = model(tmp_path, """
+        option fancy : bool = model.fancy default false "x"
+        def twice(x) = 2 * x
+        let w = if fancy and not (h < 4) then ceil(h / 3) else floor(h / 3)
+        block dec extends layer {
+          params = twice(w) + max(h, 3) + log2(h) + 7 % 4 + 2^3
+          act = h * b
+        }
+        stack { dec * n }
+    """, fancy=True)
+    per = est.stages[0].layers[0].per_layer_values
+    assert per["param_count"] == 2 * 3 + 8 + 3 + 3 + 8
+    assert per["activations"] == 8
+
+
+def test_variants_default_and_specific(tmp_path):
+    body = """
+        block dec extends layer {
+          act = 10 * h
+          act[full] = h
+        }
+        stack { dec * n }
+    """
+    f = write(tmp_path, "m.mf", HEADER + body)
+    for mode, want in (("none", 80), ("selective", 80), ("full", 8)):
+        est = memform.estimate({"formulas": [str(f)], "model": {"hidden_size": 8, "num_layers": 4},
+                                "training": {"recompute": mode}})
+        assert est.stages[0].layers[0].per_layer_values["activations"] == want
+
+
+def test_extends_is_late_bound(tmp_path):
+    # layer.param_bytes = 2 * params must use the child's params
+    est = model(tmp_path, "block dec extends layer { params = h }\nstack { dec * n }")
+    assert est.stages[0].values["params"] == 2 * 8 * 4
+
+
+def test_override_in_later_file(tmp_path):
+    base = write(tmp_path, "base.mf", HEADER + "block dec extends layer { params = h  act = h }\nstack { dec * n }")
+    over = write(tmp_path, "over.mf", "block dec { act = 3 * h }\n")
+    est = memform.estimate({"formulas": [str(base), str(over)], "model": {"hidden_size": 8, "num_layers": 4}})
+    layer = est.stages[0].layers[0]
+    assert layer.per_layer_values["activations"] == 24
+    assert layer.per_layer_values["param_count"] == 8  # untouched quantity survives
+    assert "over.mf" in layer.sources["activations"]
+
+
+def test_include_resolves_relative_and_bundled(tmp_path):
+    write(tmp_path, "lib.mf", "let k = 5\n")
+    main = write(tmp_path, "main.mf", 'include "lib.mf"\nlet j = k + 1\n')
+    prog = load_program([main])
+    assert set(prog.lets) == {"k", "j"}
+    bundled = write(tmp_path, "x.mf", 'include "common.mf"\n')
+    assert "bytes_master" in load_program([bundled]).lets
+
+
+def test_source_locations_kept():
+    f = parse_text("let x = 1\n\nlet y = x + 2\n", "f.mf")
+    assert (f.decls[1].loc.file, f.decls[1].loc.line) == ("f.mf", 3)
+
+
+def expect_error(tmp_path, text, fragment, name="bad.mf"):
+    path = write(tmp_path, name, text)
+    with pytest.raises(MemformError) as info:
+        load_program([path])
+    assert fragment in str(info.value), str(info.value)
+    return info.value
+
+
+def test_syntax_error_has_line_column_and_caret(tmp_path):
+    err = expect_error(tmp_path, "let a = 1\nlet b = (a + * 2)\n", "syntax error")
+    assert err.loc.line == 2 and err.loc.col == 14
+    assert "let b = (a + * 2)" in err.render() and "^" in err.render()
+    assert str(err).startswith(f"{tmp_path / 'bad.mf'}:2:14:")
+
+
+def test_unknown_symbol_did_you_mean(tmp_path):
+    err = expect_error(tmp_path, HEADER + "let w = hh * 2\n", "unknown symbol 'hh'")
+    assert "did you mean 'h'" in str(err)
+
+
+def test_duplicate_definition_same_file(tmp_path):
+    expect_error(tmp_path, "let a = 1\nlet a = 2\n", "defined twice")
+
+
+def test_duplicate_quantity_in_block(tmp_path):
+    expect_error(tmp_path, HEADER + "block x extends layer { act = 1 act = 2 }\n", "defined twice in block")
+
+
+def test_cyclic_lets(tmp_path):
+    expect_error(tmp_path, "let a = b + 1\nlet b = c\nlet c = a\n", "cyclic definition")
+
+
+def test_cyclic_quantities_through_blocks(tmp_path):
+    expect_error(tmp_path, HEADER + "block x extends layer { act = y.act }\nblock y extends layer { act = x.act }\n",
+                 "cyclic definition")
+
+
+def test_cyclic_extends(tmp_path):
+    expect_error(tmp_path, "block a extends b { q = 1 }\nblock b extends a { q = 2 }\n", "cyclic 'extends'")
+
+
+def test_missing_variant(tmp_path):
+    expect_error(tmp_path, HEADER + "block dec extends layer { act[none] = 1 act[selective] = 2 }\n"
+                 "stack { dec * n }\n", "no formula for recompute mode 'full'")
+
+
+def test_unknown_variant_name(tmp_path):
+    expect_error(tmp_path, HEADER + "block dec extends layer { act[ful] = 1 }\n", "did you mean 'full'")
+
+
+def test_include_cycle(tmp_path):
+    write(tmp_path, "a.mf", 'include "b.mf"\n')
+    write(tmp_path, "b.mf", 'include "a.mf"\n')
+    with pytest.raises(MemformError, match="include cycle"):
+        load_program([tmp_path / "a.mf"])
+
+
+def test_wrong_arity_and_unknown_function(tmp_path):
+    expect_error(tmp_path, "let a = ceil(1, 2)\n", "takes 1 argument")
+    expect_error(tmp_path, "let a = cel(1)\n", "did you mean 'ceil'")
+
+
+def test_layer_block_missing_quantity(tmp_path):
+    expect_error(tmp_path, HEADER + "block lonely { act = 1 }\nstack { lonely * n }\n", "must define params")
+
+
+def test_string_compared_with_number(tmp_path):
+    with pytest.raises(MemformError, match="string"):
+        model(tmp_path, 'option k : {"x", "y"} = model.kind default "x" "k"\n'
+                        'block dec extends layer { act = if k == 1 then 1 else 2 }\nstack { dec * n }\n')
+
+
+def test_require_names_keys(tmp_path):
+    with pytest.raises(MemformError, match=r"n must be even \(model.num_layers = 3"):
+        model(tmp_path, 'require n % 2 == 0 "n must be even"\nblock dec extends layer { }\nstack { dec * n }\n'
+              .replace("model(", ""), num_layers=3)
+
+
+def test_resolve_false_keeps_piecewise(tmp_path):
+    f = write(tmp_path, "m.mf", HEADER + "block dec extends layer { act = if h > 4 then h else 0 }\nstack { dec * n }")
+    cfg = {"formulas": [str(f)], "model": {"hidden_size": 8, "num_layers": 4}}
+    resolved = memform.estimate(cfg)
+    assert resolved.stages[0].layers[0].per_layer["activations"] == sympy.Symbol("h", positive=True, integer=True)
+    assert "h > 4" in resolved.assumptions
+    general = memform.estimate(cfg, resolve=False)
+    assert isinstance(general.stages[0].layers[0].per_layer["activations"], sympy.Piecewise)
+    assert general.stages[0].values == resolved.stages[0].values

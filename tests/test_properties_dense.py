@@ -1,0 +1,111 @@
+"""Hypothesis properties of the dense model: symbolic == numeric, sharding never hurts."""
+
+from __future__ import annotations
+
+import sympy
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import memform
+from memform.engine import CATEGORIES, STATIC
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def dense_configs(draw):
+    t = draw(st.sampled_from([1, 2, 4]))
+    g = t * draw(st.sampled_from([1, 2]))
+    a = g * draw(st.sampled_from([1, 2, 4]))
+    dh = draw(st.sampled_from([8, 16, 64]))
+    p = draw(st.sampled_from([1, 2, 4]))
+    return {
+        "model": {"hidden_size": a * dh, "num_heads": a, "num_kv_heads": g,
+                  "num_layers": p * draw(st.integers(1, 4)), "ffn_hidden_size": t * draw(st.integers(1, 64)),
+                  "vocab_size": t * draw(st.integers(1, 500)), "seq_length": draw(st.integers(1, 4096)),
+                  "activation": draw(st.sampled_from(["gelu", "swiglu"])),
+                  "norm": draw(st.sampled_from(["layernorm", "rmsnorm"])),
+                  "bias": draw(st.booleans()), "dropout": draw(st.booleans()),
+                  "flash_attention": draw(st.booleans()), "tied_embeddings": draw(st.booleans()),
+                  "position_embedding": draw(st.sampled_from(["learned", "rope"]))},
+        "parallel": {"dp": draw(st.sampled_from([1, 2, 8])), "tp": t, "pp": p,
+                     "sequence_parallel": draw(st.booleans()), "zero": draw(st.integers(0, 3))},
+        "training": {"micro_batch_size": draw(st.integers(1, 8)), "num_micro_batches": draw(st.integers(1, 8)),
+                     "recompute": draw(st.sampled_from(["none", "selective", "full"])),
+                     "precision": {"params": draw(st.sampled_from(["bf16", "fp32"])),
+                                   "activations": draw(st.sampled_from(["bf16", "fp32"]))}},
+    }
+
+
+def values_of(est):
+    return est.model.bound.values
+
+
+@SETTINGS
+@given(dense_configs())
+def test_symbolic_equals_numeric(cfg):
+    est = memform.estimate(cfg)
+    vals = values_of(est)
+    for stage in est.stages:
+        for c in CATEGORIES:
+            assert stage.exprs[c].xreplace(vals) == stage.exact[c]
+        assert stage.total_expr.xreplace(vals) == sum(stage.exact.values())
+
+
+@SETTINGS
+@given(dense_configs())
+def test_general_form_agrees_with_resolved_form(cfg):
+    # resolve=False keeps Piecewise/Min: valid for all values, so it must agree at this config too
+    resolved = memform.estimate(cfg)
+    general = memform.estimate(cfg, resolve=False)
+    numeric = memform.estimate(cfg, keep=frozenset())
+    for r, g, n in zip(resolved.stages, general.stages, numeric.stages):
+        assert r.values == g.values == n.values
+        for c in CATEGORIES:
+            assert g.exprs[c].xreplace(values_of(general)) == r.exact[c]
+
+
+def static(est):
+    return [s.static_bytes for s in est.stages]
+
+
+@SETTINGS
+@given(dense_configs(), st.sampled_from(["parallel.dp", "parallel.zero", "parallel.tp"]))
+def test_more_sharding_never_increases_static_bytes(cfg, key):
+    base = memform.estimate(cfg)
+    section, name = key.split(".")
+    if key == "parallel.zero":
+        if cfg["parallel"]["zero"] == 3:
+            return
+        bumped = memform.estimate(cfg, {key: cfg["parallel"]["zero"] + 1})
+    elif key == "parallel.dp":
+        bumped = memform.estimate(cfg, {key: cfg["parallel"]["dp"] * 2})
+    else:
+        m = cfg["model"]
+        t2 = cfg["parallel"]["tp"] * 2
+        if any(m[k] % t2 for k in ("num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size")):
+            return
+        bumped = memform.estimate(cfg, {key: t2})
+    assert max(static(bumped)) <= max(static(base))
+
+
+@SETTINGS
+@given(dense_configs())
+def test_recompute_orders_activations(cfg):
+    acts = {}
+    for mode in ("none", "selective", "full"):
+        est = memform.estimate(cfg, {"training.recompute": mode})
+        acts[mode] = [s.values["activations"] for s in est.stages]
+    for a_full, a_sel, a_none in zip(acts["full"], acts["selective"], acts["none"]):
+        assert a_full <= a_sel <= a_none
+
+
+@SETTINGS
+@given(dense_configs())
+def test_pipeline_split_conserves_static_bytes(cfg):
+    # the same layers on more stages: the sum over stages of parameter counts is unchanged
+    if cfg["parallel"]["pp"] == 1 or cfg["model"]["tied_embeddings"]:
+        return
+    split = memform.estimate(cfg)
+    whole = memform.estimate(cfg, {"parallel.pp": 1})
+    assert sum(s.param_count for s in split.stages) == whole.stages[0].param_count
+    assert max(static(split)) <= max(static(whole))
