@@ -88,6 +88,8 @@ class Estimate:
                 "static_bytes": s.static_bytes,
                 "dynamic_bytes": s.dynamic_bytes,
                 "breakdown": {c: s.values[c] for c in CATEGORIES},
+                "peak_moment": s.peak_moment,
+                "moments": dict(s.moments),
                 "symbolic": closed_form_text(s.total_expr),
                 "fits": s.fits,
             } for s in self.stages],
@@ -113,6 +115,29 @@ def load_model(config: ConfigSource, overrides: Mapping[str, Any] | list[str] | 
     _check_devices(data, bound, program)
     _check_requires(program, bound)
     return Model(data, source, program, bound, st)
+
+
+def rebind(model: Model, overrides: Mapping[str, Any], *, check: bool = True) -> Model:
+    """``model`` with dotted-key ``overrides`` applied, reusing its parsed program (no re-parse).
+
+    What a planner or solver calls once per candidate. When ``training.global_batch_size``
+    is set the micro-batch count is derived again (unless overridden), as :func:`load_model`
+    would. ``check=False`` skips the device-count and ``require`` checks (for callers that
+    check them themselves, vectorized).
+    """
+    data = apply_overrides(model.data, overrides)
+    training = data.get("training")
+    if (isinstance(training, dict) and training.get("global_batch_size") is not None
+            and "training.num_micro_batches" not in overrides):
+        training.pop("num_micro_batches", None)
+    data = normalize(data, model.source)
+    check_keys(data, known_keys(model.program.bindings))
+    st = structure(data, list(model.program.schedules()))
+    bound = bind(model.program, data)
+    if check:
+        _check_devices(data, bound, model.program)
+        _check_requires(model.program, bound)
+    return Model(data, model.source, model.program, bound, st)
 
 
 def _check_devices(data: Mapping[str, Any], bound: Bound, program: Program) -> None:
@@ -185,10 +210,18 @@ def partition_of(model: Model, ev: Evaluator) -> Partition:
     elif p_sym is not None:
         pieces = sympy.Integer(st.pp * st.vpp)
 
-    def mode_of(stage: int, chunk: int, index: int | None, block: str) -> str:
-        return st.recompute
+    items = stack_items(model, ev)
+    if st.recompute_layers is not None:
+        body = sum(i.count_value for i in items if i.place is None)
+        if len(st.recompute_layers) != body:
+            raise MemformError(f"config key 'training.recompute_layers' lists {len(st.recompute_layers)} modes but "
+                               f"the stack has {body} body layers; give one mode per body layer")
 
-    return build_partition(stack_items(model, ev), pp=st.pp, vpp=st.vpp, placement=placement,
+    def mode_of(stage: int, chunk: int, index: int | None, block: str, *, index_in_chunk: int | None = None,
+                body_index: int | None = None) -> str:
+        return st.layer_mode(stage, index_in_chunk, body_index)
+
+    return build_partition(items, pp=st.pp, vpp=st.vpp, placement=placement,
                            stage_layers=st.stage_layers, mode_of=mode_of, pieces_symbol=pieces)
 
 

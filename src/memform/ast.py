@@ -91,7 +91,16 @@ class If:
     loc: Loc
 
 
-Expr = Num | Str | Bool | Ref | Call | BinOp | Neg | Cmp | Logic | Not | If
+@dataclass(frozen=True)
+class Where:
+    """``(expr where s = s / n, ...)``: ``expr`` with config-bound names given other values."""
+
+    expr: "Expr"
+    bindings: tuple[tuple[str, "Expr"], ...]
+    loc: Loc
+
+
+Expr = Num | Str | Bool | Ref | Call | BinOp | Neg | Cmp | Logic | Not | If | Where
 
 # ---------------------------------------------------------------- declarations
 
@@ -162,6 +171,7 @@ class Quantity:
     variants: tuple[str, ...] | None  # None: the same formula for every variant
     expr: Expr
     loc: Loc
+    moment: bool = False  # declared with ``moment`` in a schedule: a candidate peak moment
 
 
 @dataclass(frozen=True)

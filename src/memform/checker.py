@@ -10,8 +10,8 @@ from typing import Iterator
 
 from . import ast
 from .errors import MemformError, did_you_mean
-from .program import (BUILTIN_FUNCS, LAYER_QUANTITIES, RECOMPUTE_MODES, SCHEDULE_NAMES,
-                      SCHEDULE_QUANTITIES, Program)
+from .program import (AGGREGATES, BUILTIN_FUNCS, LAYER_NAMES, LAYER_QUANTITIES, RECOMPUTE_MODES,
+                      SCHEDULE_NAMES, SCHEDULE_QUANTITIES, Program)
 
 
 def walk(node: ast.Expr) -> Iterator[ast.Expr]:
@@ -32,6 +32,34 @@ def walk(node: ast.Expr) -> Iterator[ast.Expr]:
     elif isinstance(node, ast.Call):
         for a in node.args:
             yield from walk(a)
+    elif isinstance(node, ast.Where):
+        yield from walk(node.expr)
+        for _, e in node.bindings:
+            yield from walk(e)
+
+
+def walk_scoped(node: ast.Expr, in_layers: bool = False) -> Iterator[tuple[ast.Expr, bool]]:
+    """Like :func:`walk`, also saying whether the node lies inside a ``layers_*`` argument."""
+    yield node, in_layers
+    if isinstance(node, ast.Call):
+        inner = in_layers or node.func in AGGREGATES
+        for a in node.args:
+            yield from walk_scoped(a, inner)
+        return
+    if isinstance(node, ast.Where):
+        children = [node.expr] + [e for _, e in node.bindings]
+    elif isinstance(node, (ast.BinOp, ast.Cmp)):
+        children = [node.left, node.right]
+    elif isinstance(node, (ast.Neg, ast.Not)):
+        children = [node.operand]
+    elif isinstance(node, ast.Logic):
+        children = list(node.operands)
+    elif isinstance(node, ast.If):
+        children = [node.cond, node.then, node.other]
+    else:
+        children = []
+    for c in children:
+        yield from walk_scoped(c, in_layers)
 
 
 # A dependency node: ("global", name) or ("q", block, quantity, mode)
@@ -66,14 +94,31 @@ class _Checker:
             self.require_quantities(name, SCHEDULE_QUANTITIES)
         for name in prog.comms():
             self.require_quantities(name, ("bytes",))
+        self.recursive_defs()
         self.cycles()
 
     # ---------------------------------------------------------------- names
     def refs(self, expr: ast.Expr, *, block: str | None, params: tuple[str, ...], where: str) -> None:
         prog = self.prog
-        for node in walk(expr):
+        for node, in_layers in walk_scoped(expr):
             if isinstance(node, ast.Ref):
+                if in_layers and node.attr is None and node.name not in params and (
+                        node.name in LAYER_NAMES or node.name in self.layer_quantity_names()):
+                    continue
                 self.ref(node, block, params, where)
+            elif isinstance(node, ast.Where):
+                for name, _ in node.bindings:
+                    if name not in prog.bindings:
+                        raise MemformError(f"'where' can only give a config-bound symbol or option another value; "
+                                           f"'{name}' is not one{did_you_mean(name, prog.bindings)}", node.loc)
+            elif isinstance(node, ast.Call) and node.func in AGGREGATES:
+                if where != "schedule":
+                    raise MemformError(f"{node.func}() reduces over the layers of a pipeline stage and can only be "
+                                       f"used in schedule blocks", node.loc)
+                if in_layers:
+                    raise MemformError(f"{node.func}() cannot be nested inside another layers_* reduction", node.loc)
+                if len(node.args) != 1:
+                    raise MemformError(f"{node.func}() takes 1 argument, got {len(node.args)}", node.loc)
             elif isinstance(node, ast.Call):
                 arity = BUILTIN_FUNCS.get(node.func, -1)
                 if node.func in prog.defs:
@@ -86,6 +131,13 @@ class _Checker:
                 if arity is not None and len(node.args) != arity:
                     raise MemformError(f"{node.func}() takes {arity} argument{'s' * (arity != 1)}, "
                                        f"got {len(node.args)}", node.loc)
+
+    def layer_quantity_names(self) -> set[str]:
+        """Every quantity a layer block defines: the names a ``layers_*`` argument may use."""
+        if not hasattr(self, "_layer_names"):
+            self._layer_names = {q for n, b in self.prog.blocks.items() if b.kind == "block"
+                                 for q in self.prog.quantity_names(n)}
+        return self._layer_names
 
     def ref(self, node: ast.Ref, block: str | None, params: tuple[str, ...], where: str) -> None:
         prog = self.prog
@@ -187,6 +239,31 @@ class _Checker:
                 elif sub.name in prog.global_names():
                     out.append((("global", sub.name), sub))
         return out
+
+    def recursive_defs(self) -> None:
+        """A ``def`` that calls itself, directly or through other defs, would never finish."""
+        prog = self.prog
+        calls = {name: [c for c in walk(d.expr) if isinstance(c, ast.Call) and c.func in prog.defs]
+                 for name, d in prog.defs.items()}
+        state: dict[str, int] = {}  # 1 = on the path, 2 = done
+        for start in prog.defs:  # depth-first, with an explicit stack (no recursion limit)
+            if start in state:
+                continue
+            path, iters = [start], [iter(calls[start])]
+            state[start] = 1
+            while iters:
+                call = next(iters[-1], None)
+                if call is None:
+                    state[path.pop()] = 2
+                    iters.pop()
+                elif state.get(call.func) == 1:
+                    chain = path[path.index(call.func):] + [call.func]
+                    raise MemformError(f"recursive function: {' -> '.join(chain)} (a def may not call itself, "
+                                       f"directly or through other defs)", call.loc)
+                elif call.func not in state:
+                    state[call.func] = 1
+                    path.append(call.func)
+                    iters.append(iter(calls[call.func]))
 
     def cycles(self) -> None:
         prog = self.prog

@@ -39,8 +39,17 @@ STRUCTURAL: tuple[Key, ...] = (
     Key("parallel.pp_schedule", None, "1f1b", "pipeline schedule: the name of a 'schedule' block"),
     Key("parallel.stage_layers", None, None, "body layers per stage (list of p integers); default: even split"),
     Key("parallel.devices", _INT, None, "total devices; when given must equal the product of the degrees", True),
-    Key("training.recompute", ast.TypeSpec("enum", choices=("none", "selective", "full")), "none",
-        "activation recomputation: none, selective (attention core) or full (layer input only)"),
+    Key("training.recompute", None, "none",
+        "activation recomputation: none, selective (attention core) or full (layer input only); "
+        "or a list of p such modes, one per pipeline stage"),
+    Key("training.recompute_layers", None, None,
+        "recompute mode of every body layer (a list of none/selective/full, one per layer of the stack "
+        "body, in forward order); overrides training.recompute for body layers"),
+    Key("training.recompute_num_layers", None, None,
+        "full recompute of the first n body layers of each stage (of each model chunk when vpp > 1), as "
+        "Megatron-LM's --recompute-method block --recompute-num-layers n; an integer, or a list of p "
+        "integers (one per stage). The other layers keep training.recompute's mode, with 'full' there "
+        "meaning none"),
     Key("training.num_micro_batches", _INT, None,
         "micro-batches per step (default: global_batch_size / (micro_batch_size * dp), else 1)", True),
     Key("training.global_batch_size", _INT, None, "sequences per optimizer step", True),
@@ -64,6 +73,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         where = f"{p}:{mark.line + 1}:{mark.column + 1}: " if mark else f"{p}: "
         problem = getattr(exc, "problem", None) or str(exc)
         raise MemformError(f"{where}YAML syntax error: {problem}") from None
+    except (RecursionError, ValueError) as exc:  # nesting beyond Python's stack; a 5000-digit number
+        reason = ("it nests too deeply" if isinstance(exc, RecursionError)
+                  else "a number has too many digits" if "digits" in str(exc) else str(exc))
+        raise MemformError(f"{p}: cannot read the config: {reason}") from None
+    check_tree(data, str(p))
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -84,7 +98,37 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
+    except (RecursionError, ValueError) as exc:
+        reason = ("it nests too deeply" if isinstance(exc, RecursionError)
+                  else "a number has too many digits" if "digits" in str(exc) else str(exc))
+        raise MemformError(f"--set {key}: cannot read the value: {reason}") from None
+    check_tree(value, f"--set {key}")
     return key, value
+
+
+#: Limits on a config's shape. Real configs nest 3 levels and hold ~50 values; YAML aliases can
+#: make a few lines expand to billions of values ("billion laughs"), which would hang every
+#: later step (copying, key checks, error messages) instead of failing.
+MAX_CONFIG_DEPTH = 32
+MAX_CONFIG_VALUES = 10_000
+
+
+def check_tree(data: Any, where: str) -> None:
+    """Reject a YAML tree nested deeper or holding more values (aliases expanded) than a config can."""
+    todo = [(data, 0)]
+    seen = 0
+    while todo:
+        node, depth = todo.pop()
+        seen += 1
+        if seen > MAX_CONFIG_VALUES:
+            raise MemformError(f"{where}: the config holds more than {MAX_CONFIG_VALUES} values "
+                               f"(YAML aliases expanding?)")
+        if depth > MAX_CONFIG_DEPTH:
+            raise MemformError(f"{where}: the config nests more than {MAX_CONFIG_DEPTH} levels deep")
+        if isinstance(node, dict):
+            todo.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            todo.extend((v, depth + 1) for v in node)
 
 
 def apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any] | list[str] | None) -> dict[str, Any]:
@@ -142,8 +186,32 @@ class Structure:
     vpp: int
     schedule: str
     stage_layers: list[int] | None
-    recompute: str
+    recompute: str                                  # the global mode, or a short description
     capacity_bytes: int
+    recompute_stages: list[str] | None = None       # one mode per stage (training.recompute as a list)
+    recompute_layers: list[str] | None = None       # one mode per body layer
+    recompute_num_layers: list[int] | None = None   # full recompute of the first n layers, per stage
+    recompute_default: str = "none"                 # training.recompute when it is one mode
+
+    def stage_mode(self, stage: int) -> str:
+        """The recompute mode training.recompute gives ``stage``."""
+        return self.recompute_stages[stage] if self.recompute_stages is not None else self.recompute_default
+
+    def layer_mode(self, stage: int, index_in_chunk: int | None, body_index: int | None) -> str:
+        """Recompute mode of one layer: per-layer list, else recompute_num_layers, else the stage's.
+
+        ``None`` indices mean a pinned layer (embedding, output head): it gets the stage's mode.
+        """
+        mode = self.stage_mode(stage)
+        if body_index is None or index_in_chunk is None:
+            return mode
+        if self.recompute_layers is not None:
+            return self.recompute_layers[body_index]
+        if self.recompute_num_layers is not None:
+            if index_in_chunk < self.recompute_num_layers[stage]:
+                return "full"
+            return "none" if mode == "full" else mode
+        return mode
 
 
 def structural_value(data: Mapping[str, Any], path: str) -> Any:
@@ -204,11 +272,69 @@ def structure(data: Mapping[str, Any], schedules: list[str]) -> Structure:
                 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in stage_layers)):
             raise MemformError(f"config key 'parallel.stage_layers' must be a list of {pp} non-negative "
                                f"integers (one per pipeline stage), got {stage_layers!r}")
-    recompute = structural_value(data, "training.recompute")
+    recompute, stages, layers, num_layers = _recompute(data, pp)
+    default = get_path(data, "training.recompute", None)
     cap = structural_value(data, "device.capacity_gib")
+    if cap > 2 ** 200:  # reports turn byte counts into floats; 2^230 bytes is far past any device
+        raise MemformError(f"config key 'device.capacity_gib' must be at most 2^200, got {float(cap):g}")
     import math
     return Structure(name=data["name"], pp=pp, vpp=vpp, schedule=schedule, stage_layers=stage_layers,
-                     recompute=recompute, capacity_bytes=int(math.floor(cap * 2 ** 30)))
+                     recompute=recompute, capacity_bytes=int(math.floor(cap * 2 ** 30)),
+                     recompute_stages=stages, recompute_layers=layers, recompute_num_layers=num_layers,
+                     recompute_default=default if isinstance(default, str) else "none")
+
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+def _modes(value: Any, key: str, what: str) -> list[str]:
+    """A list of recompute modes, or a :class:`MemformError` naming ``key``."""
+    if not isinstance(value, list) or not value:
+        raise MemformError(f"config key '{key}' must be {what}, got {value!r}")
+    for i, mode in enumerate(value):
+        if mode not in RECOMPUTE_MODES:
+            hint = did_you_mean(str(mode), RECOMPUTE_MODES) if isinstance(mode, str) else ""
+            raise MemformError(f"config key '{key}' entry {i} is {mode!r}: a recompute mode must be one of "
+                               f"{', '.join(RECOMPUTE_MODES)}{hint}")
+    return list(value)
+
+
+def _recompute(data: Mapping[str, Any], pp: int) -> tuple[str, list[str] | None, list[str] | None, list[int] | None]:
+    """training.recompute (mode or per-stage list), recompute_layers and recompute_num_layers, checked."""
+    raw = get_path(data, "training.recompute", None)
+    stages = None
+    if raw is None:
+        mode = "none"
+    elif isinstance(raw, list):
+        stages = _modes(raw, "training.recompute", f"a recompute mode or a list of {pp} modes (one per stage)")
+        if len(stages) != pp:
+            raise MemformError(f"config key 'training.recompute' lists {len(stages)} modes but there are "
+                               f"{pp} pipeline stages (parallel.pp); give one mode per stage")
+        mode = stages[0] if len(set(stages)) == 1 else "per-stage " + "/".join(stages)
+    elif isinstance(raw, str) and raw in RECOMPUTE_MODES:
+        mode = raw
+    else:
+        raise MemformError(f"config key 'training.recompute' must be one of {', '.join(RECOMPUTE_MODES)} or a "
+                           f"list of {pp} of them (one per stage), got {raw!r}"
+                           f"{did_you_mean(raw, RECOMPUTE_MODES) if isinstance(raw, str) else ''}")
+    layers = get_path(data, "training.recompute_layers", None)
+    if layers is not None:
+        layers = _modes(layers, "training.recompute_layers", "a list of recompute modes, one per body layer")
+        mode = "per-layer"
+    num = get_path(data, "training.recompute_num_layers", None)
+    if num is not None:
+        if layers is not None:
+            raise MemformError("config keys 'training.recompute_layers' and 'training.recompute_num_layers' "
+                               "both choose per-layer recompute modes; give only one of them")
+        items = num if isinstance(num, list) else [num] * pp
+        if (not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in items)
+                or len(items) != pp):
+            raise MemformError(f"config key 'training.recompute_num_layers' must be a non-negative integer or "
+                               f"a list of {pp} of them (one per pipeline stage), got {num!r}")
+        num = items
+        mode = f"full×{num[0] if len(set(num)) == 1 else '/'.join(map(str, num))} + " \
+               f"{'none' if mode == 'full' else mode}"
+    return mode, stages, layers, num
 
 
 def known_keys(bindings: Mapping[str, ast.Binding]) -> dict[str, str]:

@@ -7,6 +7,10 @@ Per stage ``i`` (Korthikanti et al. 2022 §4.2.3; MemEst ``_backbone.py``)::
     comm(i)    = max over the stage's layers of comm      (transient buffers, one layer at a time)
     peak(i)    = static(i) + act(i) + comm(i)
 
+When the schedule declares ``moment`` quantities (``moment warmup = layers_sum(inflight * act)``,
+``moment backward = ...``), act(i) is instead the largest of them at stage i, and the stage
+records which moment that was (``peak_moment``) and every moment's bytes (``moments``).
+
 Everything physical (what a layer stores, how many micro-batches a schedule keeps in flight)
 comes from the formula files; this module only decides *where* each formula applies.
 """
@@ -18,9 +22,13 @@ from dataclasses import dataclass, field
 import sympy
 
 from .errors import MemformError
-from .evaluator import Evaluator
+from .evaluator import Evaluator, LayerSlot
 from .partition import Partition
 from .program import Program
+
+#: Largest per-layer byte count (or in-flight count) accepted: far beyond any device, and small
+#: enough that stage sums stay below the float range reports and charts convert to.
+MAX_BYTES = 2 ** 256
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "comm")
 STATIC = ("params", "grads", "optimizer")
@@ -55,6 +63,10 @@ class StageResult:
     param_count: int
     layers: list[LayerReport] = field(default_factory=list)
     capacity_bytes: int = 0
+    #: the schedule moment that sets the activation peak ("warmup" when the schedule names none)
+    peak_moment: str = "warmup"
+    #: activation bytes at each moment of the schedule, in declaration order
+    moments: dict[str, int] = field(default_factory=dict)
 
     @property
     def static_bytes(self) -> int:
@@ -114,6 +126,9 @@ class Interpreter:
             raise MemformError(f"{what} evaluates to {n} for this config, which is not a finite real byte count", loc)
         if n < 0:
             raise MemformError(f"{what} evaluates to a negative value ({n}) for this config", loc)
+        if n > MAX_BYTES:
+            raise MemformError(f"{what} evaluates to more than 2^256 ({n.evalf(3)}) for this config; "
+                               f"no device holds that many bytes (check the config's sizes)", loc)
         return n
 
     def inflight(self, stage: int, chunk: int) -> tuple[sympy.Expr, sympy.Expr]:
@@ -144,10 +159,40 @@ class Interpreter:
                 comm_terms.append(exprs["comm"])
                 layers.append(LayerReport(index, chunk.index, g.block, g.mode, g.count, g.count_value,
                                           g.first_layer, mf, mf_value, exprs, values, sources))
+        peak_moment, moments = self.moments(index, partition, sums, exact)
         if not self.ev.resolve and len(set(comm_terms)) > 1:
             comm_expr = sympy.Max(*set(comm_terms))
         sums["comm"] = comm_expr
         exact["comm"] = comm_value
         values_int = {c: to_bytes(exact[c]) for c in CATEGORIES}
         return StageResult(index, {c: sums[c] for c in CATEGORIES}, {c: exact[c] for c in CATEGORIES},
-                           values_int, to_bytes(exact["param_count"]), layers, capacity_bytes)
+                           values_int, to_bytes(exact["param_count"]), layers, capacity_bytes,
+                           peak_moment, moments)
+
+    def moments(self, index: int, partition: Partition, sums: dict[str, sympy.Expr],
+                exact: dict[str, sympy.Expr]) -> tuple[str, dict[str, int]]:
+        """Evaluate the schedule's moments at stage ``index``; the largest becomes the activations.
+
+        Without declared moments the in-flight sum already in ``sums`` is the only one ("warmup").
+        """
+        names = self.program.moments(self.schedule)
+        if not names:
+            return "warmup", {"warmup": to_bytes(exact["activations"])}
+        self.ev.stage_layers[index] = tuple(
+            LayerSlot(c.index, g.block, g.mode, g.count, g.first_layer)
+            for c in partition.chunks[index] for g in c.groups)
+        extra = (("stage", sympy.Integer(index)),)
+        found: list[tuple[str, sympy.Expr, sympy.Expr]] = []
+        for name in names:
+            q = self.program.pick(self.schedule, name, None)
+            e = self.ev._as_expr(self.ev.quantity(self.schedule, name, None, extra=extra), q.loc)
+            found.append((name, e, self.check_number(e, f"schedule {self.schedule}: moment {name} at stage {index}",
+                                                     q.loc)))
+        best = max(range(len(found)), key=lambda k: (found[k][2], -k))
+        name, expr, value = found[best]
+        distinct = list(dict.fromkeys(e for _, e, _ in found))
+        if self.ev.resolve and len(distinct) > 1:  # the closed form holds where this moment wins
+            self.ev._assume(f"moment {name} is the largest at stage {index}")
+        sums["activations"] = expr if self.ev.resolve or len(distinct) == 1 else sympy.Max(*distinct)
+        exact["activations"] = value
+        return name, {n: to_bytes(v) for n, _, v in found}

@@ -14,6 +14,8 @@ gives a plain numeric evaluation with exact rationals.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -21,9 +23,29 @@ import sympy
 
 from . import ast
 from .errors import Loc, MemformError
-from .program import Program
+from .program import AGGREGATES, Program
 
 Value = Any  # sympy.Expr | bool | str | sympy.Rel
+
+
+@dataclass(frozen=True)
+class LayerSlot:
+    """One layer group of a stage, as the ``layers_*`` reductions of a schedule see it."""
+
+    chunk: int
+    block: str
+    mode: str
+    count: sympy.Expr   # layers in the group (symbolic when the split is even)
+    order: int          # position in forward order (the largest is the stage's last layer)
+
+#: Largest magnitude (in bits, about 19,700 decimal digits) a formula value may reach. No byte
+#: count comes near it; a formula that does (``2 ^ (10 ^ 12)``) is a mistake and would otherwise
+#: make sympy compute for hours instead of failing.
+MAX_BITS = 65536
+#: Deepest nesting of expressions and references the evaluator follows before giving up with a
+#: clear error (well below Python's recursion limit, which would otherwise end in a traceback).
+MAX_DEPTH = 150
+_NUM_RE = re.compile(r"(?P<mant>[0-9]+(?:\.[0-9]+)?)(?:[eE](?P<exp>[+-]?[0-9]+))?")
 
 
 @dataclass(frozen=True)
@@ -32,6 +54,8 @@ class Ctx:
     mode: str | None = None
     params: tuple[tuple[str, Value], ...] = ()
     extra: tuple[tuple[str, Value], ...] = ()  # schedule names: stage, chunk
+    outer: str | None = None  # inside a layers_* argument: the schedule whose quantities stay visible
+    overrides: tuple[tuple[str, Value], ...] = ()  # ``where`` replacements of config-bound names
 
     def local(self, name: str) -> Value | None:
         for k, v in self.params:
@@ -60,13 +84,18 @@ class Evaluator:
     resolve: bool = True
     keep: frozenset[str] | None = None        # None: keep every symbol
     assumptions: list[str] = field(default_factory=list)
+    #: the layers of each stage, set by the interpreter before a schedule's moments are evaluated
+    stage_layers: dict[int, tuple[LayerSlot, ...]] = field(default_factory=dict)
     _memo: dict[tuple, Value] = field(default_factory=dict)
     _active: list[tuple[tuple, Loc]] = field(default_factory=list)
+    _calls: list[str] = field(default_factory=list)   # user functions being evaluated (recursion check)
+    _depth: int = 0
 
     # ---------------------------------------------------------------- public
     def quantity(self, block: str, qname: str, mode: str | None = None, loc: Loc | None = None,
-                 extra: tuple[tuple[str, Value], ...] = ()) -> Value:
-        key = ("q", block, qname, mode, extra)
+                 extra: tuple[tuple[str, Value], ...] = (),
+                 overrides: tuple[tuple[str, Value], ...] = ()) -> Value:
+        key = ("q", block, qname, mode, extra, overrides)
         if key in self._memo:
             return self._memo[key]
         q = self.program.pick(block, qname, mode)
@@ -76,15 +105,15 @@ class Evaluator:
             raise MemformError(f"block '{block}' has no quantity '{qname}'", loc)
         label = f"{block}.{qname}" + (f"[{mode}]" if mode and self.program.has_variants(block, qname) else "")
         value = self._guarded(key, label, q.loc if loc is None else loc,
-                              lambda: self.eval(q.expr, Ctx(block=block, mode=mode, extra=extra)))
+                              lambda: self.eval(q.expr, Ctx(block=block, mode=mode, extra=extra, overrides=overrides)), q.loc)
         return value
 
-    def let(self, name: str, loc: Loc | None = None) -> Value:
-        key = ("let", name)
+    def let(self, name: str, loc: Loc | None = None, overrides: tuple[tuple[str, Value], ...] = ()) -> Value:
+        key = ("let", name, overrides)
         if key in self._memo:
             return self._memo[key]
         decl = self.program.lets[name]
-        return self._guarded(key, name, loc or decl.loc, lambda: self.eval(decl.expr, Ctx()))
+        return self._guarded(key, name, loc or decl.loc, lambda: self.eval(decl.expr, Ctx(overrides=overrides)), decl.loc)
 
     def binding(self, name: str) -> Value:
         decl = self.program.bindings[name]
@@ -98,15 +127,29 @@ class Evaluator:
     def number(self, value: Value, loc: Loc | None = None, what: str = "expression") -> sympy.Expr:
         """The exact numeric value of ``value`` at the config."""
         v = self._as_expr(value, loc)
-        n = v.xreplace(self.values) if v.free_symbols else v
-        if not n.is_number:
-            raise MemformError(f"{what} does not reduce to a number: {n}", loc)
-        if not n.is_Rational:  # e.g. log(8)/log(2): let sympy find the exact value when there is one
-            n = sympy.nsimplify(sympy.simplify(n), rational=False)
+        try:
+            n = v.xreplace(self.values) if v.free_symbols else v
+            if not n.is_number:
+                raise MemformError(f"{what} does not reduce to a number: {n}", loc)
+            if n.is_Rational:
+                return n
+            # e.g. log(8)/log(2) -> 3 log(2)/log(2) = 3: exact where it can be, and cheap (unlike
+            # simplify(), which can run for minutes on an irrational sum)
+            n = sympy.expand_log(n, force=True)
+            finite = n.is_Rational or _finite_real(n)
+        except (TypeError, ValueError, ZeroDivisionError) as exc:
+            reason = "division by zero" if isinstance(exc, ZeroDivisionError) else str(exc)
+            raise MemformError(f"{what} cannot be evaluated for this config: {reason}", loc) from None
+        if not finite:
+            shown = ("infinity (zoo)" if n.has(sympy.zoo, sympy.oo, -sympy.oo) else "NaN" if n.has(sympy.nan)
+                     else str(n))
+            raise MemformError(f"{what} evaluates to {shown} for this config, which is not a finite real number "
+                               f"(a division by zero, log2 of 0 or of a negative number, ...?)", loc)
         return n
 
     # ---------------------------------------------------------------- internals
-    def _guarded(self, key: tuple, label: str, loc: Loc, compute: Callable[[], Value]) -> Value:
+    def _guarded(self, key: tuple, label: str, loc: Loc, compute: Callable[[], Value],
+                 defined: Loc | None = None) -> Value:
         for active, _ in self._active:
             if active == key:
                 names = [self._label(k) for k, _ in self._active[self._index(key):]] + [label]
@@ -116,8 +159,19 @@ class Evaluator:
             value = compute()
         finally:
             self._active.pop()
+        if isinstance(value, sympy.Expr):
+            # report a too large or non-finite value at the formula that makes it, not where it is used
+            self._check_size(value, label, defined or loc)
+            if not value.is_Rational and _may_be_singular(value):
+                self.number(value, defined or loc, label)
         self._memo[key] = value
         return value
+
+    def _check_size(self, value: sympy.Expr, what: str, loc: Loc | None) -> None:
+        bits = _bits(value, self.values, {})
+        if bits > MAX_BITS:
+            raise MemformError(f"{what} is too large to be a memory size (about 2^{_show_bits(bits)}); "
+                               f"check the formula", loc)
 
     def _index(self, key: tuple) -> int:
         return [k for k, _ in self._active].index(key)
@@ -150,10 +204,20 @@ class Evaluator:
                 return bool(v != 0)
             v = sympy.Ne(v, 0)
         if self.resolve:
-            decided = bool(v.xreplace(self.values))
+            decided = self._decide(v, loc)
             self._assume(v if decided else sympy.Not(v))
             return decided
         return v
+
+    def _decide(self, cond: Any, loc: Loc) -> bool:
+        """Truth of a symbolic condition at the config's values; both sides must be finite reals."""
+        if isinstance(cond, sympy.core.relational.Relational):
+            for side in (cond.lhs, cond.rhs):
+                self.number(side, loc, "a side of this comparison")
+        try:
+            return bool(cond.xreplace(self.values))
+        except (TypeError, ValueError, ZeroDivisionError) as exc:
+            raise MemformError(f"the condition {cond} cannot be decided for this config: {exc}", loc) from None
 
     def _assume(self, cond: Any) -> None:
         text = str(cond)
@@ -162,9 +226,23 @@ class Evaluator:
 
     def eval(self, node: ast.Expr, ctx: Ctx) -> Value:
         method = getattr(self, "_e_" + type(node).__name__)
-        return method(node, ctx)
+        if self._depth >= MAX_DEPTH:
+            raise MemformError(f"formulas nest more than {MAX_DEPTH} levels deep here (expressions inside "
+                               f"expressions, or definitions referring to definitions); simplify them", node.loc)
+        self._depth += 1
+        try:
+            return method(node, ctx)
+        except RecursionError:  # only a safety net: MAX_DEPTH should stop us first
+            if self._depth > 1:
+                raise
+            raise MemformError("formulas nest too deeply to evaluate", node.loc) from None
+        finally:
+            self._depth -= 1
 
     def _e_Num(self, node: ast.Num, ctx: Ctx) -> Value:
+        m = _NUM_RE.fullmatch(node.text)
+        if m and m.group("exp") and abs(int(m.group("exp"))) > 4000:
+            raise MemformError(f"the number {node.text} is too large or too small for a formula", node.loc)
         return sympy.Rational(node.text)
 
     def _e_Str(self, node: ast.Str, ctx: Ctx) -> Value:
@@ -175,25 +253,36 @@ class Evaluator:
 
     def _e_Ref(self, node: ast.Ref, ctx: Ctx) -> Value:
         prog = self.program
+        ov = ctx.overrides
         if node.attr is not None:
-            return self.quantity(node.name, node.attr, node.variant or ctx.mode, node.loc)
+            return self.quantity(node.name, node.attr, node.variant or ctx.mode, node.loc, overrides=ov)
         local = ctx.local(node.name)
         if local is not None:
             return local
         if ctx.block is not None and prog.find_quantity(ctx.block, node.name) is not None:
-            return self.quantity(ctx.block, node.name, node.variant or ctx.mode, node.loc, ctx.extra)
+            # a layer's own quantities do not depend on the stage/chunk a reduction visits
+            extra = () if ctx.outer is not None else ctx.extra
+            return self.quantity(ctx.block, node.name, node.variant or ctx.mode, node.loc, extra, ov)
+        if ctx.outer is not None:
+            if node.name == "mode":
+                return ctx.mode
+            if prog.find_quantity(ctx.outer, node.name) is not None:
+                return self.quantity(ctx.outer, node.name, node.variant, node.loc, ctx.extra, ov)
         for k, v in ctx.extra:
             if k == node.name:
                 return v
         if node.name in prog.lets:
-            return self.let(node.name, node.loc)
+            return self.let(node.name, node.loc, ov)
         if node.name in prog.bindings:
+            for k, v in ov:  # a `where` replacement
+                if k == node.name:
+                    return v
             return self.binding(node.name)
         raise MemformError(f"unknown symbol '{node.name}'", node.loc)
 
     def _e_BinOp(self, node: ast.BinOp, ctx: Ctx) -> Value:
-        a = self._as_expr(self.eval(node.left, ctx), node.loc)
-        b = self._as_expr(self.eval(node.right, ctx), node.loc)
+        a = self._finite(self._as_expr(self.eval(node.left, ctx), node.loc), node.loc)
+        b = self._finite(self._as_expr(self.eval(node.right, ctx), node.loc), node.loc)
         op = node.op
         if op == "+":
             return a + b
@@ -207,7 +296,35 @@ class Evaluator:
             return a / b
         if op == "%":
             return sympy.Mod(a, b)
+        self._check_power(a, b, node.loc)
         return a ** b
+
+    def _finite(self, v: sympy.Expr, loc: Loc) -> sympy.Expr:
+        """``v``, after checking that a number that is not plainly rational is finite and real."""
+        if v.is_number and not v.is_Rational:
+            return self.number(v, loc, "operand")
+        return v
+
+    def _check_power(self, a: sympy.Expr, b: sympy.Expr, loc: Loc) -> None:
+        """Refuse ``a ^ b`` before sympy spends hours computing a number nobody needs."""
+        if a.is_number and a.is_Rational and abs(a) in (0, 1):
+            return
+        b_bits = _bits(b, self.values, {})
+        if b_bits <= 64:
+            try:
+                exponent = abs(float(self.number(b, loc, "exponent")))
+            except MemformError:
+                return  # a non-finite exponent is reported where the value is used
+            total = _bits(a, self.values, {}) * max(exponent, 1.0)
+        else:
+            total = math.inf
+        if total <= MAX_BITS and not (b.is_number and b.is_integer):
+            base = self.number(a, loc, "the base of this power")
+            if base < 0 and not self.number(b, loc, "the exponent").is_integer:
+                raise MemformError(f"a negative number ({base}) raised to a fractional power is not real", loc)
+        if total > MAX_BITS:
+            raise MemformError(f"this power is too large to be a memory size (about 2^{_show_bits(total)}); "
+                               f"check the formula", loc)
 
     def _e_Neg(self, node: ast.Neg, ctx: Ctx) -> Value:
         return -self._as_expr(self.eval(node.operand, ctx), node.loc)
@@ -221,7 +338,11 @@ class Evaluator:
             if node.op not in ("==", "!="):
                 raise MemformError("strings can only be compared with == or !=", node.loc)
             return _PY_CMP[node.op](a, b)
-        rel = _CMP[node.op](self._as_expr(a, node.loc), self._as_expr(b, node.loc))
+        a, b = (self._as_expr(x, node.loc) for x in (a, b))
+        for x in (a, b):  # sympy decides zoo == 3 as False: a silently wrong branch
+            if x.is_number:
+                self.number(x, node.loc, "a side of this comparison")
+        rel = _CMP[node.op](a, b)
         if rel is sympy.true or rel is sympy.false:
             return bool(rel)
         return self._truth(rel, node.loc)
@@ -254,16 +375,27 @@ class Evaluator:
 
     def _e_Call(self, node: ast.Call, ctx: Ctx) -> Value:
         prog = self.program
+        if node.func in AGGREGATES:
+            return self._aggregate(node, ctx)
         args = [self.eval(a, ctx) for a in node.args]
         if node.func in prog.defs:
             d = prog.defs[node.func]
-            return self.eval(d.expr, Ctx(params=tuple(zip(d.params, args))))
-        nums = [self._as_expr(a, node.loc) for a in args]
+            if node.func in self._calls:
+                chain = " -> ".join(self._calls[self._calls.index(node.func):] + [node.func])
+                raise MemformError(f"recursive function: {chain} (a def may not call itself)", node.loc)
+            if len(args) != len(d.params):
+                raise MemformError(f"{node.func}() takes {len(d.params)} argument(s), got {len(args)}", node.loc)
+            self._calls.append(node.func)
+            try:
+                return self.eval(d.expr, Ctx(params=tuple(zip(d.params, args)), overrides=ctx.overrides))
+            finally:
+                self._calls.pop()
+        nums = [self._finite(self._as_expr(a, node.loc), node.loc) for a in args]
         f = node.func
         if f in ("min", "max"):
             res = (sympy.Min if f == "min" else sympy.Max)(*nums)
             if self.resolve and isinstance(res, (sympy.Min, sympy.Max)):
-                vals = [self.number(a, node.loc) for a in res.args]
+                vals = [self.number(a, node.loc, f"an argument of {f}()") for a in res.args]
                 pick = vals.index(min(vals) if f == "min" else max(vals))
                 chosen = res.args[pick]
                 for i, other in enumerate(res.args):
@@ -275,10 +407,111 @@ class Evaluator:
         if f in ("ceil", "floor"):
             res = (sympy.ceiling if f == "ceil" else sympy.floor)(x)
             if self.resolve and isinstance(res, (sympy.ceiling, sympy.floor)):
-                if self.number(x, node.loc).is_integer:
+                if self.number(x, node.loc, f"the argument of {f}()").is_integer:
                     self._assume(f"{x} is an integer")
                     return x
             return res
         if f == "log2":
+            if not self.number(x, node.loc, "the argument of log2()") > 0:
+                raise MemformError(f"log2() of {self.number(x, node.loc)} for this config: "
+                                   f"the argument must be positive", node.loc)
             return sympy.log(x, 2)
         return sympy.Abs(x)
+
+    def _aggregate(self, node: ast.Call, ctx: Ctx) -> Value:
+        """``layers_sum/max/last(x)``: ``x`` evaluated for each layer group of the current stage."""
+        stage = dict(ctx.extra).get("stage")
+        if ctx.outer is not None or ctx.block is None or stage is None or int(stage) not in self.stage_layers:
+            raise MemformError(f"{node.func}() needs a pipeline stage: use it in a schedule quantity the "
+                               f"interpreter evaluates per stage (a 'moment')", node.loc)
+        slots = self.stage_layers[int(stage)]
+        if node.func == "layers_last":
+            slots = tuple(sorted(slots, key=lambda sl: sl.order)[-1:])
+        vals = []
+        for sl in slots:
+            sub = Ctx(block=sl.block, mode=sl.mode, extra=(("stage", stage), ("chunk", sympy.Integer(sl.chunk))),
+                      outer=ctx.block, overrides=ctx.overrides)
+            vals.append((sl, self._as_expr(self.eval(node.args[0], sub), node.loc)))
+        if not vals:
+            return sympy.Integer(0)
+        if node.func == "layers_sum":
+            return sympy.Add(*(sl.count * v for sl, v in vals))
+        if node.func == "layers_last":
+            return vals[0][1]
+        distinct = list(dict.fromkeys(v for _, v in vals))
+        if len(distinct) == 1:
+            return distinct[0]
+        res = sympy.Max(*distinct)
+        if self.resolve and isinstance(res, sympy.Max):
+            nums = [self.number(a, node.loc, "an argument of layers_max()") for a in res.args]
+            chosen = res.args[nums.index(max(nums))]
+            for other in res.args:
+                if other is not chosen:
+                    self._assume(sympy.Ge(chosen, other))
+            return chosen
+        return res
+
+    def _e_Where(self, node: ast.Where, ctx: Ctx) -> Value:
+        new = tuple((name, self.eval(e, ctx)) for name, e in node.bindings)
+        names = {n for n, _ in new}
+        kept = tuple((k, v) for k, v in ctx.overrides if k not in names)
+        overrides = tuple(sorted(kept + new, key=lambda kv: kv[0]))
+        return self.eval(node.expr, Ctx(ctx.block, ctx.mode, ctx.params, ctx.extra, ctx.outer, overrides))
+
+
+def _may_be_singular(e: sympy.Expr) -> bool:
+    """Whether ``e`` could be infinite, NaN or complex at some values of its (positive) symbols:
+    it divides by, takes a fractional power or log2 of, or reduces modulo something not
+    known to be positive. Most formulas cannot, and skip the numeric check."""
+    if e.is_number:
+        return True
+    for a in e.atoms(sympy.Pow, sympy.log, sympy.Mod):
+        if not a.is_Pow or not (a.exp.is_integer and a.exp.is_nonnegative):
+            if not (a.args[0].is_positive and (not isinstance(a, sympy.Mod) or a.args[1].is_positive)):
+                return True
+    return False
+
+
+def _finite_real(n: sympy.Expr) -> bool:
+    """Whether the (non-rational) number ``n`` is finite and real, judged at 30 digits."""
+    if n.has(sympy.nan, sympy.zoo, sympy.oo, -sympy.oo):
+        return False
+    approx = n.evalf(30)
+    return bool(approx.is_Float or approx.is_Rational) and bool(approx.is_finite)
+
+
+def _bits(e: sympy.Basic, values: dict, memo: dict) -> float:
+    """A cheap upper bound of log2 of the magnitude of ``e`` (numerators and denominators) at ``values``."""
+    if e in memo:
+        return memo[e]
+    if e.is_Rational:
+        out: float = max(int(e.p).bit_length(), int(e.q).bit_length())
+    elif e.is_Symbol:
+        val = values.get(e)
+        out = _bits(val, values, memo) if val is not None else 64
+    elif e.is_Pow:
+        base, ex = e.args
+        if base.is_Rational and abs(base) in (0, 1):
+            out = 1
+        else:
+            ex_bits = _bits(ex, values, memo)
+            if ex_bits > 64:
+                out = math.inf
+            else:
+                try:
+                    mag = abs(complex(ex.xreplace(values).evalf(15)))
+                except (TypeError, ValueError):
+                    mag = 2.0 ** ex_bits
+                out = _bits(base, values, memo) * max(mag, 1.0)
+    elif e.is_Mul:
+        out = sum(_bits(a, values, memo) for a in e.args)
+    elif e.args:
+        out = max(_bits(a, values, memo) for a in e.args) + 1
+    else:
+        out = 64  # Float, pi, zoo, ...
+    memo[e] = out
+    return out
+
+
+def _show_bits(bits: float) -> str:
+    return "inf" if math.isinf(bits) else str(int(bits))

@@ -137,6 +137,9 @@ class _ToAst(Transformer):
         variants = c[1] if len(c) == 3 else None
         return ast.Quantity(str(c[0]), variants, c[-1], self._tok_loc(c[0]))
 
+    def moment(self, meta, c):
+        return ast.Quantity(str(c[0]), None, c[1], self._tok_loc(c[0]), moment=True)
+
     def variants(self, meta, c):
         return tuple(str(x) for x in c)
 
@@ -191,6 +194,9 @@ class _ToAst(Transformer):
     def string(self, meta, c):
         return ast.Str(_unquote(c[0]), self._tok_loc(c[0]))
 
+    def where_expr(self, meta, c):
+        return ast.Where(c[0], ((str(c[1]), c[2]),), self._loc(meta))
+
     def true(self, meta, c):
         return ast.Bool(True, self._loc(meta))
 
@@ -225,11 +231,41 @@ def parse_text(text: str, path: str = "<string>") -> ast.File:
     except lark.exceptions.UnexpectedInput as exc:
         raise _syntax_error(exc, text, path) from None
     try:
-        return _ToAst(path).transform(tree)
+        tree = _ToAst(path).transform(tree)
     except lark.exceptions.VisitError as exc:
         if isinstance(exc.orig_exc, MemformError):
             raise exc.orig_exc from None
+        if isinstance(exc.orig_exc, RecursionError):
+            raise MemformError(f"expressions nest too deeply (more than {MAX_NESTING} levels)",
+                               Loc(path, 1, 1)) from None
         raise
+    except RecursionError:
+        raise MemformError(f"expressions nest too deeply (more than {MAX_NESTING} levels)",
+                           Loc(path, 1, 1)) from None
+    _check_nesting(tree)
+    return tree
+
+
+#: Deepest expression nesting accepted: real formulas nest a handful of levels; a limit keeps
+#: every recursive pass (checker, evaluator, printer) far from Python's recursion limit.
+MAX_NESTING = 100
+
+
+def _check_nesting(tree: ast.File) -> None:
+    """Reject an expression nested more than :data:`MAX_NESTING` levels (iteratively: no recursion)."""
+    todo: list[tuple[object, int]] = [(d, 0) for d in tree.decls]
+    while todo:
+        node, depth = todo.pop()
+        if depth > MAX_NESTING:
+            loc = getattr(node, "loc", None)
+            raise MemformError(f"expression nested more than {MAX_NESTING} levels deep; split it with 'let'", loc)
+        if isinstance(node, tuple):
+            todo.extend((x, depth) for x in node)
+        elif hasattr(node, "__dataclass_fields__"):
+            for name in node.__dataclass_fields__:
+                child = getattr(node, name)
+                if isinstance(child, tuple) or hasattr(child, "__dataclass_fields__"):
+                    todo.append((child, depth + 1 if name != "loc" else depth))
 
 
 def parse_file(path: str | Path) -> ast.File:
@@ -240,7 +276,18 @@ def parse_file(path: str | Path) -> ast.File:
         raise MemformError(f"formula file not found: {p}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise MemformError(f"cannot read formula file {p}: {exc}") from None
-    return parse_text(text, str(p))
+    # Syntax trees are immutable, so a file whose text is unchanged is parsed once per process:
+    # a planner (or a property test) estimating many strategies of one model reparses nothing.
+    key = (str(p), text)
+    tree = _PARSED.get(key)
+    if tree is None:
+        if len(_PARSED) >= 256:
+            _PARSED.clear()
+        tree = _PARSED[key] = parse_text(text, str(p))
+    return tree
+
+
+_PARSED: dict[tuple[str, str], ast.File] = {}
 
 
 def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str, path: str) -> MemformError:

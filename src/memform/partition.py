@@ -22,6 +22,11 @@ import sympy
 from .errors import MemformError
 
 
+#: Most layers a stack may have: real models have a few hundred; the layout walks every layer,
+#: so a count like 10^9 (a typo, or a formula mistake) would otherwise run for hours.
+MAX_LAYERS = 100_000
+
+
 @dataclass(frozen=True)
 class LayerGroup:
     """``count`` consecutive layers of one block with one recompute mode."""
@@ -74,14 +79,24 @@ def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str
                     stage_layers: list[int] | None, mode_of, pieces_symbol: sympy.Expr | None) -> Partition:
     """Lay the stack out on ``pp`` stages × ``vpp`` chunks.
 
-    ``mode_of(stage, chunk, index_in_stage, block)`` gives each body layer's recompute mode;
+    ``mode_of(stage, chunk, index_in_stage, block, index_in_chunk=, body_index=)`` gives each
+    layer's recompute mode (the indices are ``None`` for pinned first/last layers; ``body_index``
+    counts body layers in forward order from 0);
     ``pieces_symbol`` is the symbolic number of pieces (p·vpp) used for even splits.
     """
+    # an entry counted zero times (``moe_decoder * 0`` in a dense config, ``mtp * 0``) is absent
+    items = [i for i in items if i.count_value > 0]
     first = [i for i in items if i.place == "first"]
     last = [i for i in items if i.place == "last"]
     body = [i for i in items if i.place is None]
     total = sum(i.count_value for i in body)
     npieces = pp * vpp
+    if sum(i.count_value for i in items) > MAX_LAYERS:
+        raise MemformError(f"the stack has {sum(i.count_value for i in items)} layers; memform lays out at most "
+                           f"{MAX_LAYERS} (check model.num_layers and the stack counts)")
+    if vpp > 1 and npieces > total:
+        raise MemformError(f"parallel.pp × parallel.vpp = {pp} × {vpp} = {npieces} pipeline chunks but the model "
+                           f"has only {total} body layers: every chunk needs at least one (lower parallel.vpp)")
     if placement not in ("interleaved", "v"):
         raise MemformError(f"unknown placement '{placement}' (use 'interleaved' or 'v')")
     if placement == "v" and vpp != 2:
@@ -92,7 +107,10 @@ def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str
             raise MemformError(f"parallel.stage_layers sums to {sum(stage_layers)} but the model has {total} "
                                f"body layers")
         sizes = []
-        for per_stage in stage_layers:
+        for stage, per_stage in enumerate(stage_layers):
+            if vpp > 1 and per_stage < vpp:
+                raise MemformError(f"parallel.stage_layers gives stage {stage} {per_stage} layers, fewer than its "
+                                   f"parallel.vpp = {vpp} chunks (every chunk needs at least one layer)")
             base, extra = divmod(per_stage, vpp)
             sizes.append([base + (1 if c < extra else 0) for c in range(vpp)])
         piece_sizes = [0] * npieces
@@ -113,6 +131,7 @@ def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str
     single_run = len(runs) == 1
     run_idx, used = 0, 0
     layer_no = sum(i.count_value for i in first)
+    body_start = layer_no
     per_stage_seen = [0] * pp
     for k in range(npieces):
         s, c = _place(k, pp, placement)
@@ -122,7 +141,8 @@ def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str
             block, count, _ = runs[run_idx]
             take = min(need, count - used)
             for j in range(take):
-                mode = mode_of(s, c, per_stage_seen[s], block)
+                mode = mode_of(s, c, per_stage_seen[s], block, index_in_chunk=len(modes),
+                               body_index=layer_no - body_start)
                 per_stage_seen[s] += 1
                 modes.append((block, mode, layer_no))
                 layer_no += 1
@@ -142,12 +162,15 @@ def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str
     head_layer = 0
     head_groups = []
     for i in first:
-        head_groups.append(LayerGroup(i.block, mode_of(first_s, first_c, None, i.block), i.count,
+        head_groups.append(LayerGroup(i.block, mode_of(first_s, first_c, None, i.block, index_in_chunk=None,
+                                                       body_index=None), i.count,
                                       i.count_value, head_layer))
         head_layer += i.count_value
     chunks[first_s][first_c].groups[:0] = head_groups
     for i in last:
-        chunks[last_s][last_c].groups.append(LayerGroup(i.block, mode_of(last_s, last_c, None, i.block), i.count,
+        chunks[last_s][last_c].groups.append(LayerGroup(i.block, mode_of(last_s, last_c, None, i.block,
+                                                                         index_in_chunk=None, body_index=None),
+                                                        i.count,
                                                         i.count_value, layer_no))
         layer_no += i.count_value
     return Partition(pp, vpp, chunks)

@@ -18,8 +18,13 @@ from .parser import parse_file
 from .resources import formulas_dir
 
 RECOMPUTE_MODES = ("none", "selective", "full")
-BUILTIN_FUNCS = {"ceil": 1, "floor": 1, "min": None, "max": None, "log2": 1, "abs": 1}
+BUILTIN_FUNCS = {"ceil": 1, "floor": 1, "min": None, "max": None, "log2": 1, "abs": 1,
+                 "layers_sum": 1, "layers_max": 1, "layers_last": 1}
+#: reductions over the layers of the stage being evaluated (schedule blocks only): the argument
+#: is evaluated once per layer group, in that layer's block with its recompute mode and chunk
+AGGREGATES = ("layers_sum", "layers_max", "layers_last")
 SCHEDULE_NAMES = ("stage", "chunk")  # bound by the interpreter inside schedule blocks
+LAYER_NAMES = ("mode",)  # bound inside an aggregate's argument: the layer's recompute mode
 #: quantities every layer block in the stack must define (possibly by inheritance)
 LAYER_QUANTITIES = ("params", "param_bytes", "grad_bytes", "optimizer_bytes", "act", "comm")
 SCHEDULE_QUANTITIES = ("inflight",)
@@ -32,6 +37,7 @@ class QuantityDef:
     name: str
     default: ast.Quantity | None = None
     variants: dict[str, ast.Quantity] = field(default_factory=dict)
+    moment: bool = False  # a schedule's candidate peak moment
 
     def pick(self, mode: str | None) -> ast.Quantity | None:
         if mode is not None and mode in self.variants:
@@ -103,6 +109,15 @@ class Program:
                 return qd.pick(mode)
         return None
 
+    def moments(self, block: str) -> list[str]:
+        """The schedule's ``moment`` quantities, bases' first, in declaration order."""
+        names: dict[str, None] = {}
+        for b in reversed(self.chain(block)):
+            for qname, qd in b.quantities.items():
+                if qd.moment:
+                    names[qname] = None
+        return list(names)
+
     def has_variants(self, block: str, qname: str) -> bool:
         qd = self.find_quantity(block, qname)
         return bool(qd and qd.variants)
@@ -168,6 +183,7 @@ class Program:
                     what = q.name if key is None else f"{q.name}[{key}]"
                     raise MemformError(f"'{what}' is defined twice in block '{decl.name}'", q.loc)
                 fresh.add((q.name, key))
+                qd.moment = qd.moment or q.moment
                 if key is None:
                     qd.default = q
                 else:

@@ -1,0 +1,149 @@
+"""Compiled vs interpreted evaluation of parallel strategies for one config (default llama3-70b).
+
+    python bench/search_speed.py [CONFIG] [--candidates N] [--reference K] [--devices D]
+
+Prints, in one run and on one core (the process pins itself to one CPU where it can):
+* compile time: building the exact vectorized function of every structural combination that
+  `memform search --devices D` visits;
+* compiled throughput: N random numeric candidates (dp, tp, micro-batch, micro-batch count) over
+  those structures, evaluated in batches;
+* interpreted throughput: K of the *same* candidates, each evaluated by re-binding the config
+  and re-walking the stage partition (`memform.estimate_model`, plain numeric evaluation);
+* the end-to-end `search` for D devices (candidates, evaluation and compile time);
+and checks that both paths agree exactly (whole bytes, per stage and category) on those K.
+Targets (issue 3): >= 100,000 candidates/s compiled, >= 50x the interpreted rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cold() -> None:
+    import sympy.core.cache
+
+    from memform.exact import clear_caches
+    clear_caches()
+    sympy.core.cache.clear_cache()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config", nargs="?", default=str(ROOT / "configs" / "llama3-70b.yaml"))
+    ap.add_argument("--candidates", type=int, default=1_000_000)
+    ap.add_argument("--reference", type=int, default=300, help="candidates timed on the interpreted path")
+    ap.add_argument("--devices", type=int, default=1024)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+
+    from memform.api import load_model, rebind
+    from memform.compiled import NUMERIC_KEYS, CompiledModel, interpreted_peaks
+    from memform.engine import CATEGORIES
+    from memform.errors import MemformError
+    from memform.search import body_layers, default_space, search, stage_split
+
+    base = load_model(args.config, {"training.global_batch_size": None, "parallel.devices": None})
+    keys = tuple(k for k in NUMERIC_KEYS if base.symbol_for_key(k) is not None)
+    space = default_space(base, args.devices)
+    body = body_layers(base)
+
+    # ---- compile every structure the search visits (cold: memoized conversions and sympy's cache cleared)
+    _cold()
+    t0 = time.perf_counter()
+    compiled = []
+    for pp in space.pp:
+        for vpp in space.vpp:
+            for rc in space.recompute:
+                for z in space.zero or [None]:
+                    split = stage_split(base, body, pp, vpp)
+                    if split is None:
+                        continue
+                    ov = {"parallel.pp": pp, "parallel.vpp": vpp, "training.recompute": rc,
+                          "parallel.stage_layers": split or None}
+                    if z is not None:
+                        ov["parallel.zero"] = z
+                    try:
+                        compiled.append((ov, CompiledModel.build(rebind(base, ov, check=False), keys)))
+                    except MemformError:
+                        pass  # e.g. layers do not split over pp
+    compile_s = time.perf_counter() - t0
+
+    # ---- random numeric candidates over those structures
+    rng = np.random.default_rng(args.seed)
+    n = args.candidates
+    which = rng.integers(0, len(compiled), n)
+    cols = {"parallel.dp": rng.integers(1, 129, n), "parallel.tp": rng.choice([1, 2, 4, 8, 16], n),
+            "parallel.cp": rng.choice([1, 2, 4], n), "parallel.ep": np.ones(n, dtype=np.int64),
+            "training.micro_batch_size": rng.choice([1, 2, 4, 8], n),
+            "training.num_micro_batches": rng.integers(1, 257, n)}
+    order = np.argsort(which, kind="stable")
+    bounds = np.searchsorted(which[order], np.arange(len(compiled) + 1))
+    peaks = np.empty(n, dtype=np.int64)
+    results = {}
+    t0 = time.perf_counter()
+    for s, (_, cm) in enumerate(compiled):
+        idx = order[bounds[s]:bounds[s + 1]]
+        batch = cm({k: v[idx] for k, v in cols.items()})
+        peaks[idx] = batch.peak
+        results[s] = (idx, batch)
+    compiled_s = time.perf_counter() - t0
+    compiled_rate = n / compiled_s
+
+    # ---- the same candidates, interpreted one by one (timed on a random subset)
+    sample = rng.choice(n, size=min(args.reference, n), replace=False)
+    where = {}
+    for s, (idx, batch) in results.items():
+        for pos, i in enumerate(idx):
+            where[int(i)] = (s, pos)
+    mismatches = refused = 0
+    t0 = time.perf_counter()
+    for i in sample:
+        s, pos = where[int(i)]
+        ov = dict(compiled[s][0])
+        ov.update({k: int(cols[k][i]) for k in keys})
+        batch = results[s][1]
+        try:
+            ref = interpreted_peaks(base, ov)
+        except MemformError:
+            refused += 1
+            mismatches += bool(batch.valid[pos])
+            continue
+        mismatches += (not batch.valid[pos]) or ref != batch.values[pos].tolist()
+    interp_s = time.perf_counter() - t0
+    interp_rate = len(sample) / interp_s
+
+    # ---- end-to-end search, cold as well
+    _cold()
+    result = search(load_model(args.config), default_space(load_model(args.config), args.devices))
+    st = result.stats
+
+    name = Path(args.config).stem
+    print(f"memform search speed -- {name}, one core, {len(compiled)} structural combinations, "
+          f"{len(CATEGORIES)} categories x stages each")
+    print(f"  compile (all structures)      {compile_s:8.2f} s   ({compile_s / len(compiled) * 1e3:.1f} ms per structure)")
+    print(f"  {'':30s}{'candidates':>12s} {'seconds':>9s} {'candidates/s':>14s}")
+    print(f"  {'compiled (exact, vectorized)':30s}{n:12d} {compiled_s:9.3f} {compiled_rate:14,.0f}")
+    print(f"  {'interpreted (estimate_model)':30s}{len(sample):12d} {interp_s:9.3f} {interp_rate:14,.0f}")
+    print(f"  speed-up compiled / interpreted: {compiled_rate / interp_rate:,.0f}x")
+    print(f"  exact agreement on {len(sample)} sampled candidates ({refused} refused by both): "
+          f"{'yes' if not mismatches else f'NO ({mismatches} mismatches)'}")
+    print(f"  search --devices {args.devices}: {st.structures} structures, {st.evaluated} candidates in "
+          f"{st.evaluate_seconds:.3f} s evaluation ({st.evaluated / max(st.evaluate_seconds, 1e-9):,.0f}/s) "
+          f"+ {st.compile_seconds:.2f} s compile; {st.fitting} fit; total {st.total_seconds:.2f} s")
+    ok = compiled_rate >= 100_000 and compiled_rate >= 50 * interp_rate and not mismatches
+    print(f"  targets (>= 100,000/s, >= 50x, exact): {'met' if ok else 'NOT met'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+#!/usr/bin/env python
+"""Hold memform's estimates against real PyTorch training steps on the CPU.
+
+    python bench/validate.py              # the whole sweep (dozens of tiny models, well under a minute)
+    python bench/validate.py --quick      # the subset the test suite runs
+    python bench/validate.py --explain    # also list, per case, which ops' outputs forward left alive
+
+For every case it builds the model from a memform config, runs forward + backward + AdamW, measures
+params / grads / optimizer states / activations (see memform/validation/measure.py for exactly what is
+counted), estimates the same config with memform and prints measured vs estimated with the relative
+error. Exits 1 if any category's |error| exceeds its threshold (memform.validation.compare.THRESHOLDS,
+stated in the README), 2 if PyTorch is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="run the small subset the tests run")
+    ap.add_argument("--only", metavar="TEXT", help="run only cases whose label contains TEXT (e.g. moe, fp32)")
+    ap.add_argument("--explain", action="store_true", help="print the alive forward bytes per creating op")
+    ap.add_argument("--json", metavar="PATH", help="also write every row as JSON to PATH")
+    args = ap.parse_args(argv)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("bench/validate.py needs PyTorch: pip install '.[validate]'", file=sys.stderr)
+        return 2
+    from memform.validation.compare import THRESHOLDS, compare, format_table
+    from memform.validation.sweep import full_sweep, quick_sweep
+
+    points = quick_sweep() if args.quick else full_sweep()
+    if args.only:
+        points = [p for p in points if args.only in p.label()]
+    start = time.perf_counter()
+    rows = []
+    for p in points:
+        rows.append(compare(p))
+        if args.explain:
+            print(p.label(), rows[-1].activations_by_op)
+    elapsed = time.perf_counter() - start
+    print(format_table(rows))
+    failed = [r for r in rows if r.failures()]
+    print(f"{len(rows)} cases in {elapsed:.1f} s; {len(failed)} over the thresholds "
+          + ", ".join(f"{c} {t:.0%}" for c, t in THRESHOLDS.items()))
+    for r in failed:
+        print(f"FAIL {r.point.label()}: " + ", ".join(f"{c} {r.error(c):+.2%}" for c in r.failures()))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump([r.to_dict() for r in rows], fh, indent=1)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Shared look of the per-stage memory charts: colours, labels and a readable value axis.
+
+The HTML report draws its bars in SVG from a Jinja template and ``memform plot`` draws them
+with matplotlib; both take their colours and axis ticks from here so the two pictures agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 2 ** 30
+
+#: one colour per breakdown category (Tableau 10, distinguishable in print and for most
+#: colour-vision deficiencies), in stacking order from the bottom of a bar
+CATEGORY_COLORS: dict[str, str] = {
+    "params": "#4E79A7",
+    "grads": "#F28E2B",
+    "optimizer": "#59A14F",
+    "activations": "#B07AA1",
+    "comm": "#9C755F",
+}
+CATEGORY_LABELS: dict[str, str] = {
+    "params": "parameters",
+    "grads": "gradients",
+    "optimizer": "optimizer states",
+    "activations": "activations",
+    "comm": "comm buffers",
+}
+CAPACITY_COLOR = "#D62728"
+PEAK_COLOR = "#222222"
+
+
+@dataclass(frozen=True)
+class Axis:
+    """A value axis in bytes: its top and the tick positions, all on whole 'nice' GiB steps."""
+
+    top: int
+    ticks: list[int]
+    step: int
+
+    def label(self, value: int) -> str:
+        gib = value / GIB
+        return f"{gib:g}" if self.step >= GIB else f"{gib:.2f}".rstrip("0").rstrip(".")
+
+
+def axis_for(*values: int, max_ticks: int = 8) -> Axis:
+    """The smallest axis with steps of 1, 2 or 5 × 10^k GiB that shows every value with headroom."""
+    high = max([v for v in values if v is not None] + [1]) * 1.05
+    gib = high / GIB
+    base = 1.0
+    # walk up or down decades until max_ticks steps of the coarsest fitting multiple cover high
+    while gib / base > max_ticks * 5:
+        base *= 10
+    while gib / base < 1 and base > 1e-6:
+        base /= 10
+    for mult in (1, 2, 5, 10, 20, 50):
+        step_gib = base * mult
+        if gib / step_gib <= max_ticks:
+            break
+    step = max(1, int(round(step_gib * GIB)))
+    n = int(-(-high // step))
+    return Axis(n * step, [i * step for i in range(n + 1)], step)

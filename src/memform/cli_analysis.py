@@ -1,0 +1,273 @@
+"""Sub-commands on closed forms: ``derive``, ``solve``, ``sensitivity`` and ``search``."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+from typing import Any
+
+from .errors import MemformError
+from .report import human_bytes
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from .cli import add_config_args
+
+    p = sub.add_parser("derive", help="closed-form peak of each stage in chosen symbols (text, LaTeX, JSON)")
+    add_config_args(p)
+    p.add_argument("--stage", type=int, help="only this stage (default: every stage)")
+    p.add_argument("--keep", metavar="SYMS", help="symbols (h,s,b) or config keys kept symbolic; the rest "
+                   "are substituted by their config values (default: keep every symbol)")
+    p.add_argument("--general", action="store_true", help="keep min/max/if as Piecewise (valid for all values) "
+                   "instead of deciding them at the config's values")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--latex", action="store_true", help="LaTeX (aligned environment)")
+    out.add_argument("--json", action="store_true", help="text, LaTeX and sympy srepr of every form")
+    out.add_argument("--explain", action="store_true", help="trace each term to its formula and file:line")
+    p.add_argument("--depth", type=int, default=3, help="--explain: how deep to follow references (default 3)")
+    p.set_defaults(func=cmd_derive)
+
+    p = sub.add_parser("solve", help="largest value of a key (smallest parallel degree) that fits the device")
+    add_config_args(p)
+    p.add_argument("--for", dest="key", required=True, metavar="KEY",
+                   help="config key or symbol, e.g. training.micro_batch_size, model.seq_length, parallel.tp")
+    p.add_argument("--max", dest="limit", type=int, help="largest value tried (default 2^20; 2^16 for degrees)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_solve)
+
+    p = sub.add_parser("sensitivity", help="∂(stage peak)/∂symbol at the config, in bytes per unit")
+    add_config_args(p)
+    p.add_argument("--wrt", required=True, metavar="KEY", action="append",
+                   help="config key or symbol (repeatable), e.g. --wrt b --wrt model.seq_length")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_sensitivity)
+
+    p = sub.add_parser("search", help="every parallel strategy for N devices that fits, ranked")
+    add_config_args(p)
+    p.add_argument("--devices", type=int, required=True, help="number of devices (N)")
+    for name, what in (("tp", "tensor"), ("pp", "pipeline"), ("vpp", "virtual pipeline"), ("cp", "context"),
+                       ("ep", "expert")):
+        p.add_argument(f"--{name}", type=_ints, metavar="LIST", help=f"{what}-parallel sizes to try "
+                       f"(default: {'every divisor of N' if name != 'vpp' else '1 and the config value'})")
+    p.add_argument("--zero", type=_ints, metavar="LIST", help="ZeRO stages to try (default 0,1,2,3)")
+    p.add_argument("--recompute", type=_strs, metavar="LIST", help="default none,selective,full")
+    p.add_argument("--schedules", type=_strs, metavar="LIST", help="pipeline schedules (default: the config's)")
+    p.add_argument("--mbs", dest="micro_batch", type=_ints, metavar="LIST", help="micro-batch sizes (default 1,2,4,8)")
+    p.add_argument("--exact-devices", action="store_true", help="use all N devices (no idle devices)")
+    p.add_argument("--sort", default="devices_wasted,peak_bytes",
+                   help="comma-separated fields, '-' for descending (default devices_wasted,peak_bytes)")
+    p.add_argument("--top", type=int, default=20, help="rows to print (0: all; default 20)")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument("--output", metavar="FILE", help="write the rows there instead of stdout")
+    prog = p.add_mutually_exclusive_group()
+    prog.add_argument("--progress", dest="progress", action="store_true", default=None,
+                      help="progress bar on stderr (default: when stderr is a terminal)")
+    prog.add_argument("--no-progress", dest="progress", action="store_false")
+    p.set_defaults(func=cmd_search)
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _strs(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+# ------------------------------------------------------------------------- derive
+
+
+def cmd_derive(args: argparse.Namespace) -> int:
+    from .api import load_model
+    from .derive import derive, explain_text, parse_keep, render_latex, render_text, to_dict
+    model = load_model(args.config, args.overrides)
+    keep = parse_keep(model, args.keep)
+    d = derive(model, keep, resolve=not args.general)
+    n = len(d.stages)
+    if args.stage is not None and not 0 <= args.stage < n:
+        raise MemformError(f"--stage: stage {args.stage} does not exist (stages 0..{n - 1})")
+    stages = [args.stage] if args.stage is not None else list(range(n))
+    if args.json:
+        print(json.dumps(to_dict(d, stages), indent=2))
+    elif args.latex:
+        sys.stdout.write(render_latex(d, stages))
+    elif args.explain:
+        for i in stages:
+            sys.stdout.write(explain_text(model, d, i, keep, args.depth))
+    else:
+        sys.stdout.write(render_text(d, stages))
+    return 0
+
+
+# ------------------------------------------------------------------------- solve
+
+
+def cmd_solve(args: argparse.Namespace) -> int:
+    import sympy
+
+    from .api import load_model
+    from .solve import solve
+    model = load_model(args.config, args.overrides)
+    sol = solve(model, args.key, limit=args.limit)
+    cap = sol.capacity_bytes
+    if args.json:
+        print(json.dumps({
+            "key": sol.key, "symbol": sol.symbol, "direction": sol.direction, "value": sol.value,
+            "capacity_bytes": cap, "unbounded": sol.unbounded, "limit": sol.limit,
+            "stage_peaks": sol.stage_peaks, "binding_stage": sol.binding_stage,
+            "other_value": sol.other_value, "other_peaks": sol.other_peaks,
+            "closed_form": None if sol.closed_form is None else sympy.sstr(sol.closed_form),
+            "continuous": [str(r) for r in sol.continuous],
+            "bytes_per_unit": None if sol.derivative is None else str(sol.derivative),
+            "assumptions": sol.assumptions, "notes": sol.notes,
+        }, indent=2))
+        return 0 if sol.value is not None else 1
+    name = model.structure.name
+    x = sol.symbol
+    if sol.value is None:
+        where = f"in 1..{sol.limit}" if sol.direction == "smallest" else "at all (it only grows from the smallest value)"
+        print(f"{name}: nothing fits {human_bytes(cap)}: no {sol.key} ({x}) fits {where}")
+        if sol.other_value is not None:
+            peak = max(sol.other_peaks)
+            print(f"  {'even at' if sol.direction == 'largest' else 'at'} {x} = {sol.other_value} stage "
+                  f"{sol.binding_stage} needs {human_bytes(peak)} ({peak} bytes) > {human_bytes(cap)}")
+        for n in sol.notes:
+            print(f"  note: {n}")
+        return 1
+    print(f"{name}: {sol.direction} {sol.key} ({x}) that fits {human_bytes(cap)}: {sol.value}")
+    peak = max(sol.stage_peaks)
+    print(f"  at {x} = {sol.value}: peak {human_bytes(peak)} ({peak} bytes), stages " +
+          ", ".join(human_bytes(p) for p in sol.stage_peaks))
+    if sol.unbounded:
+        print(f"  every value up to --max {sol.limit} fits: the peak does not grow without bound in {x}")
+    elif sol.other_value is not None:
+        op = peak_other = max(sol.other_peaks)
+        print(f"  binding stage: {sol.binding_stage} ({x} = {sol.other_value} would need "
+              f"{human_bytes(op)} = {peak_other} bytes on stage {sol.binding_stage})")
+    else:
+        print(f"  binding stage: {sol.binding_stage}")
+    if sol.closed_form is not None:
+        print(f"  stage {sol.binding_stage} peak in {x}: {sympy.sstr(sol.closed_form)}")
+        if sol.continuous:
+            bound = ", ".join(f"{float(r):.6g}" for r in sol.continuous)
+            print(f"  peak = capacity at {x} = {bound} (continuous solution of the closed form)")
+        if sol.derivative is not None:
+            print(f"  d peak / d {x} at {sol.value}: {human_bytes(float(sol.derivative))} per unit "
+                  f"({sympy.sstr(sol.derivative)} bytes)")
+        if sol.assumptions:
+            print(f"  closed form valid where: {', '.join(sol.assumptions)}")
+    for n in sol.notes:
+        print(f"  note: {n}")
+    return 0
+
+
+# ------------------------------------------------------------------------- sensitivity
+
+
+def cmd_sensitivity(args: argparse.Namespace) -> int:
+    import sympy
+
+    from .api import load_model
+    from .solve import sensitivity
+    model = load_model(args.config, args.overrides)
+    results = []
+    for name in args.wrt:
+        key, sym, rows, assumptions = sensitivity(model, name)
+        results.append((key, sym, rows, assumptions))
+    if args.json:
+        print(json.dumps([{
+            "key": key, "symbol": sym.name, "value": str(model.bound.values[sym]),
+            "assumptions": assumptions,
+            "stages": [{"stage": r.stage, "derivative": sympy.sstr(r.derivative), "bytes_per_unit": str(r.value),
+                        "step_bytes": r.step} for r in rows]} for key, sym, rows, assumptions in results],
+            indent=2))
+        return 0
+    for key, sym, rows, assumptions in results:
+        v = model.bound.values[sym]
+        print(f"{model.structure.name}: sensitivity of each stage's peak to {key} ({sym} = {v})")
+        print(f"{'stage':>5}  {'d peak/d ' + sym.name:>22}  {'peak(' + sym.name + '+1) - peak':>22}  closed form")
+        for r in rows:
+            step = "" if r.step is None else f"{human_bytes(r.step)}"
+            print(f"{r.stage:5d}  {human_bytes(float(r.value)) + ' / unit':>22}  {step:>22}  "
+                  f"{sympy.sstr(r.derivative, order='grlex')}")
+        if assumptions:
+            print(f"valid where: {', '.join(assumptions)}")
+        print()
+    return 0
+
+
+# ------------------------------------------------------------------------- search
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from .api import load_model
+    from .search import FIELDS, StderrBar, default_space, rank, search
+    model = load_model(args.config, args.overrides)
+    space = default_space(model, args.devices, tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep,
+                          zero=args.zero, recompute=args.recompute, schedules=args.schedules,
+                          micro_batch=args.micro_batch, exact_devices=args.exact_devices)
+    sort_keys = [k.strip() for k in args.sort.split(",") if k.strip()]
+    rank([], sort_keys)  # validate the fields before the (long) search
+    result = search(model, space, progress=StderrBar(args.progress))
+    shown = result.ranked(sort_keys, None if args.top == 0 else args.top)
+    total = len(result)
+    st = result.stats
+    fields = [f for f in FIELDS if not (f == "cp" and space.cp is None) and not (f == "ep" and space.ep is None)
+              and not (f == "zero" and space.zero is None)]
+    if args.format == "json":
+        text = json.dumps({"model": model.structure.name, "devices": args.devices,
+                           "capacity_bytes": result.capacity_bytes,
+                           "stats": {"structures": st.structures, "structures_skipped": st.structures_skipped,
+                                     "candidates": st.candidates, "valid": st.valid, "fitting": st.fitting,
+                                     "compile_seconds": round(st.compile_seconds, 4),
+                                     "evaluate_seconds": round(st.evaluate_seconds, 4)},
+                           "rows": [{f: r[f] for f in fields} for r in shown]}, indent=2) + "\n"
+    elif args.format == "csv":
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+        w.writeheader()
+        w.writerows(shown)
+        text = buf.getvalue()
+    else:
+        text = _table(model.structure.name, args.devices, result, shown, total, fields)
+    if args.output:
+        try:
+            with open(args.output, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise MemformError(f"--output: cannot write {args.output}: {exc}") from None
+        print(f"wrote {len(shown)} of {total} fitting strategies to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0 if total else 1
+
+
+def _table(name: str, devices: int, result: Any, shown: list[dict[str, Any]], total: int,
+           fields: list[str]) -> str:
+    st = result.stats
+    cols = [f for f in fields if f not in ("peak_bytes", "headroom_bytes", "schedule")
+            and not (f == "stage_layers" and not any(r[f] for r in shown))]
+    head = {"micro_batch_size": "mbs", "num_micro_batches": "m", "devices_used": "used",
+            "devices_wasted": "idle", "peak_gib": "peak GiB", "peak_stage": "stage", "recompute": "recompute"}
+    widths = {f: max(len(head.get(f, f)), *(len(str(r[f])) for r in shown)) if shown else len(head.get(f, f))
+              for f in cols}
+    lines = [f"{name}: {total} of {st.valid} valid strategies fit {human_bytes(result.capacity_bytes)} on "
+             f"{devices} devices ({st.evaluated} candidates over {st.structures} structures; "
+             f"compile {st.compile_seconds:.2f} s, evaluate {st.evaluate_seconds:.3f} s)"]
+    for reason, count in st.structures_skipped.items():
+        lines.append(f"skipped {count} structure(s): {reason}")
+    if not shown:
+        lines.append("nothing fits")
+        return "\n".join(lines) + "\n"
+    lines.append("  ".join(head.get(f, f).rjust(widths[f]) for f in cols))
+    for r in shown:
+        lines.append("  ".join(str(r[f]).rjust(widths[f]) for f in cols))
+    if total > len(shown):
+        lines.append(f"... {total - len(shown)} more (--top 0 for all)")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,104 @@
+"""Sub-commands for people-facing output: ``memform report | plot | compare``.
+
+Registered through :data:`memform.cli.EXTENSIONS`; each command is a thin shell over
+:mod:`memform.report`, :mod:`memform.plot` and :mod:`memform.compare`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .cli import add_config_args
+from .errors import MemformError
+
+_SUFFIX_FORMAT = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".tex": "tex", ".txt": "txt"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="a whole report (Markdown, self-contained HTML, or LaTeX)",
+                       description="Render a report from the bundled Jinja2 templates or your own (--template).")
+    add_config_args(p)
+    p.add_argument("--format", choices=("md", "html", "tex"), default=None,
+                   help="output format (default: from -o's suffix, else md)")
+    p.add_argument("-o", "--output", default=None, metavar="FILE", help="write here instead of stdout")
+    p.add_argument("--template", default=None, metavar="FILE.j2",
+                   help="render your own Jinja2 template with the report context (see README 'Reports')")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("plot", help="per-stage stacked bars as PNG, SVG or PDF (needs matplotlib)")
+    add_config_args(p)
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="stages.png, stages.svg or stages.pdf")
+    p.add_argument("--dpi", type=int, default=150, help="resolution of PNG output (default 150)")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("compare", help="two configs (or two --set variants of one) side by side, per stage")
+    p.add_argument("config", help="config A")
+    p.add_argument("config_b", nargs="?", default=None, help="config B (default: config A, with --set-b changes)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key on both sides (repeatable)")
+    p.add_argument("--set-a", action="append", default=[], metavar="KEY=VALUE", help="override on side A only")
+    p.add_argument("--set-b", action="append", default=[], metavar="KEY=VALUE", help="override on side B only")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="machine-readable output (both estimates + deltas)")
+    out.add_argument("--format", choices=("txt", "md", "html", "tex"), default=None,
+                     help="output format (default: from -o's suffix, else txt for the terminal)")
+    p.add_argument("-o", "--output", default=None, metavar="FILE", help="write here instead of stdout")
+    p.add_argument("--template", default=None, metavar="FILE.j2", help="render your own comparison template")
+    p.set_defaults(func=cmd_compare)
+
+
+def _format(fmt: str | None, output: str | None, default: str, allowed: tuple[str, ...]) -> str:
+    if fmt is not None:
+        return fmt
+    if output and output != "-":
+        guess = _SUFFIX_FORMAT.get(Path(output).suffix.lower())
+        if guess in allowed:
+            return guess
+    return default
+
+
+def _emit(text: str, output: str | None) -> None:
+    if output is None or output == "-":
+        sys.stdout.write(text)
+        return
+    path = Path(output)
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise MemformError(f"cannot write {path}: {exc.strerror or exc}") from None
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .api import estimate
+    from .report import render_report
+    est = estimate(args.config, args.overrides)
+    fmt = _format(args.format, args.output, "md", ("md", "html", "tex"))
+    _emit(render_report(est, fmt, args.template), args.output)
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from .api import estimate
+    from .plot import plot_stages
+    if args.dpi <= 0:
+        raise MemformError(f"--dpi must be positive, got {args.dpi}")
+    est = estimate(args.config, args.overrides)
+    path = plot_stages(est, args.output, dpi=args.dpi)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import compare
+    from .report import render_comparison
+    cmp = compare(args.config, args.config_b, overrides=args.overrides, set_a=args.set_a, set_b=args.set_b)
+    if args.json:
+        _emit(json.dumps(cmp.to_dict(), indent=2, sort_keys=True) + "\n", args.output)
+        return 0
+    fmt = _format(args.format, args.output, "txt", ("txt", "md", "html", "tex"))
+    _emit(render_comparison(cmp, fmt, args.template), args.output)
+    return 0

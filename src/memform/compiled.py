@@ -1,0 +1,193 @@
+"""A config's stage peaks compiled once per *structural* choice, evaluated for many candidates.
+
+Structural settings (pipeline size, virtual chunks, schedule, recompute mode, ZeRO stage)
+change the stage partition or the substituted options, so each combination is compiled on
+its own: the interpreter runs once with ``resolve=False`` (``Piecewise``/``Min``/``Max`` kept,
+so the closed form is valid for *every* value) keeping only the numeric config keys being
+varied (tensor/data/context/expert degrees, micro-batch size and count) as symbols. The
+per-stage, per-category expressions and the formula files' ``require`` conditions are then
+compiled by :mod:`memform.exact` into one function over integer arrays.
+
+The result equals what :func:`memform.estimate_model` gives for each candidate, byte for byte
+(every category rounded up to whole bytes, as :func:`memform.engine.to_bytes` does).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import sympy
+
+from .api import Model, estimate_model, rebind
+from .engine import CATEGORIES
+from .errors import MemformError
+from .evaluator import Ctx
+from .exact import ExactFunction, NotExact, compile_exact
+
+#: config keys a search or a solver may vary numerically (when the formula files bind them)
+NUMERIC_KEYS = ("parallel.dp", "parallel.tp", "parallel.cp", "parallel.ep",
+                "training.micro_batch_size", "training.num_micro_batches")
+
+
+@dataclass
+class Batch:
+    """Exact results for ``n`` candidates of one structural combination.
+
+    Per-category arrays are kept as computed; the (n, stages, categories) table is only
+    assembled when asked for (a search needs just the stage sums).
+    """
+
+    valid: np.ndarray          # bool (n,): every require holds and every value is a finite, non-negative size
+    reasons: list[str]         # messages of the requires that failed for some candidate
+    outputs: list[np.ndarray]  # stage-major: stage 0 params, grads, ..., stage 1 params, ...
+    stages: int
+
+    @cached_property
+    def values(self) -> np.ndarray:
+        """Whole bytes, shape (n, stages, len(CATEGORIES))."""
+        n = len(self.valid)
+        table = np.stack(self.outputs, axis=1)
+        if table.dtype == object:
+            table = _narrow(table)
+        return table.reshape(n, self.stages, len(CATEGORIES))
+
+    @cached_property
+    def _by_stage(self) -> np.ndarray:
+        k = len(CATEGORIES)
+        sums = [sum(self.outputs[s * k + 1:(s + 1) * k], self.outputs[s * k]) for s in range(self.stages)]
+        table = np.stack(sums)  # (stages, n), contiguous per stage
+        return _narrow(table) if table.dtype == object else table
+
+    @property
+    def stage_peaks(self) -> np.ndarray:
+        """Peak bytes per candidate and stage, shape (n, stages)."""
+        return self._by_stage.T
+
+    @cached_property
+    def peak(self) -> np.ndarray:
+        return self._by_stage.max(axis=0)
+
+    @cached_property
+    def peak_stage(self) -> np.ndarray:
+        """The first stage with the largest peak (as :attr:`memform.Estimate.peak_stage`)."""
+        return self._by_stage.argmax(axis=0)
+
+
+@dataclass
+class CompiledModel:
+    """One structural combination of a config, ready for vectorized numeric candidates."""
+
+    model: Model
+    keys: tuple[str, ...]              # config keys supplied per candidate, in column order
+    symbols: tuple[sympy.Symbol, ...]
+    stages: int
+    exprs: list[dict[str, sympy.Expr]]  # per stage, per category (valid for all values)
+    requires: list[tuple[str, Any]]     # (message, sympy condition) left open by the structure
+    function: ExactFunction
+    compile_seconds: float
+
+    @classmethod
+    def build(cls, model: Model, keys: Sequence[str]) -> "CompiledModel":
+        start = time.perf_counter()
+        symbols = []
+        for k in keys:
+            sym = model.symbol_for_key(k)
+            if sym is None:
+                raise MemformError(f"config key '{k}' is not bound to a symbol by the formula files "
+                                   f"({', '.join(model.data['formulas'])})")
+            symbols.append(sym)
+        derived = _derived_symbols(model, frozenset(s.name for s in symbols))
+        keep = frozenset(s.name for s in symbols) | frozenset(derived)
+        est = estimate_model(model, resolve=False, keep=keep)
+        ev = model.evaluator(resolve=False, keep=keep)
+        follow = {model.bound.symbols[name]: e for name, e in derived.items()}
+        requires = []
+        for r in model.program.requires:
+            cond = ev._truth(ev.eval(r.expr, Ctx()), r.loc)
+            if cond is False:
+                raise MemformError(f"{r.message} (requirement at {r.loc}, for every candidate of this structure)")
+            if cond is not True:
+                requires.append((r.message, _substitute(cond, follow)))
+        exprs = [{c: _substitute(e, follow) for c, e in s.exprs.items()} for s in est.stages]
+        flat = [e[c] for e in exprs for c in CATEGORIES] + [c for _, c in requires]
+        try:
+            fn = compile_exact(flat, symbols)
+        except NotExact as exc:
+            raise MemformError(f"the closed form cannot be evaluated exactly in integers for "
+                               f"{', '.join(keys)} ({exc}); use 'memform estimate' per value instead") from None
+        return cls(model, tuple(keys), tuple(symbols), len(exprs), exprs, requires, fn,
+                   time.perf_counter() - start)
+
+    def __call__(self, columns: Mapping[str, Any]) -> Batch:
+        cols = [np.asarray(columns[k]) for k in self.keys]
+        n = len(cols[0]) if cols else 1
+        outs, bad = self.function(cols)
+        ncat = len(CATEGORIES)
+        nvals = self.stages * ncat
+        values = [o if isinstance(o, np.ndarray) and o.shape == (n,) else np.broadcast_to(o, (n,))
+                  for o in outs[:nvals]]
+        valid = ~bad
+        for v in values:
+            if v.size and v.min() < 0:  # the interpreter refuses negative sizes
+                valid &= v >= 0
+        reasons = []
+        for (message, _), ok in zip(self.requires, outs[nvals:]):
+            ok = np.broadcast_to(ok, (n,))
+            if not ok.all():
+                reasons.append(message)
+            valid &= ok
+        return Batch(valid, reasons, values, self.stages)
+
+
+def _derived_symbols(model: Model, searched: frozenset[str]) -> dict[str, sympy.Expr]:
+    """Symbols left to their defaults whose default depends on a searched symbol.
+
+    ``symbol etp = parallel.expert_tp default t`` follows ``t`` when the config does not set
+    ``parallel.expert_tp``; binding it to the base config's number would make every candidate
+    with another ``t`` wrong. Returns each such symbol's default as an expression in the
+    searched symbols (chains of defaults followed).
+    """
+    from .binding import get_path
+    derived: dict[str, sympy.Expr] = {}
+    changed = True
+    while changed:
+        changed = False
+        keep = searched | frozenset(derived)
+        ev = model.evaluator(resolve=False, keep=keep)
+        for name, decl in model.program.bindings.items():
+            if (decl.keyword != "symbol" or decl.default is None or name in keep
+                    or get_path(model.data, decl.path, None) is not None):
+                continue
+            value = ev._as_expr(ev.eval(decl.default, Ctx()), decl.loc)
+            if {s.name for s in value.free_symbols} & keep:
+                derived[name] = value
+                changed = True
+    return derived
+
+
+def _substitute(expr: Any, follow: dict[sympy.Symbol, sympy.Expr]) -> Any:
+    for _ in range(len(follow) + 1):
+        if not isinstance(expr, sympy.Basic) or not (expr.free_symbols & set(follow)):
+            break
+        expr = expr.xreplace(follow)
+    return expr
+
+
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """Object (Python int) results back to int64 when they fit, else kept exact as objects."""
+    if values.size and (values.max() >= 2 ** 62 or values.min() < -(2 ** 62)):
+        return values
+    return values.astype(np.int64)
+
+
+def interpreted_peaks(model: Model, overrides: Mapping[str, Any]) -> list[list[int]]:
+    """The reference: whole bytes per stage and category from the interpreter, one candidate.
+
+    Raises :class:`MemformError` where the interpreter refuses the candidate.
+    """
+    est = estimate_model(rebind(model, overrides), keep=frozenset())
+    return [[s.values[c] for c in CATEGORIES] for s in est.stages]

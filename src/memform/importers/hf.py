@@ -1,0 +1,302 @@
+"""Hugging Face ``config.json`` → the ``model:`` section of a memform config.
+
+A ``config.json`` describes the architecture only; the parallel strategy and batch are left
+to the shared defaults (written as commented defaults). Field names follow the transformers
+configuration classes of the model families below (``LlamaConfig``, ``MixtralConfig``,
+``Qwen2MoeConfig``, ``DeepseekV3Config``, ``GPT2Config``, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import MemformError
+from .draft import Draft, Fields, describe
+
+TITLE = "Hugging Face config.json"
+
+#: fields that do not change training memory (token ids, initialisation, rope base, routing
+#: details that move no tensors, inference-only switches)
+IGNORED = frozenset({
+    "_name_or_path", "architectures", "auto_map", "model_type", "transformers_version", "torch_dtype",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    "tokenizer_class", "initializer_range", "use_cache", "pretraining_tp", "rope_theta", "rope_scaling",
+    "rotary_pct", "rotary_emb_base", "rotary_dim", "partial_rotary_factor", "sliding_window",
+    "use_sliding_window", "max_window_layers", "router_aux_loss_coef", "output_router_logits",
+    "router_jitter_noise", "aux_loss_alpha", "seq_aux", "norm_topk_prob", "routed_scaling_factor",
+    "scoring_func", "topk_method", "topk_group", "n_group", "ep_size", "is_decoder", "return_dict",
+    "output_attentions", "output_hidden_states", "torchscript", "id2label", "label2id",
+    "tie_encoder_decoder", "bos_token", "eos_token", "attn_logit_softcapping",
+    "final_logit_softcapping", "query_pre_attn_scalar", "embedding_multiplier", "logits_scaling",
+    "residual_multiplier", "attention_multiplier", "summary_type", "summary_use_proj",
+    "summary_activation", "summary_proj_to_labels", "summary_first_dropout", "scale_attn_weights",
+    "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx", "task_specific_params",
+    "quantization_config", "qk_layernorm", "use_qk_norm", "n_ctx",
+})
+
+#: transformers model types whose MLP is gated even though the activation is GeLU (GeGLU keeps
+#: the same tensors as SwiGLU: gate, up, down)
+GATED_GELU = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"})
+#: model types whose configuration class ties the output head to the embedding by default
+TIED_BY_DEFAULT = frozenset({"gpt2", "gpt_bigcode", "opt", "gemma", "gemma2", "gemma3", "gemma3_text"})
+#: model types whose linear layers carry biases when the config has no bias field
+BIASED_BY_DEFAULT = frozenset({"gpt2", "gpt_bigcode", "opt", "gpt_neox", "gptj", "phi"})
+#: model types with learned absolute position embeddings (the others here use RoPE)
+LEARNED_POSITIONS = frozenset({"gpt2", "gpt_bigcode", "opt", "bert", "roberta"})
+DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
+                  "hidden_dropout_prob", "attention_probs_dropout_prob", "dropout")
+EXPERT_FIELDS = ("num_local_experts", "n_routed_experts", "num_experts")
+MLA_FIELDS = ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+
+
+def read_json(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MemformError(f"file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MemformError(f"cannot read {path}: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MemformError(f"{path}:{exc.lineno}:{exc.colno}: JSON syntax error: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise MemformError(f"{path}: a config.json must hold a JSON object, got {describe(data)}")
+    return data
+
+
+def convert(path: Path, draft: Draft, given: set[str]) -> None:
+    """Fill ``draft`` from the config.json at ``path``; ``given`` = keys set on the command line."""
+    data = read_json(path)
+    top = Fields(data, path)
+    cfg = top
+    if "text_config" in data and "hidden_size" not in data and "n_embd" not in data:
+        cfg = top.section("text_config")
+        draft.warn("a multimodal config: the language model comes from 'text_config'"
+                   + ("" if "vision_config" in data else "; its other towers are not imported"))
+        top.used.update(k for k in data if k.endswith("_config") and k != "vision_config")
+    model_type = top.string("model_type", "") or cfg.string("model_type", "")
+    top.used.add("vision_config")
+    name = top.string("_name_or_path", "")
+    draft.header.append(f"model_type: {model_type or 'not stated'}")
+    if name:
+        draft.set("name", name.rstrip("/").split("/")[-1], "from _name_or_path")
+
+    ints = cfg.integer
+    _, h = cfg.first(("hidden_size", "n_embd", "d_model"), ints)
+    if h is None:
+        raise cfg.missing("hidden_size")
+    _, a = cfg.first(("num_attention_heads", "n_head"), ints)
+    if a is None:
+        raise cfg.missing("num_attention_heads")
+    _, layers = cfg.first(("num_hidden_layers", "n_layer"), ints)
+    if layers is None:
+        raise cfg.missing("num_hidden_layers")
+    draft.set("model.hidden_size", h)
+    draft.set("model.num_heads", a, "num_attention_heads")
+    if cfg.has("num_key_value_heads"):
+        draft.set("model.num_kv_heads", cfg.integer("num_key_value_heads"), "num_key_value_heads")
+    else:
+        draft.set("model.num_kv_heads", a, "no num_key_value_heads: multi-head attention")
+    draft.set("model.num_layers", layers, "num_hidden_layers")
+    ffn_key, ffn = cfg.first(("intermediate_size", "n_inner", "ffn_dim"), ints)
+    if ffn is None:
+        draft.default("model.ffn_hidden_size", 4 * h, "4 × hidden_size (no intermediate_size)")
+    else:
+        draft.set("model.ffn_hidden_size", ffn, ffn_key or "")
+    draft.set("model.vocab_size", cfg.integer("vocab_size"))
+    seq_key, seq = cfg.first(("max_position_embeddings", "n_positions", "seq_length"), ints)
+    if seq is not None:
+        draft.set("model.seq_length", seq, f"{seq_key}; training often uses a shorter sequence: lower it if so")
+    elif "model.seq_length" not in given:
+        raise cfg.missing("max_position_embeddings", " (or pass --set model.seq_length=N)")
+
+    _activation(cfg, draft, model_type)
+    _norm(cfg, draft)
+    _flags(cfg, draft, model_type)
+    head_dim = cfg.integer("head_dim", None)
+    if head_dim is not None and head_dim * a != h and not cfg.has("kv_lora_rank"):
+        draft.warn(f"head_dim {head_dim} × num_attention_heads {a} != hidden_size {h}: memform's dense "
+                   f"attention uses hidden_size / num_heads; attention sizes will be off")
+    _moe(cfg, draft)
+    _mla(cfg, draft)
+    mtp = cfg.integer("num_nextn_predict_layers", 0, minimum=0)
+    if mtp:
+        draft.set("model.mtp_layers", mtp, "num_nextn_predict_layers")
+    if top.has("vision_config"):
+        _vision(top.section("vision_config"), draft)
+    ignored = IGNORED | {k for k in data if isinstance(k, str) and k.endswith("_token_id")}
+    draft.warn_unused(cfg, ignored)
+    if cfg is not top:
+        draft.warn_unused(top, ignored)
+
+
+def _activation(cfg: Fields, draft: Draft, model_type: str) -> None:
+    key, act = cfg.first(("hidden_act", "hidden_activation", "activation_function"), cfg.string)
+    if act is None:
+        draft.default("model.activation", "swiglu", "no hidden_act field: gated SiLU MLP assumed")
+        return
+    low = act.lower()
+    if low in ("silu", "swish"):
+        draft.set("model.activation", "swiglu", f"{key} {act}: gated MLP (gate, up, down)")
+    elif low.startswith("gelu") and model_type in GATED_GELU:
+        draft.set("model.activation", "swiglu", f"{key} {act} in a gated MLP (GeGLU: SwiGLU's tensors)")
+    elif low.startswith("gelu"):
+        draft.set("model.activation", "gelu", f"{key} {act}")
+    else:
+        draft.set("model.activation", "gelu", f"{key} {act}: sized as an ungated MLP")
+        draft.warn(f"field '{cfg.name(key)}' = {act!r} is not an activation memform models "
+                   f"(gelu, silu); sized as an ungated GeLU MLP")
+
+
+def _norm(cfg: Fields, draft: Draft) -> None:
+    key, _ = cfg.first(("rms_norm_eps",), cfg.number)
+    if key:
+        draft.set("model.norm", "rmsnorm", "rms_norm_eps present")
+        return
+    key, _ = cfg.first(("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"), cfg.number)
+    if key:
+        draft.set("model.norm", "layernorm", f"{key} present")
+    else:
+        draft.default("model.norm", "rmsnorm", "no rms_norm_eps / layer_norm_eps field")
+
+
+def _flags(cfg: Fields, draft: Draft, model_type: str) -> None:
+    biases = [k for k in ("attention_bias", "mlp_bias", "bias") if cfg.has(k)]
+    if biases:
+        draft.set("model.bias", any(cfg.boolean(k) for k in biases), " / ".join(biases))
+    else:
+        cfg.used.update(("attention_bias", "mlp_bias", "bias"))
+        biased = model_type in BIASED_BY_DEFAULT
+        draft.default("model.bias", biased, f"no attention_bias field; {model_type or 'this model type'}'s default")
+    rates = {k: cfg.number(k) for k in DROPOUT_FIELDS if cfg.has(k)}
+    cfg.used.update(DROPOUT_FIELDS)
+    if rates:
+        draft.set("model.dropout", any(r > 0 for r in rates.values()),
+                  ", ".join(f"{k} {v}" for k, v in rates.items()))
+    else:
+        draft.default("model.dropout", False, "no dropout field (LLM pre-training usually runs without)")
+    draft.default("model.flash_attention", True, "config.json does not say; FlashAttention assumed")
+    if cfg.has("tie_word_embeddings"):
+        draft.set("model.tied_embeddings", cfg.boolean("tie_word_embeddings"), "tie_word_embeddings")
+    else:
+        cfg.used.add("tie_word_embeddings")
+        tied = model_type in TIED_BY_DEFAULT
+        draft.default("model.tied_embeddings", tied,
+                      f"no tie_word_embeddings field; {model_type or 'this model type'}'s default")
+    rope = any(cfg.has(k) for k in ("rope_theta", "rope_scaling", "rotary_dim", "rotary_pct",
+                                    "qk_rope_head_dim", "partial_rotary_factor"))
+    if rope or (model_type and model_type not in LEARNED_POSITIONS):
+        draft.set("model.position_embedding", "rope", "rotary (rope_theta / model type)")
+    elif model_type in LEARNED_POSITIONS:
+        draft.set("model.position_embedding", "learned", f"{model_type}: learned absolute positions")
+    else:
+        draft.default("model.position_embedding", "rope", "no rope_theta or model_type field")
+
+
+def _moe(cfg: Fields, draft: Draft) -> None:
+    key, experts = cfg.first(EXPERT_FIELDS, lambda k: cfg.integer(k, minimum=0))
+    for other in ("moe_intermediate_size", "num_experts_per_tok", "n_shared_experts",
+                  "shared_expert_intermediate_size", "first_k_dense_replace", "moe_layer_freq",
+                  "decoder_sparse_step", "mlp_only_layers"):
+        cfg.used.add(other)
+    if not experts or experts <= 1:
+        return
+    draft.set("model.num_experts", experts, key)
+    if not cfg.has("num_experts_per_tok"):
+        raise cfg.missing("num_experts_per_tok", f" ({key} = {experts} makes this a mixture of experts)")
+    draft.set("model.moe_top_k", cfg.integer("num_experts_per_tok"), "num_experts_per_tok")
+    expert_ffn = cfg.integer("moe_intermediate_size", None)
+    if expert_ffn is None:
+        expert_ffn = draft.get("model.ffn_hidden_size")
+        draft.set("model.moe_ffn_hidden_size", expert_ffn, "no moe_intermediate_size: intermediate_size")
+    else:
+        draft.set("model.moe_ffn_hidden_size", expert_ffn, "moe_intermediate_size")
+    shared = cfg.integer("n_shared_experts", None, minimum=0)
+    if shared is not None:
+        draft.set("model.num_shared_experts", shared, "n_shared_experts")
+    elif cfg.has("shared_expert_intermediate_size"):
+        width = cfg.integer("shared_expert_intermediate_size", minimum=0)
+        count = -(-width // expert_ffn)
+        if width % expert_ffn:
+            draft.warn(f"shared_expert_intermediate_size {width} is not a multiple of the expert size "
+                       f"{expert_ffn}; counted as {count} shared experts (an overestimate)")
+        draft.set("model.num_shared_experts", count,
+                  f"shared_expert_intermediate_size {width} / expert size {expert_ffn}")
+    else:
+        draft.set("model.num_shared_experts", 0, "no shared experts")
+    first_dense = cfg.integer("first_k_dense_replace", 0, minimum=0)
+    if first_dense:
+        draft.set("model.first_k_dense", first_dense, "first_k_dense_replace")
+    if cfg.integer("moe_layer_freq", 1) != 1 or cfg.integer("decoder_sparse_step", 1) != 1 \
+            or cfg.raw("mlp_only_layers", []):
+        draft.warn("MoE layers are interleaved with dense ones (moe_layer_freq / decoder_sparse_step / "
+                   "mlp_only_layers); memform counts every layer after first_k_dense as MoE")
+
+
+def _mla(cfg: Fields, draft: Draft) -> None:
+    cfg.used.update(("kv_lora_rank", "q_lora_rank", *MLA_FIELDS))
+    if not cfg.has("kv_lora_rank"):
+        return
+    draft.set("model.attention", "mla", "kv_lora_rank present: multi-head latent attention")
+    q_rank = cfg.integer("q_lora_rank", 0, minimum=0)
+    draft.set("model.q_lora_rank", q_rank, "q_lora_rank" if cfg.has("q_lora_rank") else
+              "q_lora_rank null: queries not compressed")
+    draft.set("model.kv_lora_rank", cfg.integer("kv_lora_rank"))
+    for key in MLA_FIELDS:
+        if not cfg.has(key):
+            raise cfg.missing(key, " (kv_lora_rank is set, so this is multi-head latent attention)")
+        draft.set(f"model.{key}", cfg.integer(key))
+
+
+#: vision_config fields that move no training memory, or that vision.mf does not distinguish
+IGNORED_VISION = frozenset({
+    "model_type", "spatial_patch_size", "initializer_range", "torch_dtype", "layer_norm_eps",
+    "attention_dropout", "dropout", "projection_dim", "out_hidden_size", "tokens_per_second",
+    "window_size", "fullatt_block_indexes", "vision_use_head", "num_positions", "hidden_act",
+    "_name_or_path", "architectures", "transformers_version",
+})
+
+
+def _vision(vc: Fields, draft: Draft) -> None:
+    """A vision tower (Qwen2-VL ``vision_config``, CLIP/SigLIP fields) → ``model.vision.*`` of vision.mf."""
+    # Qwen2-VL: embed_dim is the ViT width and hidden_size the LM width it projects to
+    width_key, width = vc.first(("embed_dim", "hidden_size"), vc.integer)
+    if width is None:
+        raise vc.missing("hidden_size")
+    draft.set("model.vision.hidden_size", width, f"vision_config.{width_key}")
+    vc.used.add("hidden_size")  # with embed_dim present it is the LM width the merger projects to
+    draft.set("model.vision.num_heads", vc.integer("num_heads") if vc.has("num_heads")
+              else vc.integer("num_attention_heads"), "vision_config heads")
+    vc.used.update(("num_heads", "num_attention_heads"))
+    depth_key, depth = vc.first(("depth", "num_hidden_layers"), vc.integer)
+    if depth is None:
+        raise vc.missing("depth")
+    draft.set("model.vision.num_layers", depth, f"vision_config.{depth_key}")
+    if vc.has("intermediate_size"):
+        draft.set("model.vision.ffn_hidden_size", vc.integer("intermediate_size"), "vision_config.intermediate_size")
+    else:
+        ratio = vc.number("mlp_ratio", 4)
+        draft.set("model.vision.ffn_hidden_size", int(ratio * width), f"mlp_ratio {ratio} × width")
+    vc.used.add("mlp_ratio")
+    draft.set("model.vision.patch_size", vc.integer("patch_size", 14), "vision_config.patch_size")
+    for key, name in (("temporal_patch_size", "temporal_patch_size"), ("spatial_merge_size", "spatial_merge_size")):
+        if vc.has(key):
+            draft.set(f"model.vision.{name}", vc.integer(key), f"vision_config.{key}")
+    chans_key, chans = vc.first(("in_chans", "in_channels", "num_channels"), vc.integer)
+    if chans is not None:
+        draft.set("model.vision.in_channels", chans, f"vision_config.{chans_key}")
+    if vc.has("image_size"):
+        draft.set("model.vision.image_size", vc.integer("image_size"), "vision_config.image_size")
+    else:
+        merge = draft.get("model.vision.spatial_merge_size", 1)
+        edge = 16 * draft.get("model.vision.patch_size") * merge  # 448 px for Qwen2-VL's 14 px × 2
+        draft.default("model.vision.image_size", edge,
+                      "dynamic resolution: an image edge is assumed; set your training images' size")
+    draft.default("model.vision.images_per_sample", 1, "images per training sequence: set your data's")
+    act = vc.string("hidden_act", "gelu")
+    if "gelu" not in act.lower():
+        draft.warn(f"vision_config.hidden_act {act}: vision.mf models a GeLU MLP with biases "
+                   f"(the ViT's MLP memory is approximate)")
+    draft.warn_unused(vc, IGNORED_VISION)

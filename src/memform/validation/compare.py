@@ -1,0 +1,144 @@
+"""Hold memform's estimate against a measured training step, category by category.
+
+A :class:`Point` is one tiny model + training set-up. :meth:`Point.config` writes it as a memform
+config (dp = tp = pp = 1, one micro-batch, the architecture switches and the precision keys of the
+PyTorch set-up), the same dict the PyTorch model is built from, so both sides see exactly one description.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import memform
+
+from .measure import PRECISIONS, measure_step
+
+#: the categories compared, and the largest |relative error| each may show (stated in the README)
+THRESHOLDS: dict[str, float] = {"params": 0.05, "grads": 0.05, "optimizer": 0.05, "activations": 0.10}
+CATEGORIES = tuple(THRESHOLDS)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One validation case: model shape, batch and training set-up."""
+
+    b: int = 2
+    s: int = 64
+    L: int = 2
+    h: int = 64
+    head_dim: int = 16
+    kv_heads: int | None = None     # default: num_heads / 2 (GQA)
+    vocab: int = 512
+    recompute: str = "none"
+    flash: bool = True
+    swiglu_impl: str = "fused"
+    precision: str = "bf16-mixed"
+    experts: int = 1                # > 1: Mixtral-style MoE (needs formulas/moe.mf)
+    top_k: int = 2
+    arch: str = "llama"             # llama: RMSNorm, SwiGLU, RoPE, no biases; gpt: LayerNorm, GeLU, learned positions, biases
+    dropout: bool = False
+
+    @property
+    def heads(self) -> int:
+        return self.h // self.head_dim
+
+    @property
+    def ffn(self) -> int:
+        # GPT: 4h (Radford et al. 2019); Llama: 8h/3 (Touvron et al. 2023 §2.2), rounded up to 16
+        return 4 * self.h if self.arch == "gpt" else 16 * math.ceil(8 * self.h / 3 / 16)
+
+    @property
+    def kv(self) -> int:
+        if self.kv_heads is not None:
+            return self.kv_heads
+        return self.heads if self.arch == "gpt" else max(1, self.heads // 2)
+
+    def label(self) -> str:
+        parts = [self.arch, f"b{self.b} s{self.s} L{self.L} h{self.h} a{self.heads}/{self.kv}",
+                 self.recompute, "flash" if self.flash else "core", self.precision]
+        if self.dropout:
+            parts.append("dropout")
+        if self.swiglu_impl != "fused":
+            parts.append(f"swiglu-{self.swiglu_impl}")
+        if self.experts > 1:
+            parts.append(f"moe{self.experts}x{self.top_k}")
+        return " ".join(parts)
+
+    def config(self) -> dict[str, Any]:
+        """The memform config describing exactly what the PyTorch harness runs."""
+        gpt = self.arch == "gpt"
+        model: dict[str, Any] = {
+            "hidden_size": self.h, "num_heads": self.heads, "num_kv_heads": self.kv,
+            "ffn_hidden_size": self.ffn, "num_layers": self.L, "vocab_size": self.vocab,
+            "seq_length": self.s, "activation": "gelu" if gpt else "swiglu",
+            "norm": "layernorm" if gpt else "rmsnorm", "bias": gpt, "dropout": self.dropout,
+            "flash_attention": self.flash, "tied_embeddings": False,
+            "position_embedding": "learned" if gpt else "rope", "swiglu_impl": self.swiglu_impl,
+        }
+        cfg: dict[str, Any] = {
+            "name": "validate-" + self.label().replace(" ", "-").replace("/", "g"),
+            "model": model,
+            "parallel": {"dp": 1, "tp": 1, "pp": 1},
+            "training": {"micro_batch_size": self.b, "num_micro_batches": 1, "recompute": self.recompute,
+                         "precision": dict(PRECISIONS[self.precision][1])},
+        }
+        if self.experts > 1:
+            model.update(num_experts=self.experts, moe_top_k=self.top_k, moe_ffn_hidden_size=self.ffn)
+            cfg["parallel"].update(ep=1, expert_tp=1)
+            cfg["formulas"] = ["moe.mf"]
+        return cfg
+
+
+@dataclass
+class Row:
+    """Measured and estimated bytes of one point, with the relative error (estimate − measured) / measured."""
+
+    point: Point
+    measured: dict[str, int]
+    estimated: dict[str, int]
+    activations_by_op: dict[str, int] = field(default_factory=dict)
+
+    def error(self, cat: str) -> float:
+        m = self.measured[cat]
+        return (self.estimated[cat] - m) / m if m else (0.0 if self.estimated[cat] == 0 else math.inf)
+
+    def failures(self, thresholds: dict[str, float] = THRESHOLDS) -> list[str]:
+        return [c for c in CATEGORIES if abs(self.error(c)) > thresholds[c]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"point": asdict(self.point), "measured": self.measured, "estimated": self.estimated,
+                "error": {c: self.error(c) for c in CATEGORIES}}
+
+
+def compare(point: Point) -> Row:
+    """Measure ``point`` with PyTorch and estimate it with memform."""
+    cfg = point.config()
+    measured = measure_step(cfg, point.precision)
+    stage = memform.estimate(cfg).stages[0]
+    estimated = {c: stage.values[c] for c in CATEGORIES}
+    # the stage's activation value is its peak moment (e.g. early backward); what forward leaves
+    # saved -- layers_sum(inflight · act), the "warmup" moment -- is what the measurement sees
+    estimated["activations"] = getattr(stage, "moments", {}).get("warmup", stage.values["activations"])
+    return Row(point, measured.as_dict(), estimated, measured.activations_by_op)
+
+
+def format_table(rows: list[Row], thresholds: dict[str, float] = THRESHOLDS) -> str:
+    """A fixed-width table: per category measured / estimated KiB and the relative error (``!`` = over)."""
+    width = max([len(r.point.label()) for r in rows] + [4])
+    cell = 27
+    head = f"{'case':<{width}}" + "".join(f" | {c + ' KiB meas/est, err':>{cell}}" for c in CATEGORIES)
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        cells = []
+        for c in CATEGORIES:
+            flag = "!" if abs(r.error(c)) > thresholds[c] else " "
+            text = f"{r.measured[c] / 1024:.1f} / {r.estimated[c] / 1024:.1f} {r.error(c):+7.2%}{flag}"
+            cells.append(f" | {text:>{cell}}")
+        lines.append(f"{r.point.label():<{width}}" + "".join(cells))
+    lines.append("-" * len(head))
+    if rows:
+        worst = {c: max(abs(r.error(c)) for r in rows) for c in CATEGORIES}
+        lines.append("max |error|: " + ", ".join(f"{c} {worst[c]:.2%} (limit {thresholds[c]:.0%})" for c in CATEGORIES))
+    return "\n".join(lines)

@@ -1,0 +1,119 @@
+"""Run one real training step and measure the bytes each memory category really holds.
+
+Two precision set-ups, each expressed by memform's ``training.precision`` keys:
+
+- ``bf16-mixed`` (Megatron-LM's bf16 recipe, Micikevicius et al. 2018 §3): bf16 working parameters,
+  fp32 ``main_grad`` buffers that a post-accumulate-grad hook adds each bf16 gradient into (the bf16
+  ``.grad`` is dropped at once), and AdamW over fp32 master copies whose ``.grad`` *is* the main-grad
+  buffer; after the step the master weights are copied back into the bf16 parameters.
+- ``fp32``: fp32 parameters, gradients in ``.grad``, AdamW over the parameters themselves.
+
+What is counted (bytes are storage sizes; views share storage and count once):
+
+- params: the model's parameters (the working copy used in forward/backward);
+- grads: the fp32 main-grad buffers (bf16-mixed) or the ``.grad`` tensors (fp32), after backward;
+- optimizer: fp32 master weights (bf16-mixed) plus every tensor in ``optimizer.state`` after the step:
+  ``exp_avg``, ``exp_avg_sq`` and the 4-byte ``step`` counter PyTorch keeps per parameter tensor;
+- activations: every storage created during ``forward`` that is still alive when forward returns —
+  whatever keeps it (autograd saved tensors, checkpoint closures, the loss) — measured by
+  :class:`~memform.validation.tracker.LiveStorages`. Buffers (rotary tables, causal mask) and the input
+  token ids/labels exist before forward and are not activations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+from .torch_models import build
+from .tracker import LiveStorages, storage_bytes, storages_of
+
+#: precision set-ups: torch dtype of the model and memform's matching ``training.precision`` keys
+PRECISIONS: dict[str, tuple[torch.dtype, dict[str, Any]]] = {
+    "bf16-mixed": (torch.bfloat16, {"params": "bf16", "grads": "fp32", "optimizer": "fp32",
+                                    "activations": "bf16", "master_weights": True}),
+    "fp32": (torch.float32, {"params": "fp32", "grads": "fp32", "optimizer": "fp32",
+                             "activations": "fp32", "master_weights": False}),
+}
+
+
+@dataclass
+class Measured:
+    """Measured bytes per memory category for one training step (see the module docstring)."""
+
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    activations_by_op: dict[str, int] = field(default_factory=dict)
+    loss: float = 0.0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer,
+                "activations": self.activations}
+
+
+def measure_step(cfg: Mapping[str, Any], precision: str = "bf16-mixed", seed: int = 0) -> Measured:
+    """Build the model of ``cfg`` and run forward, backward and one AdamW step, measuring each category."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    # the tensors are tiny: intra-op threads only add contention (on a busy CI runner, many-fold) and
+    # do not change what is allocated
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _measure(cfg, precision, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure(cfg: Mapping[str, Any], precision: str, seed: int) -> Measured:
+    dtype, _ = PRECISIONS[precision]
+    model = build(cfg, dtype, seed)
+    params = list(model.parameters())
+    b = int(cfg["training"].get("micro_batch_size", 1))
+    s, v = model.sh.seq, model.sh.vocab
+    gen = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(0, v, (b, s), generator=gen)
+    labels = torch.randint(0, v, (b, s), generator=gen)
+
+    mixed = dtype != torch.float32
+    if mixed:
+        for p in params:
+            p.main_grad = torch.zeros(p.shape, dtype=torch.float32)
+            p.register_post_accumulate_grad_hook(_accumulate_main_grad)
+        master = [p.detach().float().clone() for p in params]
+        for mp, p in zip(master, params):
+            mp.grad = p.main_grad
+        opt = torch.optim.AdamW(master, lr=1e-3, foreach=False)
+    else:
+        master = []
+        opt = torch.optim.AdamW(params, lr=1e-3, foreach=False)
+
+    static = storages_of([*params, *model.buffers(), ids, labels, *master])
+    if mixed:
+        static += storages_of(p.main_grad for p in params)
+    with LiveStorages() as fwd:
+        loss = model(ids, labels)
+    activations = fwd.alive_bytes(exclude=static)
+    by_op = fwd.by_op(exclude=static)
+
+    loss.backward()
+    grads = storage_bytes(p.main_grad for p in params) if mixed else storage_bytes(p.grad for p in params)
+    opt.step()
+    if mixed:
+        with torch.no_grad():
+            for mp, p in zip(master, params):
+                p.copy_(mp)
+    states = [t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+    optimizer = storage_bytes([*master, *states])
+    return Measured(params=storage_bytes(params), grads=grads, optimizer=optimizer, activations=activations,
+                    activations_by_op=by_op, loss=float(loss.detach()))
+
+
+def _accumulate_main_grad(p: torch.Tensor) -> None:
+    """Megatron-style gradient accumulation into the fp32 main-grad buffer; the bf16 grad is freed."""
+    p.main_grad.add_(p.grad)
+    p.grad = None

@@ -1,0 +1,346 @@
+"""Small but real decoder-only transformers built from a memform config (random weights).
+
+Llama-style (RMSNorm, SwiGLU, RoPE, GQA, no biases), GPT-style (LayerNorm, GeLU, learned positions,
+biases, dropout) and Mixtral-style (top-k MoE) models come from the same ``model.*`` keys memform
+reads. The layers do what Megatron-LM's kernels do, so that what autograd keeps for backward is what a
+production framework keeps:
+
+- RMSNorm is one autograd function that saves its input and the fp32 1/rms per token (as apex's
+  ``FusedRMSNorm`` and Transformer Engine's ``RMSNorm`` do); ``F.rms_norm`` on the CPU is composite and
+  would keep an fp32 copy of the input and of the normalised output instead. LayerNorm is ATen's kernel
+  (keeps its input and the fp32 mean and 1/std per token).
+- Attention: separate Q, K, V projections (the same weights as a fused QKV GEMM) so that exactly the
+  (rotated) Q and K and the V projection are kept; rotary tables are precomputed buffers.
+  ``model.flash_attention: true`` calls ``F.scaled_dot_product_attention`` (on the CPU a flash kernel that
+  keeps Q, K, V, its output and the fp32 log-sum-exp, with GQA handled without expanding K/V);
+  ``false`` runs the unfused core: scores, causal mask, softmax (its output is kept), dropout, @ V,
+  with query heads grouped per KV head so K/V are never copied to ``num_heads`` width.
+- Dropout is ATen's fused ``native_dropout`` (a 1-byte mask, like Megatron's kernels) after the
+  embedding, on the attention probabilities, after the attention projection and after the MLP.
+- MLP: GeLU, or SwiGLU with ``model.swiglu_impl: fused`` — one autograd function over the concatenated
+  gate/up GEMM output that saves only that input (Megatron's ``bias_swiglu_impl``) — or ``eager`` —
+  PyTorch's plain ``silu(gate) * up``, which also keeps ``silu(gate)``.
+- Recompute: ``full`` checkpoints every layer, ``selective`` checkpoints the unfused attention core (a
+  flash core is not recomputed, as in Megatron-LM, which only checkpoints the non-flash core).
+- The loss is fp32 cross-entropy over the vocabulary (the bf16 logits are upcast first).
+- MoE (``model.num_experts`` > 1, dropless): a softmax router picks ``model.moe_top_k`` experts per
+  token (Mixtral, Jiang et al. 2024 §2.1); tokens are permuted by expert, run through that expert's
+  MLP, weighted by their renormalised router probabilities and scattered back (see :class:`MoE`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..binding import get_path
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The model hyper-parameters the harness reads from a memform config dict (dense.mf's defaults)."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    layers: int
+    vocab: int
+    seq: int
+    activation: str = "gelu"
+    norm: str = "layernorm"
+    bias: bool = True
+    dropout: bool = True
+    flash: bool = False
+    learned_pos: bool = True
+    swiglu_impl: str = "fused"
+    recompute: str = "none"
+    experts: int = 1
+    top_k: int = 1
+    expert_ffn: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> "Shape":
+        m = lambda key, default=None: get_path(cfg, f"model.{key}", default)  # noqa: E731
+        if m("tied_embeddings", False):
+            raise ValueError("the PyTorch harness builds untied output heads only (model.tied_embeddings: false)")
+        if m("dropout", True) and m("flash_attention", False):
+            raise ValueError("PyTorch's CPU flash attention has no dropout (it falls back to the unfused fp32 "
+                             "path): use model.dropout: false or model.flash_attention: false")
+        for key, default, allowed in (("norm", "layernorm", ("layernorm", "rmsnorm")),
+                                      ("activation", "gelu", ("gelu", "swiglu")),
+                                      ("position_embedding", "learned", ("learned", "rope"))):
+            if m(key, default) not in allowed:
+                raise ValueError(f"model.{key} must be one of {', '.join(allowed)}, got {m(key)!r}")
+        h, a = int(m("hidden_size")), int(m("num_heads"))
+        experts = int(m("num_experts", 1) or 1)
+        return cls(hidden=h, heads=a, kv_heads=int(m("num_kv_heads", a)), ffn=int(m("ffn_hidden_size", 4 * h)),
+                   layers=int(m("num_layers")), vocab=int(m("vocab_size")), seq=int(m("seq_length")),
+                   activation=str(m("activation", "gelu")), norm=str(m("norm", "layernorm")),
+                   bias=bool(m("bias", True)), dropout=bool(m("dropout", True)),
+                   flash=bool(m("flash_attention", False)),
+                   learned_pos=m("position_embedding", "learned") == "learned",
+                   swiglu_impl=str(m("swiglu_impl", "fused")),
+                   recompute=str(get_path(cfg, "training.recompute", "none")), experts=experts,
+                   top_k=int(m("moe_top_k", 2)) if experts > 1 else 1,
+                   expert_ffn=int(m("moe_ffn_hidden_size", m("ffn_hidden_size", 4 * h))))
+
+
+#: dropout probability (its value does not change what is stored)
+DROPOUT_P = 0.1
+
+
+def dropout(x: torch.Tensor, on: bool) -> torch.Tensor:
+    """ATen's fused dropout (``native_dropout``): keeps a 1-byte bool mask, like Megatron's kernels.
+
+    ``F.dropout`` on the CPU is composite and would keep a mask of the input's dtype instead.
+    """
+    return torch.native_dropout(x, DROPOUT_P, True)[0] if on else x
+
+
+def make_norm(sh: Shape) -> nn.Module:
+    """RMSNorm (weight) or LayerNorm (weight + bias; ATen's kernel keeps input, fp32 mean and 1/std)."""
+    return RMSNorm(sh.hidden) if sh.norm == "rmsnorm" else nn.LayerNorm(sh.hidden)
+
+
+def _acc(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in the accumulation precision of the fused kernels: fp32, or wider if it already is."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+class _RMSNormFn(torch.autograd.Function):
+    """y = x / rms(x) * w, keeping x and the fp32 1/rms per row (like apex/TE fused RMSNorm)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:  # noqa: ANN001
+        xf = _acc(x)
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, w, rstd)
+        return (xf * rstd).to(x.dtype) * w
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):  # noqa: ANN001, ANN205
+        x, w, rstd = ctx.saved_tensors
+        xhat = _acc(x) * rstd
+        dyw = _acc(dy) * _acc(w)
+        dx = rstd * (dyw - xhat * (dyw * xhat).mean(-1, keepdim=True))
+        dw = (_acc(dy) * xhat).reshape(-1, x.shape[-1]).sum(0)
+        return dx.to(x.dtype), dw.to(w.dtype), None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, h: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(h))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _RMSNormFn.apply(x, self.weight, self.eps)
+
+
+class _SwiGLUFn(torch.autograd.Function):
+    """silu(a) * b over the concatenated [a | b] GEMM output, keeping only that input."""
+
+    @staticmethod
+    def forward(ctx, ab: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        ctx.save_for_backward(ab)
+        a, b = ab.chunk(2, dim=-1)
+        return F.silu(a) * b
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):  # noqa: ANN001, ANN205
+        (ab,) = ctx.saved_tensors
+        a, b = _acc(ab).chunk(2, dim=-1)
+        sig = torch.sigmoid(a)
+        silu = a * sig
+        dyf = _acc(dy)
+        da = dyf * b * sig * (1 + a * (1 - sig))
+        return torch.cat([da, dyf * silu], dim=-1).to(ab.dtype)
+
+
+class SwiGLU(nn.Module):
+    """gate/up h×f, down f×h (Shazeer 2020); ``impl`` chooses what is kept for backward."""
+
+    def __init__(self, h: int, f: int, impl: str, bias: bool = False):
+        super().__init__()
+        if impl not in ("fused", "eager"):
+            raise ValueError(f"model.swiglu_impl must be 'fused' or 'eager', got {impl!r}")
+        self.impl = impl
+        if impl == "fused":
+            self.gate_up = nn.Linear(h, 2 * f, bias=bias)
+        else:
+            self.gate = nn.Linear(h, f, bias=bias)
+            self.up = nn.Linear(h, f, bias=bias)
+        self.down = nn.Linear(f, h, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.impl == "fused":
+            return self.down(_SwiGLUFn.apply(self.gate_up(x)))
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class GeLUMLP(nn.Module):
+    """fc1 h×f, GeLU (keeps its input, as Megatron's fused bias_gelu does), fc2 f×h (keeps the GeLU output)."""
+
+    def __init__(self, h: int, f: int, bias: bool):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(h, f, bias=bias), nn.Linear(f, h, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+def make_mlp(sh: Shape, f: int) -> nn.Module:
+    if sh.activation == "swiglu":
+        return SwiGLU(sh.hidden, f, sh.swiglu_impl, sh.bias)
+    if sh.activation == "gelu":
+        return GeLUMLP(sh.hidden, f, sh.bias)
+    raise ValueError(f"model.activation must be 'gelu' or 'swiglu', got {sh.activation!r}")
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, sh: Shape):
+        super().__init__()
+        self.sh = sh
+        d = sh.head_dim
+        self.q = nn.Linear(sh.hidden, sh.heads * d, bias=sh.bias)
+        self.k = nn.Linear(sh.hidden, sh.kv_heads * d, bias=sh.bias)
+        self.v = nn.Linear(sh.hidden, sh.kv_heads * d, bias=sh.bias)
+        self.o = nn.Linear(sh.heads * d, sh.hidden, bias=sh.bias)
+        # rotary tables (Su et al. 2021, RoFormer §3.4.2) and the causal mask are constant buffers
+        inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+        ang = torch.outer(torch.arange(sh.seq).float(), inv)
+        ang = torch.cat([ang, ang], dim=-1)
+        self.register_buffer("cos", ang.cos(), persistent=False)
+        self.register_buffer("sin", ang.sin(), persistent=False)
+        group = sh.heads // sh.kv_heads
+        mask = torch.ones(sh.seq, sh.seq, dtype=torch.bool).triu(1)
+        self.register_buffer("mask", mask.repeat(group, 1), persistent=False)  # rows: (head in group, query)
+
+    def rope(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.sh.learned_pos else x * self.cos + _rotate_half(x) * self.sin
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Unfused causal attention; q [b,a,s,d], k/v [b,g,s,d] -> [b,a,s,d]."""
+        b, a, s, d = q.shape
+        g = k.shape[1]
+        qg = q.reshape(b, g, (a // g) * s, d)      # a view: query heads grouped per KV head
+        scores = (qg @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
+        probs = torch.softmax(scores.masked_fill(self.mask, float("-inf")), dim=-1)
+        return (dropout(probs, self.sh.dropout) @ v).view(b, a, s, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        sh, d = self.sh, self.sh.head_dim
+        # [b, s, heads, d] memory viewed as [b, heads, s, d]: the flash kernel then writes its output in
+        # [b, s, h] order, so the output projection's input is a view of the kept output, not a copy
+        # (Megatron's [s, b, h] layout has the same property). The unfused core groups query heads by
+        # KV head with a view, which needs [b, heads, s, d] memory.
+        q = self.q(x).view(b, s, sh.heads, d).transpose(1, 2)
+        k = self.k(x).view(b, s, sh.kv_heads, d).transpose(1, 2)
+        if not sh.flash:
+            q, k = q.contiguous(), k.contiguous()
+        q, k = self.rope(q), self.rope(k)
+        v = self.v(x).view(b, s, sh.kv_heads, d).transpose(1, 2)
+        if sh.flash:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=sh.kv_heads != sh.heads)
+        elif sh.recompute == "selective":
+            out = checkpoint(self.core, q, k, v, use_reentrant=False, preserve_rng_state=sh.dropout)
+        else:
+            out = self.core(q, k, v)
+        return dropout(self.o(out.transpose(1, 2).reshape(b, s, sh.heads * d)), sh.dropout)
+
+
+class MoE(nn.Module):
+    """Top-k routed SwiGLU experts, dropless, routed the way Megatron-LM's token dispatcher does it.
+
+    Router: softmax over the experts in fp32, top-k, renormalised (Mixtral, Jiang et al. 2024 §2.1).
+    Tokens are permuted so each expert's tokens are contiguous (one gathered copy, k·T rows), every expert
+    runs on its slice, the concatenated outputs are multiplied by their router weights and scattered back
+    with ``scatter_add`` over an expanded index (a view), so only the index is kept for the combine —
+    ``index_add`` would also keep its weighted source.
+    """
+
+    def __init__(self, sh: Shape):
+        super().__init__()
+        self.top_k, self.n = sh.top_k, sh.experts
+        self.router = nn.Linear(sh.hidden, sh.experts, bias=False)
+        self.experts = nn.ModuleList(make_mlp(sh, sh.expert_ffn) for _ in range(sh.experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        probs = torch.softmax(self.router(x).float(), dim=-1)
+        weight, chosen = probs.topk(self.top_k, dim=-1)
+        weight = weight / weight.sum(-1, keepdim=True)
+        order = chosen.flatten().argsort(stable=True)           # (token, slot) pairs sorted by expert
+        token = order // self.top_k
+        counts = torch.bincount(chosen.flatten(), minlength=self.n).tolist()
+        permuted = x.index_select(0, token)
+        outs = [expert(part) for expert, part in zip(self.experts, permuted.split(counts)) if part.shape[0]]
+        w = weight.flatten().index_select(0, order).to(x.dtype)
+        y = torch.cat(outs) * w.unsqueeze(-1)
+        out = x.new_zeros(x.shape).scatter_add(0, token.unsqueeze(-1).expand(-1, x.shape[-1]), y)
+        return out.view(shape)
+
+
+class Block(nn.Module):
+    def __init__(self, sh: Shape):
+        super().__init__()
+        self.sh = sh
+        self.norm1, self.norm2 = make_norm(sh), make_norm(sh)
+        self.attn = Attention(sh)
+        self.mlp = MoE(sh) if sh.experts > 1 else make_mlp(sh, sh.ffn)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + dropout(self.mlp(self.norm2(x)), self.sh.dropout)
+
+
+class Decoder(nn.Module):
+    """Embedding (+ learned positions), ``L`` pre-norm blocks, final norm, untied head, fp32 cross-entropy."""
+
+    def __init__(self, sh: Shape):
+        super().__init__()
+        self.sh = sh
+        self.embed = nn.Embedding(sh.vocab, sh.hidden)
+        if sh.learned_pos:
+            self.pos = nn.Embedding(sh.seq, sh.hidden)
+            self.register_buffer("positions", torch.arange(sh.seq), persistent=False)
+        self.blocks = nn.ModuleList(Block(sh) for _ in range(sh.layers))
+        self.norm = make_norm(sh)
+        self.head = nn.Linear(sh.hidden, sh.vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        if self.sh.learned_pos:
+            x = x + self.pos(self.positions)
+        x = dropout(x, self.sh.dropout)
+        for blk in self.blocks:
+            if self.sh.recompute == "full":
+                x = checkpoint(blk, x, use_reentrant=False, preserve_rng_state=self.sh.dropout)
+            else:
+                x = blk(x)
+        logits = self.head(self.norm(x)).float()
+        return F.cross_entropy(logits.view(-1, self.sh.vocab), labels.view(-1))
+
+
+def build(cfg: Mapping[str, Any], dtype: torch.dtype, seed: int = 0) -> Decoder:
+    """A randomly initialised model for ``cfg`` with parameters (and buffers) in ``dtype``."""
+    torch.manual_seed(seed)
+    return Decoder(Shape.from_config(cfg)).to(dtype)

@@ -1,0 +1,296 @@
+"""Compiled (exact, vectorized) evaluation and the strategy search.
+
+The reference for every number here is the interpreter itself, reached independently of the
+compiled path: ``memform.estimate(config_file, overrides)`` reloads the config and walks the
+stage partition for one candidate (the engine's own reference cases cite the papers).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sympy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import memform
+from memform.api import load_model
+from memform.compiled import NUMERIC_KEYS, CompiledModel
+from memform.engine import CATEGORIES
+from memform.exact import INT64_SAFE, NotExact, compile_exact
+from memform.search import default_space, divisors, rank, search
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+
+
+def _memform(*args: str) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("memform")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "memform"]
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+# --------------------------------------------------------------------------- exact.py
+
+x, y, z = sympy.symbols("x y z", integer=True, positive=True)
+
+_leaf = st.one_of(st.sampled_from([x, y, z]),
+                  st.fractions(min_value=-50, max_value=50, max_denominator=12).map(sympy.Rational))
+
+
+def _combine(children):
+    pair = st.tuples(children, children)
+    return st.one_of(
+        pair.map(lambda ab: ab[0] + ab[1]),
+        pair.map(lambda ab: ab[0] * ab[1]),
+        pair.map(lambda ab: ab[0] / (ab[1] ** 2 + 1)),       # never divides by zero
+        pair.map(lambda ab: sympy.Min(ab[0], ab[1])),
+        pair.map(lambda ab: sympy.Max(ab[0], ab[1])),
+        pair.map(lambda ab: sympy.Piecewise((ab[0], ab[0] > ab[1]), (ab[1], True))),
+        children.map(sympy.ceiling),
+        children.map(sympy.floor),
+        children.map(sympy.Abs),
+        pair.map(lambda ab: sympy.Mod(ab[0], sympy.Abs(ab[1]) + 1)),
+    )
+
+
+_exprs = st.recursive(_leaf, _combine, max_leaves=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(expr=_exprs, values=st.lists(st.tuples(st.integers(1, 10 ** 4), st.integers(1, 10 ** 4),
+                                                 st.integers(1, 10 ** 4)), min_size=1, max_size=8))
+def test_exact_matches_sympy_rationals(expr, values):
+    """ceil of any rational/min/max/piecewise/floor/mod expression, exactly as sympy computes it."""
+    fn = compile_exact([expr], [x, y, z])
+    cols = [np.array([v[i] for v in values]) for i in range(3)]
+    (out,), bad = fn(cols)
+    for k, (a, b, c) in enumerate(values):
+        want = sympy.ceiling(expr.xreplace({x: a, y: b, z: c}))
+        assert not bad[k]
+        assert int(out[k]) == int(want), (expr, (a, b, c))
+
+
+def test_exact_falls_back_to_python_ints_beyond_int64():
+    """~1e30 intermediate values: evaluated on object arrays, still exact."""
+    expr = (x * 10 ** 12) ** 3 / (y * 7) + sympy.Rational(1, 3)
+    fn = compile_exact([expr], [x, y])
+    xs, ys = np.array([1, 999_983, 10 ** 6]), np.array([1, 3, 10 ** 5])
+    (out,), _ = fn([xs, ys])
+    for k in range(3):
+        assert int(out[k]) == int(sympy.ceiling(expr.xreplace({x: int(xs[k]), y: int(ys[k])})))
+    assert (10 ** 36) > INT64_SAFE  # the test exercises the guarded path
+
+
+def test_exact_conditions_and_zero_denominators():
+    fn = compile_exact([sympy.Eq(sympy.Mod(64, x), 0), 5 / (x - y)], [x, y])
+    (divides, val), bad = fn([np.array([8, 3, 4]), np.array([1, 2, 4])])
+    assert divides.tolist() == [True, False, True]
+    assert bad.tolist() == [False, False, True]          # 5 / (4 - 4)
+    assert val[:2].tolist() == [1, 5]                       # ceil(5/7), 5/1
+
+
+def test_exact_refuses_what_integers_cannot_do():
+    with pytest.raises(NotExact):
+        compile_exact([sympy.log(x)], [x])
+    with pytest.raises(NotExact):
+        compile_exact([sympy.sqrt(x)], [x])
+
+
+# --------------------------------------------------------------------------- compiled vs interpreted
+
+_NUMERIC = {"parallel.dp": [1, 2, 3, 4, 8, 16], "parallel.tp": [1, 2, 3, 4, 8, 16], "parallel.cp": [1, 2],
+            "parallel.ep": [1, 2, 4, 8], "training.micro_batch_size": [1, 2, 3],
+            "training.num_micro_batches": [1, 2, 3, 7, 16]}
+#: (config, structural choices sampled at random, numeric values that differ from _NUMERIC)
+AGREEMENT = [
+    ("llama3-70b.yaml", {"parallel.pp": [1, 2, 4, 8], "training.recompute": ["none", "selective", "full"],
+                         "parallel.zero": [0, 1, 2, 3]}, {}),
+    ("gpt3-175b.yaml", {"parallel.pp": [4, 8], "training.recompute": ["none", "full"],
+                        "parallel.zero": [0, 3], "parallel.pp_schedule": ["1f1b", "gpipe"]}, {}),
+    # MoE with tp > 1 needs sequence parallelism (moe.mf); expert_tp follows tp by default
+    ("mixtral-8x7b.yaml", {"parallel.pp": [1, 2], "training.recompute": ["none", "full"], "parallel.zero": [0, 1]},
+     {"parallel.tp": [1, 1, 2], "parallel.dp": [4, 8, 16], "parallel.sequence_parallel": [True]}),
+]
+
+
+@pytest.mark.parametrize("config,structural,numeric", AGREEMENT, ids=[a[0] for a in AGREEMENT])
+def test_compiled_agrees_exactly_with_interpreter(config, structural, numeric):
+    """Random candidates: same validity, same whole bytes per stage and category."""
+    path = CONFIGS / config
+    if not path.exists():
+        pytest.skip(f"{config} not present")
+    rng = np.random.default_rng(1234)
+    base = load_model(path, {"training.global_batch_size": None, "parallel.devices": None})
+    keys = tuple(k for k in NUMERIC_KEYS if base.symbol_for_key(k) is not None)
+    ranges = dict(_NUMERIC, **numeric)
+    checked = refused = 0
+    for _ in range(3):
+        choice = {k: v[rng.integers(len(v))] for k, v in structural.items()}
+        choice.update({k: v[0] for k, v in ranges.items() if k not in NUMERIC_KEYS})
+        try:
+            cm = CompiledModel.build(memform.api.rebind(base, choice, check=False), keys)
+        except memform.MemformError:
+            continue
+        n = 10
+        cols = {k: rng.choice(ranges[k], n) for k in keys}
+        batch = cm(cols)
+        for i in range(n):
+            overrides = dict(choice, **{k: int(cols[k][i]) for k in keys})
+            try:
+                # the interpreter, one candidate at a time (config re-bound, partition re-walked)
+                est = memform.estimate_model(memform.api.rebind(base, overrides), keep=frozenset())
+            except memform.MemformError:
+                refused += 1
+                assert not batch.valid[i], overrides
+                continue
+            checked += 1
+            assert batch.valid[i], overrides
+            want = [[s.values[c] for c in CATEGORIES] for s in est.stages]
+            assert batch.values[i].tolist() == want, overrides
+            assert int(batch.peak[i]) == est.peak_bytes
+            assert int(batch.peak_stage[i]) == est.peak_stage
+    assert checked >= 10  # the sample must actually compare numbers
+    assert refused >= 1 or config != "llama3-70b.yaml"  # and exercise the requires (t = 3, 16)
+
+
+# --------------------------------------------------------------------------- search
+
+
+def _brute_force(path: Path, devices: int, space: dict, extra: dict) -> set[tuple]:
+    """Every strategy of a small space, each estimated on its own by the interpreter."""
+    fits = set()
+    base = load_model(path)
+    gbs = base.data["training"].get("global_batch_size")
+    for pp in space["pp"]:
+        for tp in space["tp"]:
+            for dp in range(1, devices // (tp * pp) + 1):
+                for zero in space["zero"]:
+                    for rc in space["recompute"]:
+                        for mbs in space["mbs"]:
+                            if gbs and gbs % (mbs * dp):
+                                continue
+                            ov = {"parallel.pp": pp, "parallel.tp": tp, "parallel.dp": dp, "parallel.zero": zero,
+                                  "training.recompute": rc, "training.micro_batch_size": mbs,
+                                  "parallel.devices": None, **extra}
+                            try:
+                                est = memform.estimate_model(memform.api.rebind(base, ov))
+                            except memform.MemformError:
+                                continue
+                            if est.fits:
+                                fits.add((dp, tp, pp, zero, rc, mbs, est.peak_bytes))
+    return fits
+
+
+def test_search_finds_exactly_the_fitting_strategies():
+    """A small space searched exhaustively by the interpreter gives the same set, peak for peak."""
+    path = CONFIGS / "llama3-8b.yaml"
+    space = {"pp": [1, 2], "tp": [1, 2, 4], "zero": [0, 3], "recompute": ["none", "full"], "mbs": [1, 4]}
+    model = load_model(path, {"device.capacity_gib": 40})
+    res = search(model, default_space(model, 8, tp=space["tp"], pp=space["pp"], zero=space["zero"],
+                                      recompute=space["recompute"], micro_batch=space["mbs"], cp=[1]))
+    got = {(r["dp"], r["tp"], r["pp"], r["zero"], r["recompute"], r["micro_batch_size"], r["peak_bytes"])
+           for r in res.rows}
+    want = _brute_force(path, 8, space, {"device.capacity_gib": 40})
+    assert got == want
+    assert 0 < len(got) < res.stats.evaluated  # something fits and something does not
+
+
+def test_search_rows_respect_devices_requires_and_ranking():
+    model = load_model(CONFIGS / "llama3-70b.yaml")
+    small = {"pp": [1, 2, 4], "zero": [0, 3], "recompute": ["selective", "full"]}
+    res = search(model, default_space(model, 64, **small))
+    heads = model.data["model"]["num_kv_heads"]
+    for r in res.rows:
+        assert r["devices_used"] == r["dp"] * r["tp"] * r["pp"] * r["cp"] <= 64
+        assert heads % r["tp"] == 0                      # require g % t == 0 (dense.mf)
+        assert r["peak_bytes"] <= res.capacity_bytes
+        assert 64 % r["micro_batch_size"] == 0 or r["micro_batch_size"] * r["dp"] * r["num_micro_batches"] == 64
+    ranked = rank(res.rows)
+    keys = [(r["devices_wasted"], r["peak_bytes"]) for r in ranked]
+    assert keys == sorted(keys)
+    for sort in (["devices_wasted", "peak_bytes"], ["-micro_batch_size", "recompute", "-zero", "peak_gib"]):
+        assert res.ranked(sort, 50) == rank(res.rows, sort)[:50]   # column sort == dict sort
+    exact = search(model, default_space(model, 64, exact_devices=True, **small))
+    assert exact.rows and all(r["devices_wasted"] == 0 for r in exact.rows)
+
+
+def test_divisors():
+    assert divisors(12) == [1, 2, 3, 4, 6, 12]
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_search_csv_json_and_errors(tmp_path):
+    cfg = str(CONFIGS / "llama3-8b.yaml")
+    small = ["--pp", "1,2", "--zero", "0,3", "--recompute", "none,full"]
+    r = _memform("search", cfg, "--devices", "8", "--format", "csv", "--top", "0", "--no-progress", *small)
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert rows and {"dp", "tp", "pp", "peak_bytes", "devices_wasted"} <= set(rows[0])
+    peaks = [(int(x["devices_wasted"]), int(x["peak_bytes"])) for x in rows]
+    assert peaks == sorted(peaks)
+    first = rows[0]
+    est = memform.estimate(cfg, {"parallel.dp": int(first["dp"]), "parallel.tp": int(first["tp"]),
+                                 "parallel.pp": int(first["pp"]), "parallel.zero": int(first["zero"]),
+                                 "training.recompute": first["recompute"],
+                                 "training.micro_batch_size": int(first["micro_batch_size"]),
+                                 "parallel.devices": None})
+    assert est.peak_bytes == int(first["peak_bytes"])
+
+    out = tmp_path / "s.json"
+    r = _memform("search", cfg, "--devices", "8", "--format", "json", "--output", str(out),
+                 "--sort=-micro_batch_size,peak_bytes", "--top", "5", "--progress", *small)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert len(data["rows"]) == 5 and data["stats"]["fitting"] >= 5
+    mbs = [row["micro_batch_size"] for row in data["rows"]]
+    assert mbs == sorted(mbs, reverse=True)
+    assert "structures" in r.stderr  # the progress bar
+
+    r = _memform("search", cfg, "--devices", "8", "--sort", "speed")
+    assert r.returncode == 2 and "unknown field 'speed'" in r.stderr and "Traceback" not in r.stderr
+    r = _memform("search", cfg, "--devices", "8", "--set", "device.capacity_gib=0.5", *small)
+    assert r.returncode == 1 and "nothing fits" in r.stdout
+
+
+def test_cli_search_table():
+    r = _memform("search", str(CONFIGS / "llama3-70b.yaml"), "--devices", "64", "--top", "3", "--pp", "4,8",
+                 "--zero", "1", "--recompute", "selective")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "strategies fit" in lines[0] and lines[1].split()[:3] == ["dp", "tp", "pp"]
+    assert len(lines) == 2 + 3 + 1
+
+
+def test_uneven_pipeline_splits():
+    """80 layers on 3 stages: a balanced split, extra layers last; the config's own split is kept
+    for its own pp (DeepSeek-V3's 61 layers on 16 stages, MemEst's deepseek3 case)."""
+    model = load_model(CONFIGS / "llama3-70b.yaml")
+    res = search(model, default_space(model, 24, pp=[3], zero=[1], recompute=["full"], cp=[1], micro_batch=[1]))
+    assert res.rows and {r["stage_layers"] for r in res.rows} == {"26,27,27"}
+    r = res.rows[0]
+    est = memform.estimate(CONFIGS / "llama3-70b.yaml", {
+        "parallel.pp": 3, "parallel.stage_layers": [26, 27, 27], "parallel.dp": r["dp"], "parallel.tp": r["tp"],
+        "parallel.zero": 1, "training.recompute": "full", "parallel.cp": 1, "parallel.devices": None})
+    assert est.peak_bytes == r["peak_bytes"] and est.peak_stage == r["peak_stage"]
+
+    path = CONFIGS / "deepseek-v3.yaml"
+    if not path.exists():
+        pytest.skip("deepseek-v3.yaml not present")
+    model = load_model(path)
+    own = model.data["parallel"]
+    res = search(model, default_space(model, 1024, pp=[own["pp"]], tp=[own["tp"]], cp=[1], ep=[own["ep"]], zero=[0],
+                                      recompute=[model.structure.recompute], micro_batch=[1]))
+    mine = [r for r in res.rows if r["dp"] == own["dp"]]
+    assert len(mine) == 1
+    assert mine[0]["stage_layers"] == ",".join(map(str, own["stage_layers"]))
+    assert mine[0]["peak_bytes"] == memform.estimate(path).peak_bytes

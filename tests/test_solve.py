@@ -1,0 +1,136 @@
+"""``memform solve`` and ``memform sensitivity``.
+
+Every answer is checked against the interpreter evaluating the config with the answer (and
+its neighbours) substituted, independently of the closed form used to find it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sympy
+
+import memform
+from memform.api import load_model
+from memform.solve import sensitivity, solve
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+
+
+def _memform(*args: str) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("memform")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "memform"]
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+def _fits(config: Path, key: str, value: int) -> bool | None:
+    """Interpreter's verdict for one value; None where the value is not a valid config."""
+    try:
+        est = memform.estimate(config, {key: value, "parallel.devices": None})
+    except memform.MemformError:
+        return None
+    return est.fits
+
+
+#: (config, key, extra overrides): the answer must fit, the next valid value must not
+CASES = [
+    ("llama3-70b.yaml", "training.micro_batch_size", {}),          # b couples to m via global_batch_size
+    ("llama3-70b.yaml", "model.seq_length", {}),
+    ("llama3-70b.yaml", "parallel.tp", {}),                         # smallest degree
+    ("gpt3-175b.yaml", "training.micro_batch_size", {"training.global_batch_size": None}),
+    ("llama3-8b.yaml", "model.seq_length", {"parallel.sequence_parallel": False, "model.flash_attention": False}),
+    ("llama3-70b.yaml", "parallel.pp", {}),                         # structural: re-partitioned per value
+]
+
+
+@pytest.mark.parametrize("config,key,extra", CASES, ids=[f"{c}:{k}" for c, k, _ in CASES])
+def test_solve_answer_is_the_boundary(config, key, extra, tmp_path):
+    path = CONFIGS / config
+    model = load_model(path, extra)
+    sol = solve(model, key)
+    assert sol.value is not None
+    # check with the interpreter, on a config file that carries the extra overrides
+    cfg = tmp_path / config
+    import yaml
+    data = yaml.safe_load(path.read_text())
+    for k, v in extra.items():
+        node = data
+        *head, last = k.split(".")
+        for part in head:
+            node = node.setdefault(part, {})
+        node[last] = v
+    cfg.write_text(yaml.safe_dump(data))
+    assert _fits(cfg, key, sol.value) is True
+    assert max(sol.stage_peaks) <= sol.capacity_bytes
+    assert sol.other_value is not None
+    assert _fits(cfg, key, sol.other_value) is False
+    assert max(sol.other_peaks) > sol.capacity_bytes
+    assert sol.other_peaks[sol.binding_stage] == max(sol.other_peaks)
+    lo, hi = sorted((sol.value, sol.other_value))
+    for between in range(lo + 1, min(hi, lo + 50)):   # nothing valid is skipped in between
+        assert _fits(cfg, key, between) is None
+    if sol.closed_form is not None:
+        # the binding stage's closed form reproduces its peak at the answer (up to the per-category
+        # rounding to whole bytes), and its continuous root lies between the answer and its neighbour
+        (x,) = sol.closed_form.free_symbols or {sympy.Symbol(sol.symbol)}
+        at = sol.closed_form.xreplace({x: sol.value})
+        assert 0 <= sol.stage_peaks[sol.binding_stage] - at < len(memform.engine.CATEGORIES)
+        if sol.continuous:
+            assert lo <= float(sol.continuous[0]) <= hi
+
+
+def test_solve_seq_length_closed_form_matches_root():
+    """peak(s) = capacity at the reported root, exactly (the closed form is linear with flash attention)."""
+    model = load_model(CONFIGS / "llama3-70b.yaml")
+    sol = solve(model, "model.seq_length")
+    s = next(iter(sol.closed_form.free_symbols))
+    assert sol.closed_form.xreplace({s: sol.continuous[0]}) == sol.capacity_bytes
+    assert sol.value == int(sol.continuous[0]) or sol.value < sol.continuous[0]
+
+
+def test_solve_unbounded_and_nothing_fits():
+    model = load_model(CONFIGS / "llama3-70b.yaml")
+    sol = solve(model, "training.num_micro_batches", limit=4096)
+    assert sol.unbounded and sol.value == 4096  # 1F1B keeps at most p micro-batches (schedules.mf)
+    tiny = load_model(CONFIGS / "llama3-70b.yaml", {"device.capacity_gib": 1})
+    sol = solve(tiny, "training.micro_batch_size")
+    assert sol.value is None and max(sol.other_peaks) > sol.capacity_bytes
+
+
+def test_sensitivity_matches_one_step_of_the_interpreter():
+    path = CONFIGS / "llama3-70b.yaml"
+    ov = {"training.global_batch_size": None, "training.num_micro_batches": 8}
+    model = load_model(path, ov)
+    key, sym, rows, _ = sensitivity(model, "b")
+    assert key == "training.micro_batch_size"
+    a = memform.estimate(path, dict(ov, **{key: 1}))
+    b = memform.estimate(path, dict(ov, **{key: 2}))
+    for r, s1, s2 in zip(rows, a.stages, b.stages):
+        assert r.step == s2.peak_bytes - s1.peak_bytes
+        assert r.value == r.step  # activations and comm are linear in b (Korthikanti §4)
+        assert r.value > 0
+
+
+def test_cli_solve_and_sensitivity():
+    cfg = str(CONFIGS / "llama3-70b.yaml")
+    r = _memform("solve", cfg, "--for", "training.micro_batch_size")
+    assert r.returncode == 0, r.stderr
+    assert "largest training.micro_batch_size (b) that fits" in r.stdout and "binding stage: 0" in r.stdout
+    r = _memform("solve", cfg, "--for", "s", "--json")
+    data = json.loads(r.stdout)
+    assert data["key"] == "model.seq_length" and data["value"] > 8192
+    assert _fits(Path(cfg), "model.seq_length", data["value"]) is True
+    r = _memform("solve", cfg, "--for", "b", "--set", "device.capacity_gib=1")
+    assert r.returncode == 1 and "nothing fits" in r.stdout
+    r = _memform("solve", cfg, "--for", "training.micro_batch")
+    assert r.returncode == 2 and "did you mean 'training.micro_batch_size'" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = _memform("sensitivity", cfg, "--wrt", "b", "--wrt", "model.seq_length")
+    assert r.returncode == 0, r.stderr
+    assert "sensitivity of each stage's peak to training.micro_batch_size" in r.stdout
+    assert "model.seq_length" in r.stdout

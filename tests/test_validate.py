@@ -1,0 +1,119 @@
+"""memform's estimates against real PyTorch training steps (CPU), a small subset of bench/validate.py.
+
+The expected numbers are measurements: each case builds the model from the memform config, runs a
+training step and counts live storages (memform/validation/measure.py). Skipped, with the reason
+shown by ``-ra``, only when PyTorch is not installed (it is part of the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch (the 'validate' extra) is not installed")
+
+import memform  # noqa: E402
+from memform.validation.compare import THRESHOLDS, Point, Row, compare  # noqa: E402
+from memform.validation.measure import measure_step  # noqa: E402
+from memform.validation.sweep import BASE, quick_sweep  # noqa: E402
+from memform.validation.torch_models import _RMSNormFn, _SwiGLUFn, build  # noqa: E402
+from memform.validation.tracker import LiveStorages  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@functools.lru_cache(maxsize=None)
+def measured_activations(point: Point) -> int:
+    """One measured training step per point for the whole module (they are deterministic)."""
+    return measure_step(point.config(), point.precision).activations
+
+
+def test_tracker_counts_a_shared_storage_once_and_forgets_freed_ones():
+    x = torch.ones(16, 16)
+    with LiveStorages() as tr:
+        y = x * 2                      # new 1 KiB storage
+        view = y.view(256)             # same storage: counted once
+        z = torch.sin(x)               # another 1 KiB
+    assert tr.alive_bytes() == 2 * 16 * 16 * 4
+    del y, z
+    assert tr.alive_bytes() == 16 * 16 * 4    # `view` keeps y's storage alive; z's is gone
+    del view
+    assert tr.alive_bytes() == 0
+
+
+def test_hand_written_backward_functions_are_correct():
+    # the fused-kernel stand-ins must train like the real thing: finite differences in float64
+    x = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: _RMSNormFn.apply(x, w, 1e-5), (x, w))
+    ab = torch.randn(3, 5, 12, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(_SwiGLUFn.apply, (ab,))
+
+
+@pytest.mark.parametrize("point", quick_sweep(), ids=lambda p: p.label().replace(" ", "-"))
+def test_estimate_matches_measured_step(point):
+    row = compare(point)
+    errors = {c: f"{row.error(c):+.2%}" for c in THRESHOLDS}
+    assert not row.failures(), f"{point.label()}: {errors}; alive after forward by op: {row.activations_by_op}"
+
+
+@pytest.mark.parametrize("point", [BASE, dataclasses.replace(BASE, experts=4)], ids=["dense", "moe"])
+def test_parameter_count_is_exact(point):
+    cfg = point.config()
+    model = build(cfg, torch.bfloat16)
+    assert memform.estimate(cfg).stages[0].param_count == sum(p.numel() for p in model.parameters())
+
+
+def test_recompute_modes_keep_less():
+    base = dataclasses.replace(BASE, flash=False)
+    act = {mode: measured_activations(dataclasses.replace(base, recompute=mode)) for mode in ("none", "selective", "full")}
+    assert act["none"] > act["selective"] > act["full"] > 0
+
+
+def test_eager_swiglu_keeps_one_more_f_wide_tensor_per_layer():
+    # autograd's saving rules (derivatives.yaml): silu keeps its input, mul both factors, so eager
+    # silu(gate) * up keeps silu(gate) on top of the fused kernel's [gate | up] and output
+    fused = measured_activations(BASE)
+    eager = measured_activations(dataclasses.replace(BASE, swiglu_impl="eager"))
+    assert eager - fused == BASE.L * 2 * BASE.s * BASE.b * BASE.ffn   # bf16: 2 bytes
+
+
+def test_validation_catches_a_formula_that_ignores_the_eager_swiglu():
+    eager = dataclasses.replace(BASE, swiglu_impl="eager")
+    measured = measure_step(eager.config()).as_dict()
+    stage = memform.estimate(BASE.config()).stages[0]      # the fused formula for an eager model
+    wrong = {c: stage.values[c] for c in THRESHOLDS}
+    wrong["activations"] = getattr(stage, "moments", {}).get("warmup", stage.values["activations"])
+    assert Row(eager, measured, wrong).failures() == ["activations"]
+
+
+def load_bench():
+    """bench/validate.py as a module (run in-process: a subprocess would pay PyTorch's import again)."""
+    spec = importlib.util.spec_from_file_location("validate_bench", ROOT / "bench" / "validate.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_script_runs_and_reports(capsys):
+    assert load_bench().main(["--quick", "--only", "full"]) == 0
+    out = capsys.readouterr().out
+    assert "1 cases" in out and "0 over the thresholds" in out and "activations" in out
+
+
+def test_bench_script_exits_1_when_an_estimate_is_off(monkeypatch, capsys):
+    bench = load_bench()
+    import memform.validation.compare as cmp
+
+    def off_by_a_fifth(point: Point) -> Row:
+        row = compare(point)
+        row.estimated["params"] = int(row.measured["params"] * 1.2)
+        return row
+
+    monkeypatch.setattr(cmp, "compare", off_by_a_fifth)
+    assert bench.main(["--quick", "--only", "full"]) == 1
+    assert "FAIL" in capsys.readouterr().out
