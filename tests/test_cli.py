@@ -8,12 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_memform as run
 
 ROOT = Path(__file__).resolve().parent.parent
 
-
-def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run(["memform", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 def test_estimate_table():
@@ -94,3 +92,17 @@ def test_python_module_entry_point():
     r = subprocess.run([sys.executable, "-m", "memform", "estimate", "configs/llama3-8b.yaml", "--json"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and json.loads(r.stdout)["model"] == "llama3-8b"
+
+
+def test_keys_lists_every_binding_with_its_declaration():
+    from memform.cli_keys import key_docs
+    from memform.program import load_program
+    from memform.resources import formulas_dir
+
+    prog = load_program([formulas_dir() / "dense.mf"])
+    rows = {r.path: r for r in key_docs(prog)}
+    assert {b.path for b in prog.bindings.values()} <= set(rows)
+    assert rows["model.num_kv_heads"].default == "a" and "dense.mf" in rows["model.num_kv_heads"].where
+    assert rows["model.hidden_size"].default == "required"
+    r = run("keys", "configs/mixtral-8x7b.yaml")
+    assert r.returncode == 0 and "model.num_experts" in r.stdout

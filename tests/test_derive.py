@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,15 +15,11 @@ import memform
 from memform.api import load_model
 from memform.derive import derive, explain_text, parse_keep
 from memform.engine import CATEGORIES
+from cli_helpers import run_memform as _memform
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 
-
-def _memform(*args: str) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).with_name("memform")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "memform"]
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
 def _values(model):

@@ -9,7 +9,6 @@ the YAML, and estimate it, so the importers and the formula files must agree on 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from memform.importers import Options, formulas, import_config
 from memform.importers.draft import Draft, gated_ffn_size, pad_vocab
 from memform.program import load_program
 from memform.resources import formulas_dir
+from cli_helpers import run_memform as run
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "importers"
@@ -44,9 +44,6 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     path.write_text(text, encoding="utf-8")
     return path
 
-
-def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run(["memform", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 # ---- Hugging Face config.json ---------------------------------------------------------------

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import sympy
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import memform
-from memform.engine import CATEGORIES, STATIC
+from memform.engine import CATEGORIES
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

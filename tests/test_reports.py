@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
@@ -28,6 +27,7 @@ from memform.errors import MemformError
 from memform.symbolic import closed_form_text
 from memform.report import (human_bytes, latex_lines, render, render_comparison, render_report, signed_bytes,
                             tex_escape)
+from cli_helpers import run_memform as run
 
 ROOT = Path(__file__).resolve().parent.parent
 #: every bundled config, globbed so that configs added later are covered automatically
@@ -43,9 +43,6 @@ def est_of(name: str) -> memform.Estimate:
         _estimates[name] = memform.estimate(ROOT / "configs" / name)
     return _estimates[name]
 
-
-def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run(["memform", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 class StrictHTML(HTMLParser):

@@ -10,8 +10,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,15 +24,11 @@ from memform.compiled import NUMERIC_KEYS, CompiledModel
 from memform.engine import CATEGORIES
 from memform.exact import INT64_SAFE, NotExact, compile_exact
 from memform.search import default_space, divisors, rank, search
+from cli_helpers import run_memform as _memform
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 
-
-def _memform(*args: str) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).with_name("memform")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "memform"]
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
 # --------------------------------------------------------------------------- exact.py

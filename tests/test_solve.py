@@ -7,8 +7,6 @@ its neighbours) substituted, independently of the closed form used to find it.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,15 +15,11 @@ import sympy
 import memform
 from memform.api import load_model
 from memform.solve import sensitivity, solve
+from cli_helpers import run_memform as _memform
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 
-
-def _memform(*args: str) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).with_name("memform")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "memform"]
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
 def _fits(config: Path, key: str, value: int) -> bool | None:

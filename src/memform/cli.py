@@ -13,7 +13,7 @@ Command = Callable[[argparse.Namespace], int]
 
 #: modules that add sub-commands: each defines ``register(subparsers)`` and sets
 #: ``func=`` on its parser(s) (one module per feature keeps this file small)
-EXTENSIONS: list[str] = ["memform.cli_reports", "memform.importers.cli", "memform.cli_analysis"]
+EXTENSIONS: list[str] = ["memform.cli_reports", "memform.importers.cli", "memform.cli_analysis", "memform.cli_keys"]
 
 
 def add_config_args(p: argparse.ArgumentParser) -> None:

@@ -319,7 +319,7 @@ def explain_text(model: Model, d: Derivation, stage: int, keep: frozenset[str] |
             out.extend(_lines(term, ev, head, 2))
         out.append("")
     if moments:
-        out.append(f"activations at the schedule's moments (the largest is the stage's activation memory):")
+        out.append("activations at the schedule's moments (the largest is the stage's activation memory):")
         for name in moments:
             tr = tracer.quantity(sched, name, None, extra=(("stage", sympy.Integer(stage)),))
             mark = "  <- largest" if name == getattr(s, "peak_moment", None) else ""

@@ -56,6 +56,17 @@ def _read_line(loc: Loc) -> str | None:
     return None
 
 
+def read_text(path: str | Path, what: str = "file") -> str:
+    """A user-named file's text, or a :class:`MemformError` saying which ``what`` is missing/unreadable."""
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MemformError(f"{what} not found: {p}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MemformError(f"cannot read {what} {p}: {exc}") from None
+
+
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:
     """A ' (did you mean X?)' suffix, or '' when nothing is close."""
     close = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)

@@ -297,7 +297,7 @@ class _Builder:
                 self.emit(f"M_{den} = max({_bound(a.den or '1')}, {_bound(b.den or '1')}, 1.0)")
                 self.positive.add(den)
             return _Rat(num, den)
-        conds = [f"_full(n, True)" if c == "True" else c for c in conds]
+        conds = ["_full(n, True)" if c == "True" else c for c in conds]
         if not exhaustive:
             self.emit(f"bad |= ~({' | '.join(conds)})")
         num = self.fresh()

@@ -9,7 +9,7 @@ import lark
 from lark import Lark, Token, Transformer, v_args
 
 from . import ast
-from .errors import Loc, MemformError
+from .errors import Loc, MemformError, read_text
 from .resources import grammar_file
 
 _TOKEN_NAMES = {
@@ -270,12 +270,7 @@ def _check_nesting(tree: ast.File) -> None:
 
 def parse_file(path: str | Path) -> ast.File:
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise MemformError(f"formula file not found: {p}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MemformError(f"cannot read formula file {p}: {exc}") from None
+    text = read_text(p, "formula file")
     # Syntax trees are immutable, so a file whose text is unchanged is parsed once per process:
     # a planner (or a property test) estimating many strategies of one model reparses nothing.
     key = (str(p), text)
