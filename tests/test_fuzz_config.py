@@ -27,7 +27,6 @@ from memform.errors import EXIT_USER_ERROR, MemformError
 from memform.program import load_program
 from memform.resources import formulas_dir
 
-ROOT = Path(__file__).resolve().parent.parent
 #: small models: dense (dense.mf) and MoE (moe.mf), quick to estimate
 DENSE = {"model": {"hidden_size": 512, "num_heads": 8, "num_layers": 4, "ffn_hidden_size": 2048,
                    "vocab_size": 4096, "seq_length": 1024},

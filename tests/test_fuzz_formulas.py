@@ -185,12 +185,17 @@ def test_include_cycle_through_three_files(tmp_path):
     assert_located(info.value)
 
 
-def test_cycle_across_override_files(tmp_path):
-    """The later file's quantity closes a loop through the earlier file's: caught, not recursed."""
-    (tmp_path / "over.mf").write_text('include "dense.mf"\nblock attention { params = decoder.params }\n')
-    with pytest.raises(MemformError, match="cyclic definition: .*decoder.params") as info:
+@pytest.mark.parametrize("override, fragment", [
+    ("block attention { params = decoder.params }", r"cyclic definition: .*decoder\.params"),
+    ("let dh = kv / g", "cyclic definition: (kv -> dh -> kv|dh -> kv -> dh)"),
+    ("block layer extends decoder { }", "cyclic 'extends': layer extends decoder extends layer"),
+])
+def test_cycle_across_override_files(tmp_path, override, fragment):
+    """The later file closes a loop through the earlier file's definitions: caught, not recursed."""
+    (tmp_path / "over.mf").write_text(f'include "dense.mf"\n{override}\n')
+    with pytest.raises(MemformError, match=fragment) as info:
         load_program([tmp_path / "over.mf"])
-    assert_located(info.value, {"over.mf", "dense.mf"})
+    assert_located(info.value, {"over.mf", "dense.mf", "common.mf"})
 
 
 def test_recursive_def_is_caught_at_evaluation_without_the_checker(tmp_path):

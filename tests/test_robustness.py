@@ -111,3 +111,14 @@ def test_irrational_formula_values_are_exact_and_prompt(tmp_path):
     assert abs((got - want).evalf(60)) < sympy.Float("1e-40", 60)
     # two such layers, one micro-batch in flight, the embedding and head add whole bytes
     assert est.stages[0].values["activations"] >= sympy.ceiling(2 * want)
+
+
+def test_error_messages_are_identical_across_hash_seeds():
+    """Errors too: a cycle is reported from the same starting point under every hash seed."""
+    procs = [subprocess.Popen(["memform", "check", "tests/bad_inputs/cyclic_let_override.mf"], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, "PYTHONHASHSEED": seed}) for seed in ("0", "1", "4242")]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [2, 2, 2]
+    assert b"cyclic definition: kv -> dh -> kv" in outs[0][1]
+    assert outs[0][1] == outs[1][1] == outs[2][1]

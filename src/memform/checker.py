@@ -267,7 +267,8 @@ class _Checker:
 
     def cycles(self) -> None:
         prog = self.prog
-        starts: list[Node] = [("global", n) for n in prog.global_names()]
+        # declaration order, not set order: the same cycle is reported the same way on every run
+        starts: list[Node] = [("global", n) for n in list(prog.bindings) + list(prog.lets)]
         for bname, b in prog.blocks.items():
             for qname in b.quantities:
                 for mode in RECOMPUTE_MODES:
