@@ -17,7 +17,7 @@ import yaml
 
 from . import ast
 from .binding import coerce, get_path
-from .errors import MemformError, did_you_mean
+from .errors import MemformError, did_you_mean, read_text
 
 
 @dataclass(frozen=True)
@@ -58,14 +58,10 @@ STRUCTURAL: tuple[Key, ...] = (
 _STRUCTURAL = {k.path: k for k in STRUCTURAL}
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
+def load_yaml(path: str | Path, what: str = "file") -> Any:
+    """A user's YAML file, parsed; syntax errors name file:line:col, pathological input is refused."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise MemformError(f"config file not found: {p}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MemformError(f"cannot read config {p}: {exc}") from None
+    text = read_text(p, what)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -76,8 +72,14 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except (RecursionError, ValueError) as exc:  # nesting beyond Python's stack; a 5000-digit number
         reason = ("it nests too deeply" if isinstance(exc, RecursionError)
                   else "a number has too many digits" if "digits" in str(exc) else str(exc))
-        raise MemformError(f"{p}: cannot read the config: {reason}") from None
+        raise MemformError(f"{p}: cannot read the {what}: {reason}") from None
     check_tree(data, str(p))
+    return data
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    data = load_yaml(p, "config file")
     if data is None:
         data = {}
     if not isinstance(data, dict):

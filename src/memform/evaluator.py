@@ -220,7 +220,12 @@ class Evaluator:
             raise MemformError(f"the condition {cond} cannot be decided for this config: {exc}", loc) from None
 
     def _assume(self, cond: Any) -> None:
-        text = str(cond)
+        if isinstance(cond, sympy.Eq):  # sympy prints these as Eq(a, b); papers write a = b
+            text = f"{cond.lhs} = {cond.rhs}"
+        elif isinstance(cond, sympy.Ne):
+            text = f"{cond.lhs} != {cond.rhs}"
+        else:
+            text = str(cond)
         if text not in self.assumptions:
             self.assumptions.append(text)
 

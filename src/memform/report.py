@@ -27,7 +27,7 @@ from .engine import _QUANTITY, CATEGORIES, STATIC, LayerReport, StageResult, to_
 from .errors import MemformError
 from .program import Program
 from .resources import templates_dir
-from .symbolic import closed_form_latex, tidy
+from .symbolic import closed_form_latex, closed_form_text, tidy
 
 if TYPE_CHECKING:
     from .compare import Comparison
@@ -100,7 +100,7 @@ def latex_lines(expr: sympy.Expr, per_line: int = 3) -> list[str]:
     bracket is closed on the last, with ``\\bigl(``/``\\bigr)`` because ``\\left``/``\\right``
     cannot span lines.
     """
-    e = _tidy(expr)
+    e = tidy(expr)
     outer, inner = sympy.Integer(1), e
     if e.is_Mul:
         adds = [a for a in e.args if a.is_Add]
@@ -119,7 +119,7 @@ def latex_lines(expr: sympy.Expr, per_line: int = 3) -> list[str]:
 
 
 #: the same stage and layer closed forms recur across formats and stages; tidying is the costly step
-_tidy = lru_cache(maxsize=4096)(tidy)
+
 
 _NAMED_ENTITY = re.compile(r"&([A-Za-z][A-Za-z0-9]*);")
 
@@ -140,7 +140,7 @@ class Formula:
 
     @cached_property
     def tidy(self) -> sympy.Expr:
-        return _tidy(self.expr)
+        return tidy(self.expr)
 
     @cached_property
     def text(self) -> str:
@@ -379,7 +379,7 @@ def _add_filters(env: jinja2.Environment) -> jinja2.Environment:
     env.filters["bytes"] = human_bytes
     env.filters["signed_bytes"] = signed_bytes
     env.filters["percent"] = percent
-    env.filters["closed_form"] = lambda e: sympy.sstr(_tidy(e), order="grlex")  # = closed_form_text, cached
+    env.filters["closed_form"] = closed_form_text
     env.filters["latex"] = closed_form_latex
     env.filters["tex"] = tex_escape
     env.filters["tex_symbol"] = tex_symbol

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import sympy
 
 
+@lru_cache(maxsize=4096)
 def tidy(expr: sympy.Expr) -> sympy.Expr:
-    """Expand, then pull common factors out: cheap, canonical, readable."""
+    """Expand, then pull common factors out: cheap, canonical, readable.
+
+    Cached (sympy expressions are immutable and hashable) because every output format asks for
+    the same stage totals and tidying is the slowest step of an estimate.
+    """
     return sympy.factor_terms(sympy.expand(expr))
 
 

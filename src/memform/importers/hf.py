@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import MemformError
+from ..errors import MemformError, read_text
 from .draft import Draft, Fields, describe
 
 TITLE = "Hugging Face config.json"
@@ -51,12 +51,7 @@ MLA_FIELDS = ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 
 
 def read_json(path: Path) -> dict:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise MemformError(f"file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MemformError(f"cannot read {path}: {exc}") from None
+    text = read_text(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

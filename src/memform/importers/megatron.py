@@ -15,7 +15,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ..errors import MemformError
+from ..errors import MemformError, read_text
 from .draft import Draft, Fields, divide, pad_vocab
 
 TITLE = "Megatron-LM arguments"
@@ -53,12 +53,7 @@ CP_ALGOS = {"p2p": "ring", "all_gather": "allgather", "a2a": "ulysses"}
 
 def read_arguments(path: Path) -> tuple[dict[str, Any], int | None, list[str]]:
     """(arguments by dashed name, devices from a torchrun launcher line, warnings)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise MemformError(f"file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MemformError(f"cannot read {path}: {exc}") from None
+    text = read_text(path)
     text = re.sub(r"\\\r?\n", " ", text)
     try:
         tokens = shlex.split(text, comments=True)

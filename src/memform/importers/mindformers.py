@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
 
+from ..config import load_yaml
 from ..errors import MemformError
 from .draft import Draft, Fields, describe, dtype_name, gated_ffn_size
 
@@ -67,18 +67,7 @@ CP_ALGOS = {"colossalai_cp": "ring", "ulysses_cp": "ulysses"}
 
 
 def read_yaml_file(path: Path) -> dict:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise MemformError(f"file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MemformError(f"cannot read {path}: {exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise MemformError(f"{where}: YAML syntax error: {getattr(exc, 'problem', None) or exc}") from None
+    data = load_yaml(path, "MindFormers config")
     if not isinstance(data, dict):
         raise MemformError(f"{path}: a MindFormers config must be a YAML mapping, got {describe(data)}")
     return data
