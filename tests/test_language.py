@@ -191,3 +191,11 @@ def test_resolve_false_keeps_piecewise(tmp_path):
     general = memform.estimate(cfg, resolve=False)
     assert isinstance(general.stages[0].layers[0].per_layer["activations"], sympy.Piecewise)
     assert general.stages[0].values == resolved.stages[0].values
+
+
+def test_cyclic_extends_closed_by_an_override_points_at_the_override(tmp_path):
+    write(tmp_path, "base.mf", "block a { q = 1 }\nblock b extends a { q = 2 }\n")
+    over = write(tmp_path, "over.mf", 'include "base.mf"\nblock a extends b { }\n')
+    with pytest.raises(MemformError, match="cyclic 'extends'") as info:
+        load_program([over])
+    assert info.value.loc.file.endswith("over.mf") and info.value.loc.line == 2

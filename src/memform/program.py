@@ -57,6 +57,7 @@ class BlockDef:
     base: str | None
     loc: Loc
     quantities: dict[str, QuantityDef] = field(default_factory=dict)
+    base_loc: Loc | None = None  # the declaration that last set `base` (an override may change it)
 
 
 @dataclass
@@ -81,7 +82,10 @@ class Program:
         while name is not None:
             if name in seen:
                 cycle = " extends ".join([b.name for b in out] + [name])
-                raise MemformError(f"cyclic 'extends': {cycle}", self.blocks[block].loc)
+                # point at the newest 'extends' in the cycle: an override file's, when one closed it
+                closing = max((b.base_loc or b.loc for b in out), key=lambda loc: self.files.index(loc.file)
+                              if loc.file in self.files else len(self.files))
+                raise MemformError(f"cyclic 'extends': {cycle}", closing)
             seen.add(name)
             b = self.blocks.get(name)
             if b is None:
@@ -174,6 +178,7 @@ class Program:
             self.blocks[decl.name] = prev
         elif decl.base is not None:
             prev.base = decl.base
+            prev.base_loc = decl.loc
         fresh: set[tuple[str, str | None]] = set()  # what this declaration itself defines
         for q in decl.quantities:
             qd = prev.quantities.setdefault(q.name, QuantityDef(q.name))
@@ -241,7 +246,7 @@ def load_program(paths: list[str | Path], *, check: bool = True) -> Program:
             else:
                 prog.add(decl)
         loaded.add(key)
-        prog.files.append(str(path))
+        prog.files.append(str(display_path(path)))
 
     for p in paths:
         visit(Path(p), [], None)
