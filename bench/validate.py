@@ -4,10 +4,11 @@
     python bench/validate.py              # the whole sweep (dozens of tiny models, well under a minute)
     python bench/validate.py --quick      # the subset the test suite runs
     python bench/validate.py --explain    # also list, per case, which ops' outputs forward left alive
+                                          # and which were live at the measured peak
 
 For every case it builds the model from a memform config, runs forward + backward + AdamW, measures
-params / grads / optimizer states / activations (see memform/validation/measure.py for exactly what is
-counted), estimates the same config with memform and prints measured vs estimated with the relative
+params / grads / optimizer states / activations after forward / the peak of live activation-side bytes
+over forward + backward (see memform/validation/measure.py for exactly what is counted), estimates the same config with memform and prints measured vs estimated with the relative
 error. Exits 1 if any category's |error| exceeds its threshold (memform.validation.compare.THRESHOLDS,
 stated in the README), 2 if PyTorch is missing.
 """
@@ -24,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="run the small subset the tests run")
     ap.add_argument("--only", metavar="TEXT", help="run only cases whose label contains TEXT (e.g. moe, fp32)")
-    ap.add_argument("--explain", action="store_true", help="print the alive forward bytes per creating op")
+    ap.add_argument("--explain", action="store_true",
+                    help="print, per creating op, the bytes alive after forward and those live at the measured peak")
     ap.add_argument("--json", metavar="PATH", help="also write every row as JSON to PATH")
     args = ap.parse_args(argv)
     try:
@@ -43,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     for p in points:
         rows.append(compare(p))
         if args.explain:
-            print(p.label(), rows[-1].activations_by_op)
+            print(p.label(), "after forward:", rows[-1].activations_by_op)
+            print(p.label(), "at the peak:", rows[-1].peak_by_op)
     elapsed = time.perf_counter() - start
     print(format_table(rows))
     failed = [r for r in rows if r.failures()]

@@ -159,12 +159,15 @@ def test_gpipe_holds_every_micro_batch():
 
 def test_1f1b_in_flight_and_backward_moment():
     """1F1B (Narayanan et al. 2021 §2.2.1): stage i holds min(p - i, m) micro-batches; the first
-    backward adds one micro-batch of the last layer's activations (MemEst _bwd_overhead.py §2.4)."""
+    backward adds one micro-batch of the last layer's activations (MemEst _bwd_overhead.py §2.4)
+    and what that layer's backward allocates on top: with flash attention the SwiGLU backward's
+    gradients of its f-wide output and 2f-wide input, 3·2·s·b·f bytes (dense.mf mlp.bwd_grads)."""
     e = est()
     act = decoder_act(e)
+    bwd = 3 * 2 * 2048 * 1 * 4096
     for i, s in enumerate(e.stages[:3]):
         assert s.moments["warmup"] == (4 - i) * 12 * act
-        assert s.moments["backward"] == s.moments["warmup"] + act
+        assert s.moments["backward"] == s.moments["warmup"] + act + bwd
         assert s.peak_moment == "backward" and s.values["activations"] == s.moments["backward"]
     few = est(training__num_micro_batches=2)
     assert [inflight(few, i)[0] for i in range(4)] == [2, 2, 2, 1]
@@ -176,7 +179,8 @@ def test_backward_moment_recomputes_a_full_layer():
     e = est(training__recompute="full")
     s = e.stages[1]
     assert s.moments["warmup"] == 3 * 12 * decoder_act(e, "full")
-    assert s.moments["backward"] - s.moments["warmup"] == decoder_act(est())
+    # + the SwiGLU backward's gradients, 3·2·s·b·f bytes (dense.mf mlp.bwd_grads)
+    assert s.moments["backward"] - s.moments["warmup"] == decoder_act(est()) + 3 * 2 * 2048 * 1 * 4096
 
 
 def test_seqpipe_counts_sequence_chunks_at_the_chunk_length():
@@ -319,7 +323,8 @@ def test_moments_are_declared_in_formula_files(tmp_path: Path):
     e = estimate(cfg, keep=NUMERIC)
     s = e.stages[1]
     act = decoder_act(e)
-    assert s.moments == {"warmup": 12 * act, "backward": 13 * act, "early": 36 * act, "late": 13 * act}
+    bwd = 3 * 2 * 2048 * 1 * 4096   # the SwiGLU backward's gradients (dense.mf mlp.bwd_grads)
+    assert s.moments == {"warmup": 12 * act, "backward": 13 * act + bwd, "early": 36 * act, "late": 13 * act}
     assert s.peak_moment == "early" and s.values["activations"] == 36 * act
 
 

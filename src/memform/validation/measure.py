@@ -17,7 +17,14 @@ What is counted (bytes are storage sizes; views share storage and count once):
 - activations: every storage created during ``forward`` that is still alive when forward returns —
   whatever keeps it (autograd saved tensors, checkpoint closures, the loss) — measured by
   :class:`~memform.validation.tracker.LiveStorages`. Buffers (rotary tables, causal mask) and the input
-  token ids/labels exist before forward and are not activations.
+  token ids/labels exist before forward and are not activations;
+- activations_peak: the largest sum, sampled after every ATen op of forward + backward, of the live
+  storages those ops created (:class:`~memform.validation.timeline.StorageTimeline`), less every
+  parameter gradient (marked by a post-accumulate-grad hook when autograd accumulates it: the bf16
+  ``.grad`` the main-grad hook then frees, or the fp32 ``.grad``). It counts saved and recomputed
+  activations, activation gradients, the loss and its gradients and kernel stand-ins' scratch; not the
+  parameters, main grads, master weights, optimizer state (all made before forward) or the optimizer
+  step (not traced).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Any, Mapping
 
 import torch
 
+from .timeline import StorageTimeline
 from .torch_models import build
 from .tracker import LiveStorages, storage_bytes, storages_of
 
@@ -49,10 +57,13 @@ class Measured:
     activations: int
     activations_by_op: dict[str, int] = field(default_factory=dict)
     loss: float = 0.0
+    activations_peak: int = 0
+    peak_by_op: dict[str, int] = field(default_factory=dict)
+    peak_phase: str = ""
 
     def as_dict(self) -> dict[str, int]:
         return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer,
-                "activations": self.activations}
+                "activations": self.activations, "activations_peak": self.activations_peak}
 
 
 def measure_step(cfg: Mapping[str, Any], precision: str = "bf16-mixed", seed: int = 0) -> Measured:
@@ -80,6 +91,13 @@ def _measure(cfg: Mapping[str, Any], precision: str, seed: int) -> Measured:
     labels = torch.randint(0, v, (b, s), generator=gen)
 
     mixed = dtype != torch.float32
+    # forward + backward run under a StorageTimeline for the peak of live activation-side bytes;
+    # every parameter gradient autograd accumulates is marked (before the main-grad hook below
+    # frees the bf16 one): it belongs to the grads category, not to the activations
+    timeline = StorageTimeline()
+    grad_serials: set[int] = set()
+    hooks = [p.register_post_accumulate_grad_hook(
+        lambda p: grad_serials.update(timeline.serials([p.grad.untyped_storage()]))) for p in params]
     if mixed:
         for p in params:
             p.main_grad = torch.zeros(p.shape, dtype=torch.float32)
@@ -95,12 +113,20 @@ def _measure(cfg: Mapping[str, Any], precision: str, seed: int) -> Measured:
     static = storages_of([*params, *model.buffers(), ids, labels, *master])
     if mixed:
         static += storages_of(p.main_grad for p in params)
-    with LiveStorages() as fwd:
-        loss = model(ids, labels)
-    activations = fwd.alive_bytes(exclude=static)
-    by_op = fwd.by_op(exclude=static)
+    timeline.ignore(static)
+    with timeline:
+        with LiveStorages() as fwd:
+            loss = model(ids, labels)
+        activations = fwd.alive_bytes(exclude=static)
+        by_op = fwd.by_op(exclude=static)
+        timeline.mark("forward")
+        loss.backward()
+    for hook in hooks:
+        hook.remove()
+    peak, at = timeline.peak(exclude=grad_serials)
+    peak_by_op = timeline.live_at(at, exclude=grad_serials)
+    phase = "forward" if at <= timeline.marks["forward"] else "backward"
 
-    loss.backward()
     grads = storage_bytes(p.main_grad for p in params) if mixed else storage_bytes(p.grad for p in params)
     opt.step()
     if mixed:
@@ -110,7 +136,8 @@ def _measure(cfg: Mapping[str, Any], precision: str, seed: int) -> Measured:
     states = [t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
     optimizer = storage_bytes([*master, *states])
     return Measured(params=storage_bytes(params), grads=grads, optimizer=optimizer, activations=activations,
-                    activations_by_op=by_op, loss=float(loss.detach()))
+                    activations_by_op=by_op, loss=float(loss.detach()), activations_peak=peak,
+                    peak_by_op=peak_by_op, peak_phase=phase)
 
 
 def _accumulate_main_grad(p: torch.Tensor) -> None:

@@ -38,6 +38,12 @@ def extras() -> list[Point]:
     pts += [gpt, replace(gpt, recompute="selective"), replace(gpt, recompute="full"), replace(gpt, b=4, s=128),
             replace(gpt, h=128, L=3), replace(gpt, precision="fp32"), replace(gpt, dropout=False, flash=True),
             replace(gpt, experts=4)]
+    # a vocabulary smaller than h: a decoder layer's backward, not the loss, sets the activation peak
+    dec = replace(BASE, vocab=128, h=256)
+    pts += [dec, replace(dec, flash=False, s=256), replace(dec, recompute="selective", flash=False, s=256),
+            replace(dec, recompute="full"), replace(dec, recompute="full", flash=False, s=256),
+            replace(dec, arch="gpt", dropout=True, flash=False, s=128), replace(dec, experts=4),
+            replace(dec, experts=4, recompute="full"), replace(dec, experts=4, flash=False, s=256)]
     moe = replace(BASE, experts=4)
     pts += [moe, replace(moe, flash=False), replace(moe, recompute="selective", flash=False),
             replace(moe, recompute="full"), replace(moe, experts=8, s=128), replace(moe, top_k=1, h=128),
@@ -52,8 +58,9 @@ def full_sweep() -> list[Point]:
 
 def quick_sweep() -> list[Point]:
     """A few seconds' worth for the test suite: each recompute variant, both cores, both precisions,
-    both architectures (GPT with dropout), MoE."""
+    both architectures (GPT with dropout), MoE, and a case whose activation peak is a decoder layer's
+    backward (small vocabulary)."""
     return [BASE, replace(BASE, arch="gpt", dropout=True, flash=False, s=32),
             replace(BASE, recompute="selective", flash=False, b=1),
             replace(BASE, recompute="full", L=3), replace(BASE, precision="fp32", h=128, swiglu_impl="eager"),
-            replace(BASE, experts=4, s=32)]
+            replace(BASE, experts=4, s=32), replace(BASE, vocab=128, h=256, recompute="full")]

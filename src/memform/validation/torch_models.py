@@ -22,7 +22,10 @@ production framework keeps:
   PyTorch's plain ``silu(gate) * up``, which also keeps ``silu(gate)``.
 - Recompute: ``full`` checkpoints every layer, ``selective`` checkpoints the unfused attention core (a
   flash core is not recomputed, as in Megatron-LM, which only checkpoints the non-flash core).
-- The loss is fp32 cross-entropy over the vocabulary (the bf16 logits are upcast first).
+- The loss is PyTorch's eager fp32 ``F.cross_entropy`` over the vocabulary (the bf16 logits are upcast
+  first), i.e. memform's ``model.cross_entropy: eager``: its backward holds two fp32 s·b·v gradients.
+- The fused kernels' stand-ins (RMSNorm, SwiGLU) compute their backward in blocks of ``FUSED_ROWS``
+  rows, so that, like the real kernels, they allocate little beyond their output (the measured peak).
 - MoE (``model.num_experts`` > 1, dropless): a softmax router picks ``model.moe_top_k`` experts per
   token (Mixtral, Jiang et al. 2024 §2.1); tokens are permuted by expert, run through that expert's
   MLP, weighted by their renormalised router probabilities and scattered back (see :class:`MoE`).
@@ -74,6 +77,8 @@ class Shape:
         m = lambda key, default=None: get_path(cfg, f"model.{key}", default)  # noqa: E731
         if m("tied_embeddings", False):
             raise ValueError("the PyTorch harness builds untied output heads only (model.tied_embeddings: false)")
+        if m("cross_entropy", "fused") != "eager":
+            raise ValueError("the PyTorch harness's loss is F.cross_entropy: set model.cross_entropy: eager")
         if m("dropout", True) and m("flash_attention", False):
             raise ValueError("PyTorch's CPU flash attention has no dropout (it falls back to the unfused fp32 "
                              "path): use model.dropout: false or model.flash_attention: false")
@@ -118,6 +123,23 @@ def _acc(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
+#: rows per block of the fused kernels' backward (see :func:`_by_rows`)
+FUSED_ROWS = 4
+
+
+def _by_rows(fn, out: torch.Tensor, *inputs: torch.Tensor) -> None:  # noqa: ANN001
+    """Run an element-wise backward ``fn(out_rows, *input_rows)`` over blocks of ``FUSED_ROWS`` rows.
+
+    A fused kernel (Megatron's bias_swiglu / apex's RMSNorm backward) computes in fp32 registers and
+    allocates only its output; done in eager PyTorch over the whole tensor, every fp32 intermediate
+    would be a tensor-sized allocation that no real framework makes. Block-wise, the intermediates are
+    ``FUSED_ROWS`` rows wide (the measured backward peak sees that small remainder).
+    """
+    for start in range(0, out.shape[0], FUSED_ROWS):
+        sl = slice(start, start + FUSED_ROWS)
+        fn(out[sl], *(t[sl] for t in inputs))
+
+
 class _RMSNormFn(torch.autograd.Function):
     """y = x / rms(x) * w, keeping x and the fp32 1/rms per row (like apex/TE fused RMSNorm)."""
 
@@ -131,11 +153,18 @@ class _RMSNormFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):  # noqa: ANN001, ANN205
         x, w, rstd = ctx.saved_tensors
-        xhat = _acc(x) * rstd
-        dyw = _acc(dy) * _acc(w)
-        dx = rstd * (dyw - xhat * (dyw * xhat).mean(-1, keepdim=True))
-        dw = (_acc(dy) * xhat).reshape(-1, x.shape[-1]).sum(0)
-        return dx.to(x.dtype), dw.to(w.dtype), None
+        h = x.shape[-1]
+        dx = torch.empty_like(x)
+        dw = torch.zeros(h, dtype=_acc(w).dtype)
+
+        def rows(out: torch.Tensor, xr: torch.Tensor, dyr: torch.Tensor, rr: torch.Tensor) -> None:
+            xhat = _acc(xr) * rr
+            dyw = _acc(dyr) * _acc(w)
+            out.copy_(rr * (dyw - xhat * (dyw * xhat).mean(-1, keepdim=True)))
+            dw.add_((_acc(dyr) * xhat).sum(0))
+
+        _by_rows(rows, dx.view(-1, h), x.reshape(-1, h), dy.reshape(-1, h), rstd.reshape(-1, 1))
+        return dx, dw.to(w.dtype), None
 
 
 class RMSNorm(nn.Module):
@@ -160,12 +189,17 @@ class _SwiGLUFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):  # noqa: ANN001, ANN205
         (ab,) = ctx.saved_tensors
-        a, b = _acc(ab).chunk(2, dim=-1)
-        sig = torch.sigmoid(a)
-        silu = a * sig
-        dyf = _acc(dy)
-        da = dyf * b * sig * (1 + a * (1 - sig))
-        return torch.cat([da, dyf * silu], dim=-1).to(ab.dtype)
+        two_f = ab.shape[-1]
+        dab = torch.empty_like(ab)
+
+        def rows(out: torch.Tensor, abr: torch.Tensor, dyr: torch.Tensor) -> None:
+            a, b = _acc(abr).chunk(2, dim=-1)
+            sig = torch.sigmoid(a)
+            dyf = _acc(dyr)
+            out.copy_(torch.cat([dyf * b * sig * (1 + a * (1 - sig)), dyf * a * sig], dim=-1))
+
+        _by_rows(rows, dab.view(-1, two_f), ab.reshape(-1, two_f), dy.reshape(-1, two_f // 2))
+        return dab
 
 
 class SwiGLU(nn.Module):
