@@ -125,19 +125,22 @@ def test_dualpipev_holds_pp_plus_one():
     assert {sum(inflight(e, i).values()) for i in range(4)} == {2 * 4}
     s = e.stages[2]   # 6 decoder layers per chunk: the F0 of the main step adds one chunk-0 pass
     chunk_act = 6 * decoder_act(e)
-    assert s.moments["backward"] - s.moments["warmup"] == max(chunk_act, decoder_act(e))
+    bwd = 3 * 2 * 2048 * 1 * 4096   # the layer in backward: SwiGLU gradients (dense.mf mlp.bwd_grads)
+    assert s.moments["backward"] - s.moments["warmup"] == max(chunk_act + bwd, decoder_act(e) + bwd)
 
 
 def test_zero_bubble_v_backward_overlap_rule():
     """MemEst _bwd_overhead.py (memest-formulas.md §2.4) with full recompute on every layer:
     overhead = max(Σ act(chunk 0) + max recomputed chunk-1 layer, last layer + max recomputed chunk-0
     layer), added to the warm-up activations; a recomputed layer rebuilds act[none] - act[full]
-    (MemEst adds act[none]; the layer's stored input is already in the warm-up sum)."""
+    (MemEst adds act[none]; the layer's stored input is already in the warm-up sum). The layer in
+    backward also holds its SwiGLU gradients, 3·2·s·b·f bytes (dense.mf mlp.bwd_grads)."""
     e = est(parallel__vpp=2, parallel__pp_schedule="zero-bubble-v", training__recompute="full")
     s = e.stages[2]  # 6 decoder layers per chunk, nothing pinned
     full, none = decoder_act(e, "full"), decoder_act(est())
-    a_term = 6 * full + (none - full)
-    b_term = none + (none - full)
+    bwd = 3 * 2 * 2048 * 1 * 4096
+    a_term = 6 * full + (none - full) + bwd
+    b_term = none + bwd + (none - full)
     assert s.moments["backward"] - s.moments["warmup"] == max(a_term, b_term)
     assert s.moments["warmup"] == (5 + 2) * 6 * full
 
