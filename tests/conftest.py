@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# CI (CI=true) explores the same examples on every run, so a submission's result does not depend on
+# luck; locally hypothesis keeps drawing fresh examples (and remembers failures in .hypothesis/).
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"

@@ -288,3 +288,14 @@ def test_uneven_pipeline_splits():
     assert len(mine) == 1
     assert mine[0]["stage_layers"] == ",".join(map(str, own["stage_layers"]))
     assert mine[0]["peak_bytes"] == memform.estimate(path).peak_bytes
+
+
+def test_exact_handles_if_then_else_conditions():
+    """sympy folds a Piecewise nested in a condition into ITE (found by hypothesis)."""
+    expr = sympy.Piecewise((x, sympy.ITE(x > y, False, x > y)), (sympy.Piecewise((x, x > y), (y, True)), True))
+    fn = compile_exact([expr], [x, y, z])
+    cols = [np.array([1, 3, 1]), np.array([1, 1, 3]), np.array([1, 1, 1])]
+    (out,), bad = fn(cols)
+    for k in range(3):
+        assert not bad[k]
+        assert int(out[k]) == int(expr.xreplace({x: int(cols[0][k]), y: int(cols[1][k])}))

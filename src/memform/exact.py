@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 import sympy
 import sympy.polys.fields
-from sympy.logic.boolalg import Boolean, BooleanFalse, BooleanTrue
+from sympy.logic.boolalg import ITE, Boolean, BooleanFalse, BooleanTrue
 
 #: polynomials whose bound stays below this are evaluated in int64 (2**63 - 1 is the limit;
 #: the margin absorbs the float rounding of the bound itself)
@@ -328,6 +328,9 @@ class _Builder:
             code = "(" + " | ".join(self.boolean(c) for c in cond.args) + ")"
         elif isinstance(cond, sympy.Not):
             code = f"(~{self.boolean(cond.args[0])})"
+        elif isinstance(cond, ITE):  # sympy folds nested Piecewise conditions into if-then-else
+            c, a, b = (self.boolean(x) for x in cond.args)
+            code = f"(({c} & {a}) | (~{c} & {b}))"
         else:
             raise NotExact(f"cannot evaluate the condition {cond} exactly")
         v = self.fresh("c")
