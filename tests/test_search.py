@@ -254,6 +254,10 @@ def test_cli_search_csv_json_and_errors(tmp_path):
     assert r.returncode == 2 and "unknown field 'speed'" in r.stderr and "Traceback" not in r.stderr
     r = _memform("search", cfg, "--devices", "8", "--set", "device.capacity_gib=0.5", *small)
     assert r.returncode == 1 and "nothing fits" in r.stdout
+    # a formula that fails for every candidate is an error (exit 2) with its reason, not "nothing fits"
+    r = _memform("search", cfg, "--devices", "8", "--set", "model.num_heads=1", "--set", "model.num_kv_heads=1",
+                 "--set", "parallel.tp=1", "--tp", "2", *small)
+    assert r.returncode == 2 and "no valid strategy" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_cli_search_table():

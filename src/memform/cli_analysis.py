@@ -218,6 +218,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     shown = result.ranked(sort_keys, None if args.top == 0 else args.top)
     total = len(result)
     st = result.stats
+    if st.valid == 0:  # not "too big" but "impossible": say why, as for any bad input
+        reasons = "; ".join(f"{n} structure(s): {r}" for r, n in st.structures_skipped.items())
+        raise MemformError(f"no valid strategy for {args.devices} devices: every candidate was refused"
+                           + (f" ({reasons})" if reasons else " by the formula files' requirements"))
     fields = [f for f in FIELDS if not (f == "cp" and space.cp is None) and not (f == "ep" and space.ep is None)
               and not (f == "zero" and space.zero is None)]
     if args.format == "json":
