@@ -161,7 +161,7 @@ def _check_devices(data: Mapping[str, Any], bound: Bound, program: Program) -> N
 def _check_requires(program: Program, bound: Bound) -> None:
     ev = bound.evaluator(program, keep=frozenset())
     for r in program.requires:
-        ok = ev._truth(ev.eval(r.expr, Ctx()), r.loc)
+        ok = ev.truth(ev.eval(r.expr, Ctx()), r.loc)
         if not ok:
             names = sorted({n.name for n in _refs(r.expr) if n.name in program.bindings})
             detail = ", ".join(f"{program.bindings[n].path} = {_show(bound.value_of(n))}" for n in names)
@@ -185,7 +185,7 @@ def stack_items(model: Model, ev: Evaluator) -> list[StackItem]:
         if e.count is None:
             count = sympy.Integer(1)
         else:
-            count = ev._as_expr(ev.eval(e.count, Ctx()), e.loc)
+            count = ev.as_expr(ev.eval(e.count, Ctx()), e.loc)
         value = ev.number(count, e.loc, f"count of '{e.block}' in the stack")
         if not value.is_integer or value < 0:
             raise MemformError(f"count of '{e.block}' in the stack must be a non-negative integer, got {value}",

@@ -107,7 +107,7 @@ class CompiledModel:
         follow = {model.bound.symbols[name]: e for name, e in derived.items()}
         requires = []
         for r in model.program.requires:
-            cond = ev._truth(ev.eval(r.expr, Ctx()), r.loc)
+            cond = ev.truth(ev.eval(r.expr, Ctx()), r.loc)
             if cond is False:
                 raise MemformError(f"{r.message} (requirement at {r.loc}, for every candidate of this structure)")
             if cond is not True:
@@ -162,7 +162,7 @@ def _derived_symbols(model: Model, searched: frozenset[str]) -> dict[str, sympy.
             if (decl.keyword != "symbol" or decl.default is None or name in keep
                     or get_path(model.data, decl.path, None) is not None):
                 continue
-            value = ev._as_expr(ev.eval(decl.default, Ctx()), decl.loc)
+            value = ev.as_expr(ev.eval(decl.default, Ctx()), decl.loc)
             if {s.name for s in value.free_symbols} & keep:
                 derived[name] = value
                 changed = True

@@ -335,7 +335,7 @@ def _lines(tr: Trace, ev: Evaluator, head: str, indent: int) -> list[str]:
     value = ""
     if tr.expr is not None and not isinstance(tr.expr, (str, bool)):
         try:
-            expr = tidy(ev._as_expr(tr.expr, None))
+            expr = tidy(ev.as_expr(tr.expr, None))
             number = ev.number(expr)
             value = f" = {_text(expr)}" + (f"  ({_text(number)})" if expr.free_symbols else "")
         except (MemformError, TypeError, AttributeError):

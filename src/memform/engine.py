@@ -32,7 +32,7 @@ MAX_BYTES = 2 ** 256
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "comm")
 STATIC = ("params", "grads", "optimizer")
-_QUANTITY = {"param_count": "params", "params": "param_bytes", "grads": "grad_bytes",
+QUANTITY_OF = {"param_count": "params", "params": "param_bytes", "grads": "grad_bytes",
              "optimizer": "optimizer_bytes", "activations": "act", "comm": "comm"}
 
 
@@ -110,9 +110,9 @@ class Interpreter:
         key = (block, mode)
         if key not in self._layer_cache:
             exprs, values, sources = {}, {}, {}
-            for cat, qname in _QUANTITY.items():
+            for cat, qname in QUANTITY_OF.items():
                 q = self.program.pick(block, qname, mode)
-                e = self.ev._as_expr(self.ev.quantity(block, qname, mode), q.loc)
+                e = self.ev.as_expr(self.ev.quantity(block, qname, mode), q.loc)
                 what = f"{block}.{qname}" + (f"[{mode}]" if self.program.has_variants(block, qname) else "")
                 values[cat] = self.check_number(e, what, q.loc)
                 exprs[cat] = e
@@ -134,7 +134,7 @@ class Interpreter:
     def inflight(self, stage: int, chunk: int) -> tuple[sympy.Expr, sympy.Expr]:
         extra = (("stage", sympy.Integer(stage)), ("chunk", sympy.Integer(chunk)))
         q = self.program.pick(self.schedule, "inflight", None)
-        e = self.ev._as_expr(self.ev.quantity(self.schedule, "inflight", None, extra=extra), q.loc)
+        e = self.ev.as_expr(self.ev.quantity(self.schedule, "inflight", None, extra=extra), q.loc)
         return e, self.check_number(e, f"schedule {self.schedule}: inflight at stage {stage} chunk {chunk}", q.loc)
 
     def stage(self, index: int, partition: Partition, capacity_bytes: int) -> StageResult:
@@ -185,14 +185,14 @@ class Interpreter:
         found: list[tuple[str, sympy.Expr, sympy.Expr]] = []
         for name in names:
             q = self.program.pick(self.schedule, name, None)
-            e = self.ev._as_expr(self.ev.quantity(self.schedule, name, None, extra=extra), q.loc)
+            e = self.ev.as_expr(self.ev.quantity(self.schedule, name, None, extra=extra), q.loc)
             found.append((name, e, self.check_number(e, f"schedule {self.schedule}: moment {name} at stage {index}",
                                                      q.loc)))
         best = max(range(len(found)), key=lambda k: (found[k][2], -k))
         name, expr, value = found[best]
         distinct = list(dict.fromkeys(e for _, e, _ in found))
         if self.ev.resolve and len(distinct) > 1:  # the closed form holds where this moment wins
-            self.ev._assume(f"moment {name} is the largest at stage {index}")
+            self.ev.assume(f"moment {name} is the largest at stage {index}")
         sums["activations"] = expr if self.ev.resolve or len(distinct) == 1 else sympy.Max(*distinct)
         exact["activations"] = value
         return name, {n: to_bytes(v) for n, _, v in found}

@@ -126,7 +126,7 @@ class Evaluator:
 
     def number(self, value: Value, loc: Loc | None = None, what: str = "expression") -> sympy.Expr:
         """The exact numeric value of ``value`` at the config."""
-        v = self._as_expr(value, loc)
+        v = self.as_expr(value, loc)
         try:
             n = v.xreplace(self.values) if v.free_symbols else v
             if not n.is_number:
@@ -182,7 +182,8 @@ class Evaluator:
             return key[1]
         return f"{key[1]}.{key[2]}" + (f"[{key[3]}]" if key[3] else "")
 
-    def _as_expr(self, v: Value, loc: Loc | None) -> sympy.Expr:
+    def as_expr(self, v: Value, loc: Loc | None) -> sympy.Expr:
+        """``v`` as a number-valued expression (true/false count as 1/0); strings and conditions are errors."""
         if isinstance(v, bool):
             return sympy.Integer(int(v))
         if isinstance(v, str):
@@ -191,7 +192,7 @@ class Evaluator:
             raise MemformError("a condition cannot be used as a number here", loc)
         return v
 
-    def _truth(self, v: Value, loc: Loc) -> Value:
+    def truth(self, v: Value, loc: Loc) -> Value:
         """A Python bool, or (resolve=False) a sympy condition."""
         if isinstance(v, bool):
             return v
@@ -205,7 +206,7 @@ class Evaluator:
             v = sympy.Ne(v, 0)
         if self.resolve:
             decided = self._decide(v, loc)
-            self._assume(v if decided else sympy.Not(v))
+            self.assume(v if decided else sympy.Not(v))
             return decided
         return v
 
@@ -219,7 +220,8 @@ class Evaluator:
         except (TypeError, ValueError, ZeroDivisionError) as exc:
             raise MemformError(f"the condition {cond} cannot be decided for this config: {exc}", loc) from None
 
-    def _assume(self, cond: Any) -> None:
+    def assume(self, cond: Any) -> None:
+        """Record a decision taken at the config's values (shown as "valid where: ...")."""
         if isinstance(cond, sympy.Eq):  # sympy prints these as Eq(a, b); papers write a = b
             text = f"{cond.lhs} = {cond.rhs}"
         elif isinstance(cond, sympy.Ne):
@@ -286,8 +288,8 @@ class Evaluator:
         raise MemformError(f"unknown symbol '{node.name}'", node.loc)
 
     def _e_BinOp(self, node: ast.BinOp, ctx: Ctx) -> Value:
-        a = self._finite(self._as_expr(self.eval(node.left, ctx), node.loc), node.loc)
-        b = self._finite(self._as_expr(self.eval(node.right, ctx), node.loc), node.loc)
+        a = self._finite(self.as_expr(self.eval(node.left, ctx), node.loc), node.loc)
+        b = self._finite(self.as_expr(self.eval(node.right, ctx), node.loc), node.loc)
         op = node.op
         if op == "+":
             return a + b
@@ -332,7 +334,7 @@ class Evaluator:
                                f"check the formula", loc)
 
     def _e_Neg(self, node: ast.Neg, ctx: Ctx) -> Value:
-        return -self._as_expr(self.eval(node.operand, ctx), node.loc)
+        return -self.as_expr(self.eval(node.operand, ctx), node.loc)
 
     def _e_Cmp(self, node: ast.Cmp, ctx: Ctx) -> Value:
         a = self.eval(node.left, ctx)
@@ -343,20 +345,20 @@ class Evaluator:
             if node.op not in ("==", "!="):
                 raise MemformError("strings can only be compared with == or !=", node.loc)
             return _PY_CMP[node.op](a, b)
-        a, b = (self._as_expr(x, node.loc) for x in (a, b))
+        a, b = (self.as_expr(x, node.loc) for x in (a, b))
         for x in (a, b):  # sympy decides zoo == 3 as False: a silently wrong branch
             if x.is_number:
                 self.number(x, node.loc, "a side of this comparison")
         rel = _CMP[node.op](a, b)
         if rel is sympy.true or rel is sympy.false:
             return bool(rel)
-        return self._truth(rel, node.loc)
+        return self.truth(rel, node.loc)
 
     def _e_Logic(self, node: ast.Logic, ctx: Ctx) -> Value:
         is_and = node.op == "and"
         parts = []
         for operand in node.operands:
-            v = self._truth(self.eval(operand, ctx), operand.loc)
+            v = self.truth(self.eval(operand, ctx), operand.loc)
             if isinstance(v, bool):
                 if v != is_and:  # short-circuit: false in 'and', true in 'or'
                     return v
@@ -367,15 +369,15 @@ class Evaluator:
         return sympy.And(*parts) if is_and else sympy.Or(*parts)
 
     def _e_Not(self, node: ast.Not, ctx: Ctx) -> Value:
-        v = self._truth(self.eval(node.operand, ctx), node.loc)
+        v = self.truth(self.eval(node.operand, ctx), node.loc)
         return (not v) if isinstance(v, bool) else sympy.Not(v)
 
     def _e_If(self, node: ast.If, ctx: Ctx) -> Value:
-        cond = self._truth(self.eval(node.cond, ctx), node.cond.loc)
+        cond = self.truth(self.eval(node.cond, ctx), node.cond.loc)
         if isinstance(cond, bool):
             return self.eval(node.then if cond else node.other, ctx)
-        then = self._as_expr(self.eval(node.then, ctx), node.then.loc)
-        other = self._as_expr(self.eval(node.other, ctx), node.other.loc)
+        then = self.as_expr(self.eval(node.then, ctx), node.then.loc)
+        other = self.as_expr(self.eval(node.other, ctx), node.other.loc)
         return sympy.Piecewise((then, cond), (other, True))
 
     def _e_Call(self, node: ast.Call, ctx: Ctx) -> Value:
@@ -395,7 +397,7 @@ class Evaluator:
                 return self.eval(d.expr, Ctx(params=tuple(zip(d.params, args)), overrides=ctx.overrides))
             finally:
                 self._calls.pop()
-        nums = [self._finite(self._as_expr(a, node.loc), node.loc) for a in args]
+        nums = [self._finite(self.as_expr(a, node.loc), node.loc) for a in args]
         f = node.func
         if f in ("min", "max"):
             res = (sympy.Min if f == "min" else sympy.Max)(*nums)
@@ -405,7 +407,7 @@ class Evaluator:
                 chosen = res.args[pick]
                 for i, other in enumerate(res.args):
                     if i != pick:
-                        self._assume(sympy.Le(chosen, other) if f == "min" else sympy.Ge(chosen, other))
+                        self.assume(sympy.Le(chosen, other) if f == "min" else sympy.Ge(chosen, other))
                 return chosen
             return res
         x = nums[0]
@@ -413,7 +415,7 @@ class Evaluator:
             res = (sympy.ceiling if f == "ceil" else sympy.floor)(x)
             if self.resolve and isinstance(res, (sympy.ceiling, sympy.floor)):
                 if self.number(x, node.loc, f"the argument of {f}()").is_integer:
-                    self._assume(f"{x} is an integer")
+                    self.assume(f"{x} is an integer")
                     return x
             return res
         if f == "log2":
@@ -436,7 +438,7 @@ class Evaluator:
         for sl in slots:
             sub = Ctx(block=sl.block, mode=sl.mode, extra=(("stage", stage), ("chunk", sympy.Integer(sl.chunk))),
                       outer=ctx.block, overrides=ctx.overrides)
-            vals.append((sl, self._as_expr(self.eval(node.args[0], sub), node.loc)))
+            vals.append((sl, self.as_expr(self.eval(node.args[0], sub), node.loc)))
         if not vals:
             return sympy.Integer(0)
         if node.func == "layers_sum":
@@ -452,7 +454,7 @@ class Evaluator:
             chosen = res.args[nums.index(max(nums))]
             for other in res.args:
                 if other is not chosen:
-                    self._assume(sympy.Ge(chosen, other))
+                    self.assume(sympy.Ge(chosen, other))
             return chosen
         return res
 

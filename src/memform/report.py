@@ -23,7 +23,7 @@ import sympy
 
 from .api import Estimate
 from .chart import CAPACITY_COLOR, CATEGORY_COLORS, CATEGORY_LABELS, PEAK_COLOR, axis_for
-from .engine import _QUANTITY, CATEGORIES, STATIC, LayerReport, StageResult, to_bytes
+from .engine import QUANTITY_OF, CATEGORIES, STATIC, LayerReport, StageResult, to_bytes
 from .errors import MemformError
 from .program import Program
 from .resources import templates_dir
@@ -283,7 +283,7 @@ def layer_view(program: Program, r: LayerReport, inflight_source: str, comm_is_p
     contribution["comm"] = to_bytes(r.per_layer_values["comm"])
     return LayerView(r, inflight_source, contribution, comm_is_peak,
                      {c: _source_line(r.sources[c]) for c in LAYER_QUANTITIES},
-                     {c: _defined_in(program, r.block, _QUANTITY[c], r.mode) for c in LAYER_QUANTITIES},
+                     {c: _defined_in(program, r.block, QUANTITY_OF[c], r.mode) for c in LAYER_QUANTITIES},
                      {c: Formula(r.per_layer[c]) for c in LAYER_QUANTITIES})
 
 
