@@ -9,6 +9,7 @@ config keys, types and defaults with it.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -279,7 +280,6 @@ def structure(data: Mapping[str, Any], schedules: list[str]) -> Structure:
     cap = structural_value(data, "device.capacity_gib")
     if cap > 2 ** 200:  # reports turn byte counts into floats; 2^230 bytes is far past any device
         raise MemformError(f"config key 'device.capacity_gib' must be at most 2^200, got {float(cap):g}")
-    import math
     return Structure(name=data["name"], pp=pp, vpp=vpp, schedule=schedule, stage_layers=stage_layers,
                      recompute=recompute, capacity_bytes=int(math.floor(cap * 2 ** 30)),
                      recompute_stages=stages, recompute_layers=layers, recompute_num_layers=num_layers,
