@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import memform
-from memform.symbolic import tidy
+from memform.engine.symbolic import tidy
 
 ROOT = Path(__file__).resolve().parent.parent
 

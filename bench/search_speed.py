@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _cold() -> None:
     import sympy.core.cache
 
-    from memform.exact import clear_caches
+    from memform.analysis.exact import clear_caches
     clear_caches()
     sympy.core.cache.clear_cache()
 
@@ -46,11 +46,11 @@ def main() -> int:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
 
+    from memform.analysis.compiled import NUMERIC_KEYS, CompiledModel, interpreted_peaks
+    from memform.analysis.search import body_layers, default_space, search, stage_split
     from memform.api import load_model, rebind
-    from memform.compiled import NUMERIC_KEYS, CompiledModel, interpreted_peaks
-    from memform.engine import CATEGORIES
+    from memform.engine.interpreter import CATEGORIES
     from memform.errors import MemformError
-    from memform.search import body_layers, default_space, search, stage_split
 
     base = load_model(args.config, {"training.global_batch_size": None, "parallel.devices": None})
     keys = tuple(k for k in NUMERIC_KEYS if base.symbol_for_key(k) is not None)

@@ -95,8 +95,8 @@ def test_python_module_entry_point():
 
 
 def test_keys_lists_every_binding_with_its_declaration():
-    from memform.cli_keys import key_docs
-    from memform.program import load_program
+    from memform.cli.keys import key_docs
+    from memform.lang.loader import load_program
     from memform.resources import formulas_dir
 
     prog = load_program([formulas_dir() / "dense.mf"])

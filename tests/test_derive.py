@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 import sympy
+from cli_helpers import run_memform as _memform
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memform
+from memform.analysis.derive import derive, explain_text, parse_keep
 from memform.api import load_model
-from memform.derive import derive, explain_text, parse_keep
-from memform.engine import CATEGORIES
-from cli_helpers import run_memform as _memform
+from memform.engine.interpreter import CATEGORIES
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

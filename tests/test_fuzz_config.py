@@ -8,11 +8,11 @@ up); one that is rejected must name the offending key in one paragraph, exit 2 i
 
 from __future__ import annotations
 
-import os
 import contextlib
 import copy
 import io
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 import memform
 import memform.api
 from memform import cli
-from memform.config import STRUCTURAL
+from memform.engine.config import STRUCTURAL
 from memform.errors import EXIT_USER_ERROR, MemformError
-from memform.program import load_program
+from memform.lang.loader import load_program
 from memform.resources import formulas_dir
 
 #: small models: dense (dense.mf) and MoE (moe.mf), quick to estimate

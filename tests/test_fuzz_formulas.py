@@ -4,14 +4,14 @@ Three kinds of input (hypothesis): arbitrary text, the bundled ``formulas/*.mf``
 character and token edits, and random syntax trees. Every failure must be a
 :class:`~memform.errors.MemformError` that names file:line:col; a mutated program that still
 loads must then estimate a bundled config or fail the same clean way. The pretty-printer
-(:mod:`memform.printer`) must be an inverse of the parser: printing and re-parsing gives the
+(:mod:`memform.lang.printer`) must be an inverse of the parser: printing and re-parsing gives the
 same tree (locations aside) and the same numbers for every bundled config.
 """
 
 from __future__ import annotations
 
-import os
 import dataclasses
+import os
 import re
 import shutil
 import tempfile
@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memform
-from memform import ast
 from memform.errors import Loc, MemformError
-from memform.parser import parse_file, parse_text
-from memform.printer import print_expr, print_file
-from memform.program import load_program
+from memform.lang import ast
+from memform.lang.loader import load_program
+from memform.lang.parser import parse_file, parse_text
+from memform.lang.printer import print_expr, print_file
 from memform.resources import formulas_dir
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_helpers import run_memform as run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memform
-from memform.config import STRUCTURAL
+from memform.engine.config import STRUCTURAL
 from memform.errors import MemformError
 from memform.importers import Options, formulas, import_config
 from memform.importers.draft import Draft, gated_ffn_size, pad_vocab
-from memform.program import load_program
+from memform.lang.loader import load_program
 from memform.resources import formulas_dir
-from cli_helpers import run_memform as run
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "importers"

@@ -10,8 +10,8 @@ import sympy
 
 import memform
 from memform.errors import MemformError
-from memform.parser import parse_text
-from memform.program import load_program
+from memform.lang.loader import load_program
+from memform.lang.parser import parse_text
 
 HEADER = """
 symbol h : int = model.hidden_size "hidden size"

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from memform import api
-from memform.config import known_keys
-from memform.engine import CATEGORIES
+from memform.engine.config import known_keys
+from memform.engine.interpreter import CATEGORIES
 from memform.errors import MemformError
 
 ROOT = Path(__file__).resolve().parents[1]

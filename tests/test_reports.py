@@ -16,18 +16,25 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_memform as run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memform
-from memform.chart import GIB, axis_for
-from memform.compare import compare
-from memform.engine import CATEGORIES
+from memform.analysis.compare import compare
+from memform.engine.interpreter import CATEGORIES
+from memform.engine.symbolic import closed_form_text
 from memform.errors import MemformError
-from memform.symbolic import closed_form_text
-from memform.report import (human_bytes, latex_lines, render, render_comparison, render_report, signed_bytes,
-                            tex_escape)
-from cli_helpers import run_memform as run
+from memform.report.chart import GIB, axis_for
+from memform.report.render import (
+    human_bytes,
+    latex_lines,
+    render,
+    render_comparison,
+    render_report,
+    signed_bytes,
+    tex_escape,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 #: every bundled config, globbed so that configs added later are covered automatically
@@ -169,7 +176,7 @@ def test_text_templates_and_layer_contributions(config):
     est = est_of(config)
     assert render("estimate.txt.j2", est).count("\n") >= len(est.stages) + 2
     assert "stage 0 =" in render("symbolic.txt.j2", est)
-    from memform.report import context
+    from memform.report.render import context
     for view in context(est)["stages"]:
         # the bundled schedules define moment warmup = layers_sum(inflight * act) (schedules.mf);
         # the stage's activations are its largest moment
@@ -333,7 +340,7 @@ def test_cli_plot_png_and_svg(tmp_path):
     r = run("plot", "configs/gpt3-175b.yaml", "-o", str(png))
     assert r.returncode == 0, r.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    from memform.plot import plot_stages
+    from memform.report.plot import plot_stages
     plot_stages(est_of("llama2-7b.yaml"), svg)
     root = ET.parse(svg).getroot()
     assert root.tag == f"{SVG_NS}svg"

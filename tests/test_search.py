@@ -15,16 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sympy
+from cli_helpers import run_memform as _memform
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memform
+from memform.analysis.compiled import NUMERIC_KEYS, CompiledModel
+from memform.analysis.exact import INT64_SAFE, NotExact, compile_exact
+from memform.analysis.search import default_space, divisors, rank, search
 from memform.api import load_model
-from memform.compiled import NUMERIC_KEYS, CompiledModel
-from memform.engine import CATEGORIES
-from memform.exact import INT64_SAFE, NotExact, compile_exact
-from memform.search import default_space, divisors, rank, search
-from cli_helpers import run_memform as _memform
+from memform.engine.interpreter import CATEGORIES
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import sympy
+from cli_helpers import run_memform as _memform
 
 import memform
+from memform.analysis.solve import sensitivity, solve
 from memform.api import load_model
-from memform.solve import sensitivity, solve
-from cli_helpers import run_memform as _memform
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -73,7 +73,7 @@ def test_solve_answer_is_the_boundary(config, key, extra, tmp_path):
         # rounding to whole bytes), and its continuous root lies between the answer and its neighbour
         (x,) = sol.closed_form.free_symbols or {sympy.Symbol(sol.symbol)}
         at = sol.closed_form.xreplace({x: sol.value})
-        assert 0 <= sol.stage_peaks[sol.binding_stage] - at < len(memform.engine.CATEGORIES)
+        assert 0 <= sol.stage_peaks[sol.binding_stage] - at < len(memform.api.CATEGORIES)
         if sol.continuous:
             assert lo <= float(sol.continuous[0]) <= hi
 

@@ -31,4 +31,4 @@ def formulas_dir() -> Path:
 
 
 def templates_dir() -> Path:
-    return _PACKAGE / "templates"
+    return _PACKAGE / "report" / "templates"

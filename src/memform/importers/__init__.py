@@ -6,6 +6,9 @@ starting point of MemEst users). Each source module fills a :class:`~.draft.Draf
 adds what every import needs: the strategy defaults, data parallelism derived from a device
 count, the ``formulas:`` list (chosen from the bundled files, see :mod:`.formulas`) and a final
 check that the result loads, so problems show up at import time rather than at estimate time.
+
+May import: :mod:`memform.engine` (the final load check), :mod:`memform.lang`, :mod:`memform.errors`,
+:mod:`memform.resources`. The ``memform import`` command itself is :mod:`memform.cli.imports`.
 """
 
 from __future__ import annotations
@@ -109,7 +112,7 @@ def _formulas(draft: Draft) -> None:
 
 
 def _check(draft: Draft) -> None:
-    from ..api import load_model
+    from ..engine.model import load_model
     try:
         load_model(draft.config())
     except MemformError as exc:

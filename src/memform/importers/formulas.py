@@ -17,9 +17,9 @@ from typing import Iterable
 
 import yaml
 
-from ..config import STRUCTURAL
+from ..engine.config import STRUCTURAL
 from ..errors import MemformError
-from ..program import load_program
+from ..lang.loader import load_program
 from ..resources import data_dir, formulas_dir
 
 BASE = "dense.mf"

@@ -12,8 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-
-from ..config import load_yaml
+from ..engine.config import load_yaml
 from ..errors import MemformError
 from .draft import Draft, Fields, describe, dtype_name, gated_ffn_size
 

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..binding import get_path
+from ..engine.binding import get_path
 
 
 @dataclass(frozen=True)

@@ -1,31 +1,27 @@
-"""Command line: ``memform estimate | check`` (argparse; one function per sub-command)."""
+"""Command line entry point: the parser, ``memform estimate | check``, and the error boundary.
+
+Other command groups live in sibling modules and register themselves (:data:`EXTENSIONS`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Callable, Sequence
+from typing import Sequence
 
-from .errors import EXIT_USER_ERROR, MemformError
-
-Command = Callable[[argparse.Namespace], int]
+from ..errors import EXIT_USER_ERROR, MemformError
+from .common import add_config_args
 
 #: modules that add sub-commands: each defines ``register(subparsers)`` and sets
 #: ``func=`` on its parser(s) (one module per feature keeps this file small)
-EXTENSIONS: list[str] = ["memform.cli_reports", "memform.importers.cli", "memform.cli_analysis", "memform.cli_keys"]
-
-
-def add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="YAML config (model, parallel, training, device)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key by dotted path, e.g. --set parallel.tp=8 (repeatable)")
+EXTENSIONS: list[str] = ["memform.cli.reports", "memform.cli.imports", "memform.cli.analysis", "memform.cli.keys"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memform", description="Per-stage training memory of LLMs, "
                                      "from declarative formula files.")
-    from . import __version__
+    from .. import __version__
     parser.add_argument("--version", action="version", version=f"memform {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -48,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from .api import estimate
-    from .report import render
+    from ..engine.model import estimate
+    from ..report.render import render
     est = estimate(args.config, args.overrides)
     if args.json:
         print(json.dumps(est.to_dict(), indent=2, sort_keys=True))
@@ -65,7 +61,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .program import load_program
+    from ..lang.loader import load_program
     prog = load_program(args.files)
     blocks = len(prog.blocks)
     print(f"ok: {len(prog.files)} file(s), {len(prog.bindings)} bindings, {len(prog.lets)} lets, "

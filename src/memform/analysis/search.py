@@ -24,10 +24,10 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from .api import Model, rebind
-from .binding import get_path
+from ..engine.binding import get_path
+from ..engine.model import Model, rebind
+from ..errors import MemformError
 from .compiled import NUMERIC_KEYS, CompiledModel
-from .errors import MemformError
 
 #: columns of a result row, in output order
 FIELDS = ("dp", "tp", "pp", "vpp", "cp", "ep", "zero", "recompute", "schedule", "micro_batch_size",
@@ -267,7 +267,7 @@ def search(model: Model, space: SearchSpace, *,
 
 def body_layers(model: Model) -> int:
     """Layers of the stack that are split over the pipeline (all but ``first``/``last`` ones)."""
-    from .api import stack_items
+    from ..engine.model import stack_items
     return sum(i.count_value for i in stack_items(model, model.evaluator(keep=frozenset())) if i.place is None)
 
 

@@ -16,9 +16,9 @@ from typing import Any, Mapping
 
 import yaml
 
-from . import ast
+from ..errors import MemformError, did_you_mean, read_text
+from ..lang import ast
 from .binding import coerce, get_path
-from .errors import MemformError, did_you_mean, read_text
 
 
 @dataclass(frozen=True)

@@ -443,5 +443,5 @@ def compile_exact(exprs: Sequence[Any], inputs: Sequence[sympy.Symbol]) -> Exact
     source = f"def _exact({args}):\n" + "\n".join("    " + line for line in body) + "\n"
     namespace: dict[str, Any] = {"np": np, "_as_object": _as_object, "_maxabs": _maxabs, "_full": _full,
                                  "INT64_SAFE": INT64_SAFE}
-    exec(compile(source, "<memform.exact>", "exec"), namespace)  # noqa: S102 - our own generated code
+    exec(compile(source, "<memform.analysis.exact>", "exec"), namespace)  # noqa: S102 - our own generated code
     return ExactFunction(tuple(s.name for s in inputs), source, namespace["_exact"])

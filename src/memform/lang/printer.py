@@ -1,4 +1,4 @@
-"""Syntax tree → formula source text: the inverse of :mod:`memform.parser`.
+"""Syntax tree → formula source text: the inverse of :mod:`memform.lang.parser`.
 
 Why: a printer that re-parses to the same tree is the sharpest test of the grammar (every
 node must have exactly one spelling the parser reads back), and it lets tools rewrite

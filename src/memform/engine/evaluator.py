@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 import sympy
 
-from . import ast
-from .errors import Loc, MemformError
-from .program import AGGREGATES, Program
+from ..errors import Loc, MemformError
+from ..lang import ast
+from ..lang.program import AGGREGATES, Program
 
 Value = Any  # sympy.Expr | bool | str | sympy.Rel
 

@@ -1,6 +1,6 @@
 """``memform plot``: per-stage stacked bars as a PNG/SVG/PDF picture (matplotlib, Agg backend).
 
-The same picture as the HTML report's inline SVG (colours and axis from :mod:`memform.chart`),
+The same picture as the HTML report's inline SVG (colours and axis from :mod:`memform.report.chart`),
 for slides and papers. matplotlib is an optional extra (``memform[plot]``); without it the
 command says so instead of failing with an import traceback.
 """
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .api import Estimate
-from .chart import CAPACITY_COLOR, CATEGORY_COLORS, CATEGORY_LABELS, GIB, PEAK_COLOR, axis_for
-from .engine import CATEGORIES
-from .errors import MemformError
-from .report import human_bytes
+from ..engine.interpreter import CATEGORIES
+from ..engine.model import Estimate
+from ..errors import MemformError
+from ..units import GIB, human_bytes
+from .chart import CAPACITY_COLOR, CATEGORY_COLORS, CATEGORY_LABELS, PEAK_COLOR, axis_for
 
 FORMATS = ("png", "svg", "pdf")
 

@@ -4,7 +4,7 @@
 and, for a parallel degree, "what is the smallest degree that fits?". The stage peaks are
 taken as closed forms in that one symbol (``resolve=False``: valid for every value, with the
 schedule's ``min``/``max`` kept) and evaluated exactly for every integer in a range found by
-doubling (:mod:`memform.compiled`); only values that satisfy the formula files' ``require``
+doubling (:mod:`memform.analysis.compiled`); only values that satisfy the formula files' ``require``
 conditions (and divide the global batch, when one is set) are answers. The answer is then
 re-checked by the interpreter, and the binding stage's closed form is solved continuously
 with ``sympy.solve`` to show where the limit comes from.
@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import sympy
 
-from .api import Model, estimate_model, rebind
-from .binding import get_path
+from ..engine.binding import get_path
+from ..engine.model import Model, estimate_model, rebind
+from ..errors import MemformError, did_you_mean
 from .compiled import CompiledModel, interpreted_peaks
-from .errors import MemformError, did_you_mean
 
 #: keys whose value changes the stage partition itself: solved by re-evaluating per value
 STRUCTURAL_KEYS = ("parallel.pp", "parallel.vpp")

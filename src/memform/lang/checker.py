@@ -8,10 +8,18 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from ..errors import MemformError, did_you_mean
 from . import ast
-from .errors import MemformError, did_you_mean
-from .program import (AGGREGATES, BUILTIN_FUNCS, LAYER_NAMES, LAYER_QUANTITIES, RECOMPUTE_MODES,
-                      SCHEDULE_NAMES, SCHEDULE_QUANTITIES, Program)
+from .program import (
+    AGGREGATES,
+    BUILTIN_FUNCS,
+    LAYER_NAMES,
+    LAYER_QUANTITIES,
+    RECOMPUTE_MODES,
+    SCHEDULE_NAMES,
+    SCHEDULE_QUANTITIES,
+    Program,
+)
 
 
 def walk(node: ast.Expr) -> Iterator[ast.Expr]:

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from .errors import MemformError
-
+from ..errors import MemformError
 
 #: Most layers a stack may have: real models have a few hundred; the layout walks every layer,
 #: so a count like 10^9 (a typo, or a formula mistake) would otherwise run for hours.

@@ -6,7 +6,7 @@ its own: the interpreter runs once with ``resolve=False`` (``Piecewise``/``Min``
 so the closed form is valid for *every* value) keeping only the numeric config keys being
 varied (tensor/data/context/expert degrees, micro-batch size and count) as symbols. The
 per-stage, per-category expressions and the formula files' ``require`` conditions are then
-compiled by :mod:`memform.exact` into one function over integer arrays.
+compiled by :mod:`memform.analysis.exact` into one function over integer arrays.
 
 The result equals what :func:`memform.estimate_model` gives for each candidate, byte for byte
 (every category rounded up to whole bytes, as :func:`memform.engine.to_bytes` does).
@@ -22,10 +22,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import sympy
 
-from .api import Model, estimate_model, rebind
-from .engine import CATEGORIES
-from .errors import MemformError
-from .evaluator import Ctx
+from ..engine.evaluator import Ctx
+from ..engine.interpreter import CATEGORIES
+from ..engine.model import Model, estimate_model, rebind
+from ..errors import MemformError
 from .exact import ExactFunction, NotExact, compile_exact
 
 #: config keys a search or a solver may vary numerically (when the formula files bind them)
@@ -151,7 +151,7 @@ def _derived_symbols(model: Model, searched: frozenset[str]) -> dict[str, sympy.
     with another ``t`` wrong. Returns each such symbol's default as an expression in the
     searched symbols (chains of defaults followed).
     """
-    from .binding import get_path
+    from ..engine.binding import get_path
     derived: dict[str, sympy.Expr] = {}
     changed = True
     while changed:

@@ -1,4 +1,4 @@
-"""Text → :mod:`memform.ast`: the lark grammar plus one Transformer, nothing more."""
+"""Text → :mod:`memform.lang.ast`: the lark grammar plus one Transformer, nothing more."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import lark
 from lark import Lark, Token, Transformer, v_args
 
+from ..errors import Loc, MemformError, read_text
+from ..resources import grammar_file
 from . import ast
-from .errors import Loc, MemformError, read_text
-from .resources import grammar_file
 
 _TOKEN_NAMES = {
     "NAME": "a name", "NUMBER": "a number", "STRING": "a string", "SCHED_NAME": "a schedule name",
@@ -37,7 +37,7 @@ def _describe(token_type: str) -> str:
 
 @v_args(meta=True)
 class _ToAst(Transformer):
-    """Builds :mod:`memform.ast` nodes, stamping each with its file:line:col."""
+    """Builds :mod:`memform.lang.ast` nodes, stamping each with its file:line:col."""
 
     def __init__(self, path: str):
         super().__init__()

@@ -21,14 +21,15 @@ from typing import Any, Iterable
 
 import sympy
 
-from . import ast
-from .api import Estimate, Model, estimate_model
-from .checker import walk
-from .engine import STATIC, StageResult
-from .errors import MemformError
-from .evaluator import Evaluator
-from .report import human_bytes
-from .symbolic import tidy
+from ..engine.evaluator import Evaluator
+from ..engine.interpreter import STATIC, StageResult
+from ..engine.model import Estimate, Model, estimate_model
+from ..engine.symbolic import tidy
+from ..errors import MemformError
+from ..lang import ast
+from ..lang.checker import walk
+from ..units import human_bytes
+
 
 @dataclass
 class StageForm:
@@ -67,7 +68,7 @@ def parse_keep(model: Model, text: str | None) -> frozenset[str] | None:
             continue
         sym = model.symbol_for_key(item)
         if sym is None:
-            from .errors import did_you_mean
+            from ..errors import did_you_mean
             raise MemformError(f"--keep: '{item}' is not a symbol of the formula files"
                                f"{did_you_mean(item, sorted(symbols))} (symbols: {', '.join(sorted(symbols))})")
         names.add(sym.name)
@@ -288,8 +289,8 @@ def explain_text(model: Model, d: Derivation, stage: int, keep: frozenset[str] |
     ev = model.evaluator(resolve=True, keep=keep)
     sched = model.structure.schedule
     # walk the stage once with this evaluator: schedule moments read the stage's layers from it
-    from .api import partition_of
-    from .engine import Interpreter
+    from ..engine.interpreter import Interpreter
+    from ..engine.model import partition_of
     Interpreter(model.program, ev, sched).stage(stage, partition_of(model, ev), model.structure.capacity_bytes)
     tracer = Tracer(model, ev, depth)
     moments = list(getattr(model.program, "moments", lambda _: [])(sched) or [])

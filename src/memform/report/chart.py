@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GIB = 2 ** 30
+from ..units import GIB
 
 #: one colour per breakdown category (Tableau 10, distinguishable in print and for most
 #: colour-vision deficiencies), in stacking order from the bottom of a bar

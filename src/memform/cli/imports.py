@@ -10,9 +10,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..config import parse_override
+from ..engine.config import parse_override
 from ..errors import MemformError
-from . import IMPORTERS, Options, import_config
+from ..importers import IMPORTERS, Options, import_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from .errors import MemformError
+from ..errors import MemformError
+from ..lang.program import Program
 from .evaluator import Evaluator, LayerSlot
 from .partition import Partition
-from .program import Program
 
 #: Largest per-layer byte count (or in-flight count) accepted: far beyond any device, and small
 #: enough that stage sums stay below the float range reports and charts convert to.

@@ -1,7 +1,7 @@
 """Sub-commands for people-facing output: ``memform report | plot | compare``.
 
 Registered through :data:`memform.cli.EXTENSIONS`; each command is a thin shell over
-:mod:`memform.report`, :mod:`memform.plot` and :mod:`memform.compare`.
+:mod:`memform.report.render`, :mod:`memform.report.plot` and :mod:`memform.analysis.compare`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from .cli import add_config_args
-from .errors import MemformError
+from ..errors import MemformError
+from .common import add_config_args
 
 _SUFFIX_FORMAT = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".tex": "tex", ".txt": "txt"}
 
@@ -73,8 +73,8 @@ def _emit(text: str, output: str | None) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .api import estimate
-    from .report import render_report
+    from ..engine.model import estimate
+    from ..report.render import render_report
     est = estimate(args.config, args.overrides)
     fmt = _format(args.format, args.output, "md", ("md", "html", "tex"))
     _emit(render_report(est, fmt, args.template), args.output)
@@ -82,8 +82,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from .api import estimate
-    from .plot import plot_stages
+    from ..engine.model import estimate
+    from ..report.plot import plot_stages
     if args.dpi <= 0:
         raise MemformError(f"--dpi must be positive, got {args.dpi}")
     est = estimate(args.config, args.overrides)
@@ -93,8 +93,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .compare import compare
-    from .report import render_comparison
+    from ..analysis.compare import compare
+    from ..report.render import render_comparison
     cmp = compare(args.config, args.config_b, overrides=args.overrides, set_a=args.set_a, set_b=args.set_b)
     if args.json:
         _emit(json.dumps(cmp.to_dict(), indent=2, sort_keys=True) + "\n", args.output)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import html.entities
 import re
-
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -21,18 +20,18 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import jinja2
 import sympy
 
-from .api import Estimate
+from ..engine.interpreter import CATEGORIES, QUANTITY_OF, STATIC, LayerReport, StageResult, to_bytes
+from ..engine.model import Estimate
+from ..engine.symbolic import closed_form_latex, closed_form_text, tidy
+from ..errors import MemformError
+from ..lang.program import Program
+from ..resources import templates_dir
+from ..units import human_bytes, signed_bytes
 from .chart import CAPACITY_COLOR, CATEGORY_COLORS, CATEGORY_LABELS, PEAK_COLOR, axis_for
-from .engine import QUANTITY_OF, CATEGORIES, STATIC, LayerReport, StageResult, to_bytes
-from .errors import MemformError
-from .program import Program
-from .resources import templates_dir
-from .symbolic import closed_form_latex, closed_form_text, tidy
 
 if TYPE_CHECKING:
-    from .compare import Comparison
+    from ..analysis.compare import Comparison
 
-_UNITS = (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10))
 
 #: report format -> bundled template (``memform report --format``)
 REPORT_TEMPLATES = {"md": "report.md.j2", "html": "report.html.j2", "tex": "report.tex.j2"}
@@ -41,23 +40,6 @@ COMPARE_TEMPLATES = {"txt": "compare.txt.j2", "md": "compare.md.j2", "html": "co
                      "tex": "compare.tex.j2"}
 #: the per-layer quantities shown by ``--explain`` and the reports, in order
 LAYER_QUANTITIES = ("param_count",) + CATEGORIES
-
-
-def human_bytes(n: Any) -> str:
-    """Bytes in binary units, e.g. ``56.95 GiB`` (no unit below 1 KiB)."""
-    n = float(n)
-    for unit, size in _UNITS:
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
-
-
-def signed_bytes(n: Any) -> str:
-    """A difference in bytes with an explicit sign: ``+1.50 GiB``, ``-32.00 MiB``, ``0 B``."""
-    n = float(n)
-    if n == 0:
-        return "0 B"
-    return ("+" if n > 0 else "-") + human_bytes(abs(n))
 
 
 def percent(part: Any, whole: Any, signed: bool = False) -> str:
@@ -320,7 +302,7 @@ def context(est: Estimate) -> dict[str, Any]:
                "value": _plain(model.bound.value_of(name))}
         (symbols if b.keyword == "symbol" else options).append(row)
     data = model.data
-    from . import __version__
+    from .. import __version__
     return {
         "est": est,
         "name": est.name,
@@ -475,7 +457,7 @@ def compare_context(cmp: "Comparison") -> dict[str, Any]:
     for d in cmp.stages:
         diffs.append({"stage": d.stage, "a": a["stages"][d.stage] if d.a is not None else None,
                       "b": b["stages"][d.stage] if d.b is not None else None, "delta": d.delta})
-    from . import __version__
+    from .. import __version__
     return {
         "a": a, "b": b, "diffs": diffs,
         "config_diff": [{"key": k, "a": va, "b": vb} for k, va, vb in cmp.config_diff],

@@ -1,21 +1,19 @@
-"""Loading formula files into one :class:`Program` and checking it before any config is seen.
+"""The loaded formula program: every declaration visible, the last definition of each name winning.
 
-Files are read in order; ``include`` pulls a file in at the point it appears (once per
-program, cycles are errors). A name defined again in a *later file* overrides the earlier
-definition -- that is how a config adds an architecture-specific file that changes one
-quantity. Defining a name twice in the *same* file is a mistake and is reported.
+A name defined again in a *later file* overrides the earlier definition -- that is how a
+config adds an architecture-specific file that changes one quantity. Defining a name twice
+in the *same* file is a mistake and is reported. Reading files is :mod:`memform.lang.loader`'s
+job; this module only holds the data and the rules of adding to it, so that the checker can
+use it without an import cycle.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator
 
+from ..errors import Loc, MemformError, did_you_mean
 from . import ast
-from .errors import Loc, MemformError, did_you_mean
-from .parser import parse_file
-from .resources import formulas_dir
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 BUILTIN_FUNCS = {"ceil": 1, "floor": 1, "min": None, "max": None, "log2": 1, "abs": 1,
@@ -197,60 +195,3 @@ class Program:
                                            f"variants are the recompute modes {', '.join(RECOMPUTE_MODES)}",
                                            q.loc)
                     qd.variants[key] = q
-
-
-# -------------------------------------------------------------------- loading
-
-
-def display_path(path: Path) -> Path:
-    """``path`` relative to the working directory when it lies below it (shorter messages)."""
-    try:
-        return path.resolve().relative_to(Path.cwd().resolve())
-    except ValueError:
-        return path
-
-
-def resolve_formula_path(name: str, relative_to: Path | None) -> Path:
-    """A formula file named in an include or a config: next to the referrer, else bundled."""
-    p = Path(name)
-    if p.is_absolute():
-        return p
-    candidates = []
-    if relative_to is not None:
-        candidates.append(relative_to / p)
-    candidates.append(formulas_dir() / p)
-    for c in candidates:
-        if c.is_file():
-            return c
-    return candidates[0]
-
-
-def load_program(paths: list[str | Path], *, check: bool = True) -> Program:
-    """Read formula files (and what they include) into one checked :class:`Program`."""
-    prog = Program()
-    loaded: set[Path] = set()
-
-    def visit(path: Path, stack: list[Path], loc: Loc | None) -> None:
-        key = path.resolve()
-        if key in stack:
-            chain = " -> ".join(str(p.name) for p in stack + [key])
-            raise MemformError(f"include cycle: {chain}", loc)
-        if key in loaded:
-            return
-        if not path.is_file():
-            raise MemformError(f"formula file not found: {path}", loc)
-        tree = parse_file(display_path(path))
-        for decl in tree.decls:
-            if isinstance(decl, ast.Include):
-                visit(resolve_formula_path(decl.path, path.parent), stack + [key], decl.loc)
-            else:
-                prog.add(decl)
-        loaded.add(key)
-        prog.files.append(str(display_path(path)))
-
-    for p in paths:
-        visit(Path(p), [], None)
-    if check:
-        from .checker import check_program
-        check_program(prog)
-    return prog

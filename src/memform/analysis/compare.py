@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from .api import ConfigSource, Estimate, estimate
-from .engine import CATEGORIES, StageResult
-from .errors import MemformError
+from ..engine.interpreter import CATEGORIES, StageResult
+from ..engine.model import ConfigSource, Estimate, estimate
+from ..errors import MemformError
 
 
 @dataclass

@@ -13,10 +13,10 @@ from typing import Any, Mapping
 
 import sympy
 
-from . import ast
-from .errors import MemformError
+from ..errors import MemformError
+from ..lang import ast
+from ..lang.program import Program
 from .evaluator import Ctx, Evaluator
-from .program import Program
 
 #: bytes per element of the dtype names accepted in configs
 DTYPE_BYTES: dict[str, int] = {

@@ -9,12 +9,12 @@ import json
 import sys
 from typing import Any
 
-from .errors import MemformError
-from .report import human_bytes
+from ..errors import MemformError
+from ..units import human_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from .cli import add_config_args
+    from .common import add_config_args
 
     p = sub.add_parser("derive", help="closed-form peak of each stage in chosen symbols (text, LaTeX, JSON)")
     add_config_args(p)
@@ -84,8 +84,8 @@ def _strs(text: str) -> list[str]:
 
 
 def cmd_derive(args: argparse.Namespace) -> int:
-    from .api import load_model
-    from .derive import derive, explain_text, parse_keep, render_latex, render_text, to_dict
+    from ..analysis.derive import derive, explain_text, parse_keep, render_latex, render_text, to_dict
+    from ..engine.model import load_model
     model = load_model(args.config, args.overrides)
     keep = parse_keep(model, args.keep)
     d = derive(model, keep, resolve=not args.general)
@@ -111,8 +111,8 @@ def cmd_derive(args: argparse.Namespace) -> int:
 def cmd_solve(args: argparse.Namespace) -> int:
     import sympy
 
-    from .api import load_model
-    from .solve import solve
+    from ..analysis.solve import solve
+    from ..engine.model import load_model
     model = load_model(args.config, args.overrides)
     sol = solve(model, args.key, limit=args.limit)
     cap = sol.capacity_bytes
@@ -173,8 +173,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
 def cmd_sensitivity(args: argparse.Namespace) -> int:
     import sympy
 
-    from .api import load_model
-    from .solve import sensitivity
+    from ..analysis.solve import sensitivity
+    from ..engine.model import load_model
     model = load_model(args.config, args.overrides)
     results = []
     for name in args.wrt:
@@ -206,8 +206,8 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from .api import load_model
-    from .search import FIELDS, StderrBar, default_space, rank, search
+    from ..analysis.search import FIELDS, StderrBar, default_space, rank, search
+    from ..engine.model import load_model
     model = load_model(args.config, args.overrides)
     space = default_space(model, args.devices, tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep,
                           zero=args.zero, recompute=args.recompute, schedules=args.schedules,

@@ -10,9 +10,10 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import STRUCTURAL, read_yaml
-from .printer import print_expr, print_type
-from .program import Program, load_program, resolve_formula_path
+from ..engine.config import STRUCTURAL, read_yaml
+from ..lang.loader import load_program, resolve_formula_path
+from ..lang.printer import print_expr, print_type
+from ..lang.program import Program
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,240 @@
+"""The Python API: load a config, bind it to its formula files, and estimate every stage.
+
+    >>> import memform
+    >>> est = memform.estimate("configs/llama2-7b.yaml", overrides={"parallel.tp": 2})
+    >>> est.peak_bytes, est.stages[0].values["activations"]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import sympy
+
+from ..errors import MemformError
+from ..lang import ast
+from ..lang.loader import load_program, resolve_formula_path
+from ..lang.program import Program
+from .binding import Bound, bind, get_path
+from .config import Structure, apply_overrides, check_keys, known_keys, normalize, read_yaml, structure
+from .evaluator import Ctx, Evaluator
+from .interpreter import CATEGORIES, Interpreter, StageResult
+from .partition import Partition, StackItem, build_partition
+
+ConfigSource = str | Path | Mapping[str, Any]
+
+
+@dataclass
+class Model:
+    """A config bound to its formula program: everything needed to evaluate it."""
+
+    data: dict[str, Any]
+    source: Path | None
+    program: Program
+    bound: Bound
+    structure: Structure
+
+    def evaluator(self, *, resolve: bool = True, keep: frozenset[str] | None = None) -> Evaluator:
+        return self.bound.evaluator(self.program, resolve=resolve, keep=keep)
+
+    def symbol_for_key(self, path: str) -> sympy.Symbol | None:
+        for name, b in self.program.bindings.items():
+            if b.keyword == "symbol" and b.path == path:
+                return self.bound.symbols[name]
+        return None
+
+
+@dataclass
+class Estimate:
+    """Per-stage results for one config (see :meth:`to_dict` for the JSON shape)."""
+
+    name: str
+    stages: list[StageResult]
+    partition: Partition
+    assumptions: list[str]
+    capacity_bytes: int
+    model: Model = field(repr=False)
+
+    @property
+    def peak_stage(self) -> int:
+        return max(range(len(self.stages)), key=lambda i: (self.stages[i].peak_bytes, -i))
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.stages[self.peak_stage].peak_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        from .symbolic import closed_form_text
+        return {
+            "model": self.name,
+            "schedule": self.model.structure.schedule,
+            "capacity_bytes": self.capacity_bytes,
+            "peak_bytes": self.peak_bytes,
+            "peak_stage": self.peak_stage,
+            "fits": self.fits,
+            "assumptions": list(self.assumptions),
+            "stages": [{
+                "stage": s.stage,
+                "layers": [[f"{g.count_value}x{g.block}" + (f"({g.mode})" if g.mode != "none" else "")
+                            for g in c.groups] for c in self.partition.chunks[s.stage]],
+                "param_count": s.param_count,
+                "peak_bytes": s.peak_bytes,
+                "static_bytes": s.static_bytes,
+                "dynamic_bytes": s.dynamic_bytes,
+                "breakdown": {c: s.values[c] for c in CATEGORIES},
+                "peak_moment": s.peak_moment,
+                "moments": dict(s.moments),
+                "symbolic": closed_form_text(s.total_expr),
+                "fits": s.fits,
+            } for s in self.stages],
+        }
+
+
+def load_model(config: ConfigSource, overrides: Mapping[str, Any] | list[str] | None = None) -> Model:
+    """Read a config (path or mapping), apply overrides, load its formulas and bind values."""
+    if isinstance(config, Mapping):
+        raw, source = dict(config), None
+    else:
+        source = Path(config)
+        raw = read_yaml(source)
+    data = normalize(apply_overrides(raw, overrides), source)
+    base_dir = source.parent if source else Path.cwd()
+    paths = [resolve_formula_path(f, base_dir) for f in data["formulas"]]
+    program = load_program(paths)
+    if program.stack is None:
+        raise MemformError(f"the formula files {', '.join(data['formulas'])} declare no 'stack' of layers")
+    check_keys(data, known_keys(program.bindings))
+    st = structure(data, list(program.schedules()))
+    bound = bind(program, data)
+    _check_devices(data, bound, program)
+    _check_requires(program, bound)
+    return Model(data, source, program, bound, st)
+
+
+def rebind(model: Model, overrides: Mapping[str, Any], *, check: bool = True) -> Model:
+    """``model`` with dotted-key ``overrides`` applied, reusing its parsed program (no re-parse).
+
+    What a planner or solver calls once per candidate. When ``training.global_batch_size``
+    is set the micro-batch count is derived again (unless overridden), as :func:`load_model`
+    would. ``check=False`` skips the device-count and ``require`` checks (for callers that
+    check them themselves, vectorized).
+    """
+    data = apply_overrides(model.data, overrides)
+    training = data.get("training")
+    if (isinstance(training, dict) and training.get("global_batch_size") is not None
+            and "training.num_micro_batches" not in overrides):
+        training.pop("num_micro_batches", None)
+    data = normalize(data, model.source)
+    check_keys(data, known_keys(model.program.bindings))
+    st = structure(data, list(model.program.schedules()))
+    bound = bind(model.program, data)
+    if check:
+        _check_devices(data, bound, model.program)
+        _check_requires(model.program, bound)
+    return Model(data, model.source, model.program, bound, st)
+
+
+def _check_devices(data: Mapping[str, Any], bound: Bound, program: Program) -> None:
+    devices = get_path(data, "parallel.devices", None)
+    if devices is None:
+        return
+    degrees = {}
+    for key in ("parallel.dp", "parallel.tp", "parallel.pp", "parallel.cp"):
+        for name, b in program.bindings.items():
+            if b.path == key:
+                degrees[key] = int(bound.value_of(name))
+                break
+    product = 1
+    for v in degrees.values():
+        product *= v
+    if product != devices:
+        expr = " × ".join(f"{k} ({v})" for k, v in degrees.items())
+        raise MemformError(f"parallel.devices is {devices} but {expr} = {product}")
+
+
+def _check_requires(program: Program, bound: Bound) -> None:
+    ev = bound.evaluator(program, keep=frozenset())
+    for r in program.requires:
+        ok = ev.truth(ev.eval(r.expr, Ctx()), r.loc)
+        if not ok:
+            names = sorted({n.name for n in _refs(r.expr) if n.name in program.bindings})
+            detail = ", ".join(f"{program.bindings[n].path} = {_show(bound.value_of(n))}" for n in names)
+            raise MemformError(f"{r.message} ({detail}; requirement at {r.loc})")
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, sympy.Expr) and v.is_Integer:
+        return str(int(v))
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _refs(expr: ast.Expr):
+    from ..lang.checker import walk
+    return [n for n in walk(expr) if isinstance(n, ast.Ref) and n.attr is None]
+
+
+def stack_items(model: Model, ev: Evaluator) -> list[StackItem]:
+    items = []
+    for e in model.program.stack.entries:
+        if e.count is None:
+            count = sympy.Integer(1)
+        else:
+            count = ev.as_expr(ev.eval(e.count, Ctx()), e.loc)
+        value = ev.number(count, e.loc, f"count of '{e.block}' in the stack")
+        if not value.is_integer or value < 0:
+            raise MemformError(f"count of '{e.block}' in the stack must be a non-negative integer, got {value}",
+                               e.loc)
+        items.append(StackItem(e.place, e.block, count, int(value)))
+    return items
+
+
+def partition_of(model: Model, ev: Evaluator) -> Partition:
+    st = model.structure
+    sched = st.schedule
+    placement = "interleaved"
+    if model.program.find_quantity(sched, "placement") is not None:
+        placement = ev.eval(model.program.pick(sched, "placement", None).expr, Ctx(block=sched))
+        if not isinstance(placement, str):
+            raise MemformError(f"schedule '{sched}': placement must be a string", model.program.blocks[sched].loc)
+    pieces = None
+    p_sym = model.symbol_for_key("parallel.pp")
+    if p_sym is not None and (ev.keep is None or p_sym.name in ev.keep):
+        v_sym = model.symbol_for_key("parallel.vpp")
+        pieces = p_sym * (v_sym if v_sym is not None and st.vpp > 1 else 1)
+    elif p_sym is not None:
+        pieces = sympy.Integer(st.pp * st.vpp)
+
+    items = stack_items(model, ev)
+    if st.recompute_layers is not None:
+        body = sum(i.count_value for i in items if i.place is None)
+        if len(st.recompute_layers) != body:
+            raise MemformError(f"config key 'training.recompute_layers' lists {len(st.recompute_layers)} modes but "
+                               f"the stack has {body} body layers; give one mode per body layer")
+
+    def mode_of(stage: int, chunk: int, index: int | None, block: str, *, index_in_chunk: int | None = None,
+                body_index: int | None = None) -> str:
+        return st.layer_mode(stage, index_in_chunk, body_index)
+
+    return build_partition(items, pp=st.pp, vpp=st.vpp, placement=placement,
+                           stage_layers=st.stage_layers, mode_of=mode_of, pieces_symbol=pieces)
+
+
+def estimate(config: ConfigSource, overrides: Mapping[str, Any] | list[str] | None = None, *,
+             resolve: bool = True, keep: frozenset[str] | None = None) -> Estimate:
+    """Estimate per-stage peak memory of ``config`` (path or mapping), with dotted ``overrides``."""
+    model = load_model(config, overrides)
+    return estimate_model(model, resolve=resolve, keep=keep)
+
+
+def estimate_model(model: Model, *, resolve: bool = True, keep: frozenset[str] | None = None) -> Estimate:
+    ev = model.evaluator(resolve=resolve, keep=keep)
+    part = partition_of(model, ev)
+    interp = Interpreter(model.program, ev, model.structure.schedule)
+    stages = [interp.stage(i, part, model.structure.capacity_bytes) for i in range(model.structure.pp)]
+    return Estimate(model.structure.name, stages, part, list(ev.assumptions), model.structure.capacity_bytes, model)

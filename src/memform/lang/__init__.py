@@ -1,0 +1,8 @@
+"""The formula language: syntax tree, parser, printer, program loading and static checks.
+
+Owns ``grammar/memform.lark`` and everything that turns ``.mf`` text into a checked
+:class:`~memform.lang.program.Program`. No config or number is seen here.
+
+May import: :mod:`memform.errors`, :mod:`memform.resources`. Nothing else of memform.
+Inside: ``ast`` <- ``parser`` <- ``program`` <- ``checker`` <- ``loader``; ``printer`` uses ``ast``.
+"""

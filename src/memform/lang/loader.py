@@ -1,0 +1,70 @@
+"""Reading formula files into one checked :class:`~memform.lang.program.Program`.
+
+Files are read in order; ``include`` pulls a file in at the point it appears (once per
+program, cycles are errors). After loading, :mod:`memform.lang.checker` lints the whole
+program before any config is seen.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import Loc, MemformError
+from ..resources import formulas_dir
+from . import ast
+from .checker import check_program
+from .parser import parse_file
+from .program import Program
+
+
+def display_path(path: Path) -> Path:
+    """``path`` relative to the working directory when it lies below it (shorter messages)."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return path
+
+
+def resolve_formula_path(name: str, relative_to: Path | None) -> Path:
+    """A formula file named in an include or a config: next to the referrer, else bundled."""
+    p = Path(name)
+    if p.is_absolute():
+        return p
+    candidates = []
+    if relative_to is not None:
+        candidates.append(relative_to / p)
+    candidates.append(formulas_dir() / p)
+    for c in candidates:
+        if c.is_file():
+            return c
+    return candidates[0]
+
+
+def load_program(paths: list[str | Path], *, check: bool = True) -> Program:
+    """Read formula files (and what they include) into one checked :class:`Program`."""
+    prog = Program()
+    loaded: set[Path] = set()
+
+    def visit(path: Path, stack: list[Path], loc: Loc | None) -> None:
+        key = path.resolve()
+        if key in stack:
+            chain = " -> ".join(str(p.name) for p in stack + [key])
+            raise MemformError(f"include cycle: {chain}", loc)
+        if key in loaded:
+            return
+        if not path.is_file():
+            raise MemformError(f"formula file not found: {path}", loc)
+        tree = parse_file(display_path(path))
+        for decl in tree.decls:
+            if isinstance(decl, ast.Include):
+                visit(resolve_formula_path(decl.path, path.parent), stack + [key], decl.loc)
+            else:
+                prog.add(decl)
+        loaded.add(key)
+        prog.files.append(str(display_path(path)))
+
+    for p in paths:
+        visit(Path(p), [], None)
+    if check:
+        check_program(prog)
+    return prog
