@@ -32,8 +32,9 @@ def test_estimate_json_shape_and_overrides():
     assert out["model"] == "gpt3-175b"
     assert len(out["stages"]) == 8
     for s in out["stages"]:
-        assert set(s["breakdown"]) == {"params", "grads", "optimizer", "activations", "comm"}
-        assert s["peak_bytes"] == s["static_bytes"] + s["dynamic_bytes"] == sum(s["breakdown"].values())
+        assert set(s["breakdown"]) == {"params", "grads", "optimizer", "activations", "comm", "runtime"}
+        assert s["peak_bytes"] == s["static_bytes"] + s["dynamic_bytes"] + s["runtime_bytes"] \
+            == sum(s["breakdown"].values())
         assert isinstance(s["symbolic"], str) and s["symbolic"]
         assert isinstance(s["fits"], bool)
     assert out["peak_bytes"] == max(s["peak_bytes"] for s in out["stages"])

@@ -124,8 +124,8 @@ def test_html_report_parses_and_numbers_equal_json(config):
         assert segs == {c: v for c, v in s["breakdown"].items() if v > 0}
     lines = sorted(int(ln.get("data-bytes")) for ln in svg.iter(f"{SVG_NS}line") if ln.get("class") == "ref-line")
     assert lines == sorted([d["capacity_bytes"], d["peak_bytes"]])
-    # closed forms as MathML: five categories and the total per stage
-    assert len(list(body.iter(f"{MATH_NS}math"))) == 6 * len(d["stages"])
+    # closed forms as MathML: every category (runtime included) and the total per stage
+    assert len(list(body.iter(f"{MATH_NS}math"))) == (len(CATEGORIES) + 1) * len(d["stages"])
     # no external assets: nothing is fetched when the file is opened
     for el in root.iter():
         for attr in ("src", "href"):
@@ -145,9 +145,10 @@ def test_markdown_report_numbers_equal_json(config):
     for row, s in zip(rows, d["stages"]):
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert int(cells[0]) == s["stage"]
-        assert cells[2:7] == [human_bytes(s["breakdown"][c]) for c in CATEGORIES]
-        assert cells[7] == human_bytes(s["peak_bytes"]) and int(cells[8]) == s["peak_bytes"]
-        assert cells[10] == ("yes" if s["fits"] else "**NO**")
+        k = 2 + len(CATEGORIES)
+        assert cells[2:k] == [human_bytes(s["breakdown"][c]) for c in CATEGORIES]
+        assert cells[k] == human_bytes(s["peak_bytes"]) and int(cells[k + 1]) == s["peak_bytes"]
+        assert cells[k + 3] == ("yes" if s["fits"] else "**NO**")
     assert text.count("\\begin{aligned}") == len(d["stages"])
 
 

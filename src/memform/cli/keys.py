@@ -10,7 +10,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..engine.config import STRUCTURAL, read_yaml
+from ..engine.config import STRUCTURAL, formula_files, normalize, read_yaml
 from ..lang.loader import load_program, resolve_formula_path
 from ..lang.printer import print_expr, print_type
 from ..lang.program import Program
@@ -42,14 +42,14 @@ def key_docs(program: Program) -> list[KeyDoc]:
 
 
 def formulas_of(target: str | None, formulas: list[str]) -> list[Path]:
+    """The files whose keys to list: ``--formulas``, else the config's (framework profile included)."""
     if formulas:
         return [resolve_formula_path(f, Path.cwd()) for f in formulas]
     if target is None:
-        return [resolve_formula_path("dense.mf", None)]
+        return [resolve_formula_path(f, None) for f in formula_files(normalize({}, None))]
     source = Path(target)
-    names = read_yaml(source).get("formulas") or ["dense.mf"]
-    names = [names] if isinstance(names, str) else names
-    return [resolve_formula_path(str(n), source.parent) for n in names]
+    data = normalize(read_yaml(source), source)
+    return [resolve_formula_path(str(n), source.parent) for n in formula_files(data)]
 
 
 def cmd_keys(args: argparse.Namespace) -> int:

@@ -35,6 +35,10 @@ _INT = ast.TypeSpec("int")
 STRUCTURAL: tuple[Key, ...] = (
     Key("name", None, None, "model name shown in reports (default: the config file's stem)"),
     Key("formulas", None, ["dense.mf"], "formula files, in order; later files override earlier ones"),
+    Key("training.framework", None, "megatron",
+        "framework profile: what the training framework really allocates (megatron, deepspeed, fsdp2, "
+        "mindspore, hf-trainer: formulas/frameworks/NAME.mf, loaded after the config's formula files), "
+        "or the path of your own profile .mf file"),
     Key("parallel.pp", _INT, 1, "pipeline-parallel stages", True),
     Key("parallel.vpp", _INT, 1, "virtual pipeline chunks per stage (interleaved schedules)", True),
     Key("parallel.pp_schedule", None, "1f1b", "pipeline schedule: the name of a 'schedule' block"),
@@ -195,6 +199,7 @@ class Structure:
     recompute_layers: list[str] | None = None       # one mode per body layer
     recompute_num_layers: list[int] | None = None   # full recompute of the first n layers, per stage
     recompute_default: str = "none"                 # training.recompute when it is one mode
+    framework: str = "megatron"                     # training.framework: the profile loaded last
 
     def stage_mode(self, stage: int) -> str:
         """The recompute mode training.recompute gives ``stage``."""
@@ -258,7 +263,40 @@ def normalize(data: dict[str, Any], source: Path | None) -> dict[str, Any]:
     if not isinstance(formulas, list) or not formulas or not all(isinstance(f, str) for f in formulas):
         raise MemformError(f"config key 'formulas' must be a list of formula file names, got {formulas!r}")
     out["formulas"] = formulas
+    framework = structural_value(out, "training.framework")
+    if not isinstance(framework, str) or not framework.strip():
+        raise MemformError(f"config key 'training.framework' must be a framework name "
+                           f"({', '.join(frameworks())}) or a profile .mf file, got {framework!r}")
     return out
+
+
+#: where framework profiles live, relative to the bundled formula files
+FRAMEWORKS_DIR = "frameworks"
+
+
+def frameworks() -> list[str]:
+    """The bundled framework profiles' names (``formulas/frameworks/NAME.mf``)."""
+    from ..resources import formulas_dir
+    return sorted(f.stem for f in (formulas_dir() / FRAMEWORKS_DIR).glob("*.mf"))
+
+
+def formula_files(data: Mapping[str, Any]) -> list[str]:
+    """The formula files a normalized config loads: its ``formulas`` list, then its framework profile.
+
+    The profile comes last so that it overrides the model files; a name is a bundled profile, a
+    name ending in ``.mf`` a file of the user's (relative to the config).
+    """
+    framework = structural_value(data, "training.framework")
+    if framework.endswith(".mf"):
+        profile = framework
+    else:
+        if framework not in frameworks():
+            raise MemformError(f"config key 'training.framework' is {framework!r}: no such framework profile; "
+                               f"bundled: {', '.join(frameworks())} (or give a profile .mf file)"
+                               f"{did_you_mean(framework, frameworks())}")
+        profile = f"{FRAMEWORKS_DIR}/{framework}.mf"
+    files = list(data["formulas"])
+    return files if profile in files else files + [profile]
 
 
 def structure(data: Mapping[str, Any], schedules: list[str]) -> Structure:
@@ -283,7 +321,8 @@ def structure(data: Mapping[str, Any], schedules: list[str]) -> Structure:
     return Structure(name=data["name"], pp=pp, vpp=vpp, schedule=schedule, stage_layers=stage_layers,
                      recompute=recompute, capacity_bytes=int(math.floor(cap * 2 ** 30)),
                      recompute_stages=stages, recompute_layers=layers, recompute_num_layers=num_layers,
-                     recompute_default=default if isinstance(default, str) else "none")
+                     recompute_default=default if isinstance(default, str) else "none",
+                     framework=structural_value(data, "training.framework"))
 
 
 RECOMPUTE_MODES = ("none", "selective", "full")

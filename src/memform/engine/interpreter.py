@@ -5,7 +5,8 @@ Per stage ``i`` (Korthikanti et al. 2022 §4.2.3; MemEst ``_backbone.py``)::
     static(i)  = Σ_layers count · (param_bytes + grad_bytes + optimizer_bytes)
     act(i)     = Σ_chunks inflight(i, c) · Σ_layers-in-chunk count · act[mode]
     comm(i)    = max over the stage's layers of comm      (transient buffers, one layer at a time)
-    peak(i)    = static(i) + act(i) + comm(i)
+    runtime(i) = Σ runtime blocks' bytes, given model_bytes = static(i) + act(i) + comm(i)
+    peak(i)    = static(i) + act(i) + comm(i) + runtime(i)
 
 When the schedule declares ``moment`` quantities (``moment warmup = layers_sum(inflight * act)``,
 ``moment backward = ...``), act(i) is instead the largest of them at stage i, and the stage
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from ..errors import MemformError
-from ..lang.program import Program
+from ..lang.program import HOST_QUANTITY, Program
 from .evaluator import Evaluator, LayerSlot
 from .partition import Partition
 
@@ -30,8 +31,10 @@ from .partition import Partition
 #: enough that stage sums stay below the float range reports and charts convert to.
 MAX_BYTES = 2 ** 256
 
-CATEGORIES = ("params", "grads", "optimizer", "activations", "comm")
+CATEGORIES = ("params", "grads", "optimizer", "activations", "comm", "runtime")
 STATIC = ("params", "grads", "optimizer")
+#: what the model itself holds (the runtime category is computed from their sum)
+MODEL = ("params", "grads", "optimizer", "activations", "comm")
 QUANTITY_OF = {"param_count": "params", "params": "param_bytes", "grads": "grad_bytes",
              "optimizer": "optimizer_bytes", "activations": "act", "comm": "comm"}
 
@@ -67,6 +70,11 @@ class StageResult:
     peak_moment: str = "warmup"
     #: activation bytes at each moment of the schedule, in declaration order
     moments: dict[str, int] = field(default_factory=dict)
+    #: bytes of this stage's layers held in host memory (offloaded parameters/optimizer states)
+    host_bytes: int = 0
+    host_expr: sympy.Expr = sympy.Integer(0)
+    #: each runtime block's bytes on this stage (context, allocator reserve, safety buffer, ...)
+    runtime: dict[str, int] = field(default_factory=dict)
 
     @property
     def static_bytes(self) -> int:
@@ -77,8 +85,17 @@ class StageResult:
         return self.values["activations"] + self.values["comm"]
 
     @property
-    def peak_bytes(self) -> int:
+    def runtime_bytes(self) -> int:
+        return self.values["runtime"]
+
+    @property
+    def model_bytes(self) -> int:
+        """What the model holds, without the runtime's own bytes."""
         return self.static_bytes + self.dynamic_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.static_bytes + self.dynamic_bytes + self.runtime_bytes
 
     @property
     def total_expr(self) -> sympy.Expr:
@@ -105,6 +122,7 @@ class Interpreter:
         self.ev = evaluator
         self.schedule = schedule
         self._layer_cache: dict[tuple[str, str], tuple[dict, dict, dict]] = {}
+        self._host_cache: dict[tuple[str, str, str], tuple[sympy.Expr, sympy.Expr]] = {}
 
     def layer(self, block: str, mode: str) -> tuple[dict[str, sympy.Expr], dict[str, sympy.Expr], dict[str, str]]:
         key = (block, mode)
@@ -142,6 +160,7 @@ class Interpreter:
         exact: dict[str, sympy.Expr] = dict(sums)
         comm_expr, comm_value = sympy.Integer(0), sympy.Integer(0)
         comm_terms: list[sympy.Expr] = []
+        host_expr, host_value = sympy.Integer(0), sympy.Integer(0)
         layers: list[LayerReport] = []
         for chunk in partition.chunks[index]:
             if not chunk.groups:
@@ -154,6 +173,9 @@ class Interpreter:
                     exact[cat] += g.count_value * values[cat]
                 sums["activations"] += mf * g.count * exprs["activations"]
                 exact["activations"] += mf_value * g.count_value * values["activations"]
+                h_expr, h_value = self.host(g.block, g.mode)
+                host_expr += g.count * h_expr
+                host_value += g.count_value * h_value
                 if not comm_terms or values["comm"] > comm_value:
                     comm_expr, comm_value = exprs["comm"], values["comm"]
                 comm_terms.append(exprs["comm"])
@@ -164,10 +186,46 @@ class Interpreter:
             comm_expr = sympy.Max(*set(comm_terms))
         sums["comm"] = comm_expr
         exact["comm"] = comm_value
+        sums["runtime"], exact["runtime"], runtime = self.runtime(index, sums, exact)
         values_int = {c: to_bytes(exact[c]) for c in CATEGORIES}
         return StageResult(index, {c: sums[c] for c in CATEGORIES}, {c: exact[c] for c in CATEGORIES},
                            values_int, to_bytes(exact["param_count"]), layers, capacity_bytes,
-                           peak_moment, moments)
+                           peak_moment, moments, to_bytes(host_value), host_expr, runtime)
+
+    def host(self, block: str, mode: str) -> tuple[sympy.Expr, sympy.Expr]:
+        """A layer's optional host-memory bytes (0 when its blocks define no ``host_bytes``)."""
+        key = (block, mode, HOST_QUANTITY)
+        if key not in self._host_cache:
+            q = self.program.pick(block, HOST_QUANTITY, mode)
+            if q is None:
+                self._host_cache[key] = (sympy.Integer(0), sympy.Integer(0))
+            else:
+                e = self.ev.as_expr(self.ev.quantity(block, HOST_QUANTITY, mode), q.loc)
+                self._host_cache[key] = (e, self.check_number(e, f"{block}.{HOST_QUANTITY}", q.loc))
+        return self._host_cache[key]
+
+    def runtime(self, index: int, sums: dict[str, sympy.Expr],
+                exact: dict[str, sympy.Expr]) -> tuple[sympy.Expr, sympy.Expr, dict[str, int]]:
+        """Sum the runtime blocks at stage ``index``, with ``model_bytes`` bound to the stage's model bytes.
+
+        The closed form uses the symbolic model bytes, the number the exact ones, so both stay
+        consistent with the other categories.
+        """
+        total_expr, total_value = sympy.Integer(0), sympy.Integer(0)
+        parts: dict[str, int] = {}
+        model_expr = sympy.Add(*(sums[c] for c in MODEL))
+        model_value = sympy.Add(*(exact[c] for c in MODEL))
+        for name in self.program.runtimes():
+            q = self.program.pick(name, "bytes", None)
+            e = self.ev.as_expr(self.ev.quantity(name, "bytes", None, extra=(
+                ("stage", sympy.Integer(index)), ("model_bytes", model_expr))), q.loc)
+            v = self.ev.as_expr(self.ev.quantity(name, "bytes", None, extra=(
+                ("stage", sympy.Integer(index)), ("model_bytes", model_value))), q.loc)
+            v = self.check_number(v, f"runtime {name}: bytes at stage {index}", q.loc)
+            total_expr += e
+            total_value += v
+            parts[name] = to_bytes(v)
+        return total_expr, total_value, parts
 
     def moments(self, index: int, partition: Partition, sums: dict[str, sympy.Expr],
                 exact: dict[str, sympy.Expr]) -> tuple[str, dict[str, int]]:

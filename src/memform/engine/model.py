@@ -18,7 +18,8 @@ from ..lang import ast
 from ..lang.loader import load_program, resolve_formula_path
 from ..lang.program import Program
 from .binding import Bound, bind, get_path
-from .config import Structure, apply_overrides, check_keys, known_keys, normalize, read_yaml, structure
+from .config import (Structure, apply_overrides, check_keys, formula_files, known_keys, normalize, read_yaml,
+                     structure)
 from .evaluator import Ctx, Evaluator
 from .interpreter import CATEGORIES, Interpreter, StageResult
 from .partition import Partition, StackItem, build_partition
@@ -74,6 +75,7 @@ class Estimate:
         return {
             "model": self.name,
             "schedule": self.model.structure.schedule,
+            "framework": self.model.structure.framework,
             "capacity_bytes": self.capacity_bytes,
             "peak_bytes": self.peak_bytes,
             "peak_stage": self.peak_stage,
@@ -87,6 +89,9 @@ class Estimate:
                 "peak_bytes": s.peak_bytes,
                 "static_bytes": s.static_bytes,
                 "dynamic_bytes": s.dynamic_bytes,
+                "runtime_bytes": s.runtime_bytes,
+                "runtime": dict(s.runtime),
+                "host_bytes": s.host_bytes,
                 "breakdown": {c: s.values[c] for c in CATEGORIES},
                 "peak_moment": s.peak_moment,
                 "moments": dict(s.moments),
@@ -104,11 +109,7 @@ def load_model(config: ConfigSource, overrides: Mapping[str, Any] | list[str] | 
         source = Path(config)
         raw = read_yaml(source)
     data = normalize(apply_overrides(raw, overrides), source)
-    base_dir = source.parent if source else Path.cwd()
-    paths = [resolve_formula_path(f, base_dir) for f in data["formulas"]]
-    program = load_program(paths)
-    if program.stack is None:
-        raise MemformError(f"the formula files {', '.join(data['formulas'])} declare no 'stack' of layers")
+    program = _program(data, source)
     check_keys(data, known_keys(program.bindings))
     st = structure(data, list(program.schedules()))
     bound = bind(program, data)
@@ -131,13 +132,26 @@ def rebind(model: Model, overrides: Mapping[str, Any], *, check: bool = True) ->
             and "training.num_micro_batches" not in overrides):
         training.pop("num_micro_batches", None)
     data = normalize(data, model.source)
-    check_keys(data, known_keys(model.program.bindings))
-    st = structure(data, list(model.program.schedules()))
-    bound = bind(model.program, data)
+    program = model.program
+    if formula_files(data) != formula_files(model.data):  # another framework profile or formula list
+        program = _program(data, model.source)
+    check_keys(data, known_keys(program.bindings))
+    st = structure(data, list(program.schedules()))
+    bound = bind(program, data)
     if check:
-        _check_devices(data, bound, model.program)
-        _check_requires(model.program, bound)
-    return Model(data, model.source, model.program, bound, st)
+        _check_devices(data, bound, program)
+        _check_requires(program, bound)
+    return Model(data, model.source, program, bound, st)
+
+
+def _program(data: Mapping[str, Any], source: Path | None) -> Program:
+    """The formula program a normalized config names (its files, then its framework profile)."""
+    base_dir = source.parent if source else Path.cwd()
+    files = formula_files(data)
+    program = load_program([resolve_formula_path(f, base_dir) for f in files])
+    if program.stack is None:
+        raise MemformError(f"the formula files {', '.join(files)} declare no 'stack' of layers")
+    return program
 
 
 def _check_devices(data: Mapping[str, Any], bound: Bound, program: Program) -> None:

@@ -16,6 +16,8 @@ from .program import (
     LAYER_NAMES,
     LAYER_QUANTITIES,
     RECOMPUTE_MODES,
+    RUNTIME_NAMES,
+    RUNTIME_QUANTITIES,
     SCHEDULE_NAMES,
     SCHEDULE_QUANTITIES,
     Program,
@@ -102,6 +104,8 @@ class _Checker:
             self.require_quantities(name, SCHEDULE_QUANTITIES)
         for name in prog.comms():
             self.require_quantities(name, ("bytes",))
+        for name in prog.runtimes():
+            self.require_quantities(name, RUNTIME_QUANTITIES)
         self.recursive_defs()
         self.cycles()
 
@@ -169,6 +173,10 @@ class _Checker:
                 if node.name in SCHEDULE_NAMES:
                     return
                 visible |= set(SCHEDULE_NAMES)
+            if prog.blocks[block].kind == "runtime":
+                if node.name in RUNTIME_NAMES:
+                    return
+                visible |= set(RUNTIME_NAMES)
         if node.name in prog.global_names():
             if node.variant is not None:
                 raise MemformError(f"'{node.name}' is not a block quantity and has no variants", node.loc)
@@ -178,7 +186,9 @@ class _Checker:
             raise MemformError(f"'{node.name}' is a {prog.blocks[node.name].kind}; name one of its quantities "
                                f"({node.name}.{qs.split(', ')[0]} ...): {qs}", node.loc)
         if node.name in SCHEDULE_NAMES:
-            raise MemformError(f"'{node.name}' is only defined inside schedule blocks", node.loc)
+            raise MemformError(f"'{node.name}' is only defined inside schedule (and runtime) blocks", node.loc)
+        if node.name in RUNTIME_NAMES:
+            raise MemformError(f"'{node.name}' is only defined inside runtime blocks", node.loc)
         raise MemformError(f"unknown symbol '{node.name}'{did_you_mean(node.name, visible)}", node.loc)
 
     # ---------------------------------------------------------------- structure

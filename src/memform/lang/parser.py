@@ -133,6 +133,9 @@ class _ToAst(Transformer):
     def schedule_decl(self, meta, c):
         return self._block("schedule", meta, c)
 
+    def runtime_decl(self, meta, c):
+        return self._block("runtime", meta, c)
+
     def quantity(self, meta, c):
         variants = c[1] if len(c) == 3 else None
         return ast.Quantity(str(c[0]), variants, c[-1], self._tok_loc(c[0]))

@@ -26,6 +26,11 @@ LAYER_NAMES = ("mode",)  # bound inside an aggregate's argument: the layer's rec
 #: quantities every layer block in the stack must define (possibly by inheritance)
 LAYER_QUANTITIES = ("params", "param_bytes", "grad_bytes", "optimizer_bytes", "act", "comm")
 SCHEDULE_QUANTITIES = ("inflight",)
+#: bound by the interpreter inside runtime blocks: the stage, and its model bytes (static + dynamic)
+RUNTIME_NAMES = ("stage", "model_bytes")
+RUNTIME_QUANTITIES = ("bytes",)
+#: optional layer quantity: bytes of the layer held in host (CPU) memory, e.g. offloaded states
+HOST_QUANTITY = "host_bytes"
 
 
 @dataclass
@@ -132,6 +137,10 @@ class Program:
 
     def comms(self) -> dict[str, BlockDef]:
         return {n: b for n, b in self.blocks.items() if b.kind == "comm"}
+
+    def runtimes(self) -> dict[str, BlockDef]:
+        """Runtime blocks, in declaration order: their ``bytes`` make up the ``runtime`` category."""
+        return {n: b for n, b in self.blocks.items() if b.kind == "runtime"}
 
     # ---------------------------------------------------------------- building
     def _claim(self, namespace: str, name: str, loc: Loc, previous: Loc | None) -> None:

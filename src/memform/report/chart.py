@@ -18,6 +18,7 @@ CATEGORY_COLORS: dict[str, str] = {
     "optimizer": "#59A14F",
     "activations": "#B07AA1",
     "comm": "#9C755F",
+    "runtime": "#BAB0AC",
 }
 CATEGORY_LABELS: dict[str, str] = {
     "params": "parameters",
@@ -25,6 +26,7 @@ CATEGORY_LABELS: dict[str, str] = {
     "optimizer": "optimizer states",
     "activations": "activations",
     "comm": "comm buffers",
+    "runtime": "runtime (context, allocator, margin)",
 }
 CAPACITY_COLOR = "#D62728"
 PEAK_COLOR = "#222222"

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import jinja2
 import sympy
 
-from ..engine.interpreter import CATEGORIES, QUANTITY_OF, STATIC, LayerReport, StageResult, to_bytes
+from ..engine.interpreter import CATEGORIES, MODEL, QUANTITY_OF, STATIC, LayerReport, StageResult, to_bytes
 from ..engine.model import Estimate
 from ..engine.symbolic import closed_form_latex, closed_form_text, tidy
 from ..errors import MemformError
@@ -39,7 +39,7 @@ REPORT_TEMPLATES = {"md": "report.md.j2", "html": "report.html.j2", "tex": "repo
 COMPARE_TEMPLATES = {"txt": "compare.txt.j2", "md": "compare.md.j2", "html": "compare.html.j2",
                      "tex": "compare.tex.j2"}
 #: the per-layer quantities shown by ``--explain`` and the reports, in order
-LAYER_QUANTITIES = ("param_count",) + CATEGORIES
+LAYER_QUANTITIES = ("param_count",) + MODEL
 
 
 def percent(part: Any, whole: Any, signed: bool = False) -> str:
@@ -309,17 +309,20 @@ def context(est: Estimate) -> dict[str, Any]:
         "model": {"name": est.name, "config": str(model.source) if model.source else None,
                   "formulas": list(data.get("formulas", [])), "hyper": dict(data.get("model", {}) or {})},
         "strategy": {"schedule": st.schedule, "pp": st.pp, "vpp": st.vpp, "recompute": st.recompute,
+                     "framework": st.framework,
                      "parallel": dict(data.get("parallel", {}) or {}),
                      "training": dict(data.get("training", {}) or {})},
         "schedule": st.schedule,
         "pp": st.pp,
         "vpp": st.vpp,
         "recompute": st.recompute,
+        "framework": st.framework,
         "capacity_bytes": est.capacity_bytes,
         "peak_bytes": est.peak_bytes,
         "peak_stage": est.peak_stage,
         "fits": est.fits,
         "categories": CATEGORIES,
+        "layer_categories": MODEL,
         "category_labels": CATEGORY_LABELS,
         "colors": {**CATEGORY_COLORS, "capacity": CAPACITY_COLOR, "peak": PEAK_COLOR},
         "stages": stages,
