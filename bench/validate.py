@@ -3,6 +3,8 @@
 
     python bench/validate.py              # the whole sweep (dozens of tiny models, well under a minute)
     python bench/validate.py --quick      # the subset the test suite runs
+    python bench/validate.py --amp        # PyTorch AMP (fp32 model, bf16 autocast) vs the hf-trainer profile
+    python bench/validate.py --fsdp2      # FSDP2 (fully_shard, 2-4 CPU ranks over gloo) vs the fsdp2 profile
     python bench/validate.py --explain    # also list, per case, which ops' outputs forward left alive
                                           # and which were live at the measured peak
 
@@ -24,6 +26,12 @@ import time
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="run the small subset the tests run")
+    ap.add_argument("--amp", action="store_true",
+                    help="the PyTorch AMP cases (fp32 model, forward under bf16 autocast, as the HF Trainer runs "
+                         "it) against training.framework: hf-trainer (with --quick: the tests' subset)")
+    ap.add_argument("--fsdp2", action="store_true",
+                    help="FSDP2 training steps (fully_shard on a CPU mesh, 2 and 4 ranks over gloo, as torchtitan "
+                         "wraps the model) against training.framework: fsdp2 (with --quick: the tests' subset)")
     ap.add_argument("--only", metavar="TEXT", help="run only cases whose label contains TEXT (e.g. moe, fp32)")
     ap.add_argument("--explain", action="store_true",
                     help="print, per creating op, the bytes alive after forward and those live at the measured peak")
@@ -34,10 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("bench/validate.py needs PyTorch: pip install '.[validate]'", file=sys.stderr)
         return 2
+    if args.fsdp2:
+        return _fsdp2(args)
     from memform.validation.compare import THRESHOLDS, compare, format_table
-    from memform.validation.sweep import full_sweep, quick_sweep
+    from memform.validation.sweep import amp_sweep, full_sweep, quick_amp_sweep, quick_sweep
 
-    points = quick_sweep() if args.quick else full_sweep()
+    if args.amp:
+        points = quick_amp_sweep() if args.quick else amp_sweep()
+    else:
+        points = quick_sweep() if args.quick else full_sweep()
     if args.only:
         points = [p for p in points if args.only in p.label()]
     start = time.perf_counter()
@@ -54,6 +67,33 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{c} {t:.0%}" for c, t in THRESHOLDS.items()))
     for r in failed:
         print(f"FAIL {r.point.label()}: " + ", ".join(f"{c} {r.error(c):+.2%}" for c in r.failures()))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump([r.to_dict() for r in rows], fh, indent=1)
+    return 1 if failed else 0
+
+
+def _fsdp2(args: argparse.Namespace) -> int:
+    """``--fsdp2``: memform.validation.fsdp2's cases, measured per rank (rank 0 shown)."""
+    from memform.validation import fsdp2
+
+    cases = fsdp2.quick_sweep() if args.quick else fsdp2.sweep()
+    if args.only:
+        cases = [c for c in cases if args.only in c.label()]
+    start = time.perf_counter()
+    rows = fsdp2.run(cases)
+    elapsed = time.perf_counter() - start
+    if args.explain:
+        for r in rows:
+            print(r.case.label(), "at the peak:", r.by_op.get("peak"))
+            print(r.case.label(), "FSDP buffers at their peak:", r.by_op.get("comm"))
+    print(fsdp2.format_table(rows))
+    failed = [r for r in rows if r.failures()]
+    print(f"{len(rows)} cases in {elapsed:.1f} s; {len(failed)} over the thresholds "
+          + ", ".join(f"{c} {t:.0%}" for c, t in fsdp2.THRESHOLDS.items())
+          + f", peak at most {fsdp2.PEAK_UNDER:.0%} under")
+    for r in failed:
+        print(f"FAIL {r.case.label()}: " + ", ".join(f"{c} {r.error(c):+.2%}" for c in r.failures()))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump([r.to_dict() for r in rows], fh, indent=1)

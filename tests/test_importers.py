@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memform
-from memform.engine.config import STRUCTURAL
+from memform.engine.config import STRUCTURAL, formula_files, normalize
 from memform.errors import MemformError
 from memform.importers import Options, formulas, import_config
 from memform.importers.draft import Draft, gated_ffn_size, pad_vocab
@@ -305,6 +305,63 @@ def test_megatron_errors(tmp_path: Path, text: str, options: dict, needle: str) 
     assert needle in str(err.value)
 
 
+MEGATRON_BASE = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 8 --vocab-size 128 "
+                 "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --use-distributed-optimizer ")
+
+
+# Megatron-LM's argument semantics (megatron/training/arguments.py, megatron/core/optimizer/
+# optimizer_config.py), as frameworks/megatron.mf keys
+@pytest.mark.parametrize("extra, expected", [
+    ("--recompute-granularity full --recompute-method uniform --recompute-num-layers 2",
+     {"training.recompute": "full", "megatron.recompute_uniform_layers": 2}),
+    ("--recompute-granularity full --recompute-method block --recompute-num-layers 1",
+     {"training.recompute_num_layers": 1, "megatron.recompute_uniform_layers": None}),
+    ("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 "
+     "--distribute-saved-activations", {"megatron.distribute_saved_activations": True}),
+    ("--fp8-format e4m3 --fp8-recipe mxfp8 --bf16",
+     {"megatron.fp8": "e4m3", "megatron.fp8_recipe": "mxfp8", "megatron.fp8_param_gather": None}),
+    ("--fp8-hybrid --fp8-param-gather --bf16",
+     {"megatron.fp8": "hybrid", "megatron.fp8_recipe": "delayed", "megatron.fp8_param_gather": True}),
+    ("--overlap-grad-reduce --ddp-bucket-size 1000",
+     {"parallel.overlap_grad_reduce": True, "parallel.dp_bucket_mib": 0, "megatron.ddp_bucket_size": 1000}),
+    ("--bf16 --grad-reduce-in-bf16", {"training.precision.grads": "bf16"}),
+    ("--bf16 --use-precision-aware-optimizer --main-grads-dtype bf16 --exp-avg-dtype fp8",
+     {"training.precision.grads": "bf16", "megatron.exp_avg_dtype": "fp8", "megatron.exp_avg_sq_dtype": "fp32",
+      "megatron.store_param_remainders": None}),
+    # TE FusedAdam keeps 16-bit remainders only of bf16 parameters' fp32 masters
+    ("--fp16 --use-precision-aware-optimizer", {"megatron.store_param_remainders": False}),
+    ("--bf16", {"training.framework": "megatron", "megatron.fp8": None, "training.precision.grads": None}),
+])
+def test_megatron_profile_flags(tmp_path: Path, extra: str, expected: dict) -> None:
+    draft = imported("megatron", write(tmp_path, "a.txt", MEGATRON_BASE + extra))
+    assert {k: draft.get(k) for k in expected} == expected
+    assert draft.warnings == []
+    assert memform.estimate(draft.config()).peak_bytes > 0
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ("--recompute-granularity full --recompute-method every", "'--recompute-method' must be uniform or block"),
+    ("--recompute-granularity full --recompute-method block", "'--recompute-num-layers' is missing"),
+    ("--fp8-format e5m2", "'--fp8-format' must be e4m3 or hybrid"),
+    ("--use-precision-aware-optimizer --exp-avg-dtype int4", "'--exp-avg-dtype' must be one of"),
+])
+def test_megatron_profile_flag_errors(tmp_path: Path, extra: str, needle: str) -> None:
+    with pytest.raises(MemformError) as err:
+        imported("megatron", write(tmp_path, "a.txt", MEGATRON_BASE + extra))
+    assert needle in str(err.value)
+
+
+def test_megatron_profile_flag_warnings(tmp_path: Path) -> None:
+    draft = imported("megatron", write(tmp_path, "a.txt", MEGATRON_BASE + "--recompute-granularity full "
+                                       "--fp8-param-gather --fp8-format hybrid --fp8-recipe blockwise"))
+    assert draft.get("megatron.recompute_uniform_layers") == 1 and draft.get("megatron.fp8_recipe") == "tensorwise"
+    assert any("needs --recompute-method" in w for w in draft.warnings)
+    assert any("--fp8-recipe blockwise is not modelled" in w for w in draft.warnings)
+    alone = imported("megatron", write(tmp_path, "b.txt", MEGATRON_BASE + "--fp8-param-gather"))
+    assert alone.get("megatron.fp8_param_gather") is None
+    assert alone.warnings == ["--fp8-param-gather has no effect without --fp8-format (ignored)"]
+
+
 # ---- MindFormers YAML ------------------------------------------------------------------------
 
 def test_mindformers_deepseek3_matches_memest_normalisation() -> None:
@@ -327,7 +384,19 @@ def test_mindformers_deepseek3_matches_memest_normalisation() -> None:
     assert p["stage_layers"] == theirs["parallel"]["stage_layers"]
     # recompute [1, 2, ..., 1, 1]: that many layers fully recomputed per stage, the rest keep everything
     assert (t["recompute"], t["recompute_num_layers"]) == ("none", [1] + [2] * 13 + [1, 1])
-    assert any("optimizer_weight_shard_size 8" in w for w in draft.warnings)
+    # MindSpore's parallel optimizer over optimizer_weight_shard_size 8 ranks, gradients unsharded
+    # (gradient_accumulation_shard False), threshold 64 KB; vocab_emb_dp; expert TP from
+    # moe_config.expert_model_parallel 1 (MemEst §3.2-3.3); run under the MindSpore profile
+    ms = cfg["mindspore"]
+    assert t["framework"] == "mindspore" and "zero" not in p
+    assert (ms["parallel_optimizer"], p["zero_shard_max"], p["grad_accumulation_shard"],
+            ms["parallel_optimizer_threshold"]) == (True, 8, False, 64)
+    assert (ms["vocab_emb_dp"], p["expert_tp"], ms["layernorm_compute_type"], ms["softmax_compute_type"]) == \
+        (True, 1, "fp32", "fp32")
+    assert (ms["mp_comm_recompute"], ms["parallel_optimizer_comm_recompute"]) == (True, False)
+    # recompute_slice_activation is applied by MindFormers' LayerSetting only with recompute: true
+    assert ms["recompute_slice_activation"] is False
+    assert not [w for w in draft.warnings if "ZeRO" in w or "vocab_emb_dp" in w or "shard_size" in w]
 
 
 def test_mindformers_llama2_derives_the_ffn_width() -> None:
@@ -338,6 +407,38 @@ def test_mindformers_llama2_derives_the_ffn_width() -> None:
     assert cfg["training"]["recompute"] == "full"
     assert cfg["training"]["precision"] == {"params": "fp16", "activations": "fp16"}
     assert cfg["parallel"]["dp"] == 8
+    # enable_parallel_optimizer False: nothing sharded; vocab_emb_dp True as the file says
+    assert (cfg["mindspore"]["parallel_optimizer"], cfg["mindspore"]["vocab_emb_dp"]) == (False, True)
+    assert "zero_shard_max" not in cfg["parallel"]
+
+
+MF_BASE = ("model: {model_config: {hidden_size: 64, num_heads: 4, num_layers: 4, vocab_size: 64, seq_length: 8}}\n"
+           "parallel_config: {data_parallel: 2, model_parallel: 2, pipeline_stage: 2}\n")
+
+
+# MindFormers' LayerSetting (mindformers/models/utils.py) and MindSpore's parallel-optimizer defaults
+# (set_parallel_optimizer_config: gradient_accumulation_shard True; optimizer_weight_shard_size -1 = all)
+@pytest.mark.parametrize("extra, expected", [
+    ("recompute_config: {recompute: [1, 0], select_recompute: [2, 1]}",
+     {"training.recompute": "none", "training.recompute_num_layers": [1, 0],
+      "training.selective_recompute_num_layers": [2, 1]}),
+    ("recompute_config: {recompute: [true, false]}", {"training.recompute_num_layers": [4, 0]}),
+    ("recompute_config: {recompute: true, select_recompute: true, recompute_slice_activation: true}",
+     {"training.recompute": "full", "mindspore.recompute_slice_activation": True}),
+    ("recompute_config: {recompute: [1, 1], recompute_slice_activation: true, mp_comm_recompute: false}",
+     {"mindspore.recompute_slice_activation": False, "mindspore.mp_comm_recompute": False}),
+    ("recompute_config: {select_recompute: true}", {"training.recompute": "selective"}),
+    ("parallel: {enable_parallel_optimizer: true}",
+     {"mindspore.parallel_optimizer": True, "parallel.grad_accumulation_shard": True, "parallel.zero_shard_max": None}),
+    ("parallel: {enable_parallel_optimizer: true, parallel_optimizer_config: {optimizer_weight_shard_size: 2, "
+     "optimizer_level: level2}}", {"parallel.zero_shard_max": 2, "mindspore.optimizer_level": "level2"}),
+    ("parallel: {enable_parallel_optimizer: false}", {"mindspore.parallel_optimizer": False}),
+    ("", {"mindspore.vocab_emb_dp": True, "mindspore.parallel_optimizer": False, "training.framework": "mindspore"}),
+])
+def test_mindformers_recompute_and_parallel_optimizer_keys(tmp_path: Path, extra: str, expected: dict) -> None:
+    draft = imported("mindformers", write(tmp_path, "m.yaml", MF_BASE + extra))
+    for key, value in expected.items():
+        assert draft.get(key) == value, key
 
 
 @pytest.mark.parametrize("text, needle", [
@@ -348,6 +449,12 @@ def test_mindformers_llama2_derives_the_ffn_width() -> None:
      "context: {max_device_memory: lots}", "'context.max_device_memory' must look like"),
     ("model: {model_config: {hidden_size: 64, num_heads: 4, num_layers: 2, vocab_size: 10, seq_length: 8, "
      "compute_dtype: int3}}", "'model.model_config.compute_dtype' must be a dtype"),
+    (MF_BASE + "parallel: {enable_parallel_optimizer: true, parallel_optimizer_config: "
+     "{optimizer_weight_shard_size: 0}}", "optimizer_weight_shard_size"),
+    (MF_BASE + "parallel: {enable_parallel_optimizer: true, parallel_optimizer_config: {optimizer_level: l9}}",
+     "optimizer_level"),
+    (MF_BASE + "parallel: {enable_parallel_optimizer: true, parallel_optimizer_config: "
+     "{parallel_optimizer_threshold: -1}}", "parallel_optimizer_threshold"),
 ])
 def test_mindformers_errors(tmp_path: Path, text: str, needle: str) -> None:
     with pytest.raises(MemformError) as err:
@@ -365,7 +472,8 @@ ALL_FILES = [("hf", c[0]) for c in HF_CASES] + [
 @pytest.mark.parametrize("fmt, name", ALL_FILES, ids=[n for _, n in ALL_FILES])
 def test_chosen_formula_files_bind_every_emitted_key(fmt: str, name: str) -> None:
     draft = imported(fmt, name, check=False)
-    prog = load_program([formulas_dir() / f for f in draft.get("formulas")])
+    # the files the config loads: its formulas, then its framework profile (training.framework)
+    prog = load_program([formulas_dir() / f for f in formula_files(normalize(draft.config(), None))])
     bound = {b.path for b in prog.bindings.values()} | {k.path for k in STRUCTURAL}
     assert set(draft.entries) - bound == set()
 

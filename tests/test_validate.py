@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch", reason="PyTorch (the 'validate' extra) is n
 import memform  # noqa: E402
 from memform.validation.compare import THRESHOLDS, Point, Row, compare  # noqa: E402
 from memform.validation.measure import measure_step  # noqa: E402
-from memform.validation.sweep import BASE, quick_sweep  # noqa: E402
+from memform.validation.sweep import BASE, quick_amp_sweep, quick_sweep  # noqa: E402
 from memform.validation.timeline import StorageTimeline  # noqa: E402
 from memform.validation.torch_models import _RMSNormFn, _SwiGLUFn, build  # noqa: E402
 from memform.validation.tracker import LiveStorages  # noqa: E402
@@ -158,3 +158,34 @@ def test_bench_script_exits_1_when_an_estimate_is_off(monkeypatch, capsys):
     monkeypatch.setattr(cmp, "compare", off_by_a_fifth)
     assert bench.main(["--quick", "--only", "full"]) == 1
     assert "FAIL" in capsys.readouterr().out
+
+
+# ---- PyTorch AMP (the HF Trainer's bf16=True: fp32 model, forward under autocast) vs frameworks/hf-trainer.mf
+
+@pytest.mark.parametrize("point", quick_amp_sweep(), ids=lambda p: p.label().replace(" ", "-"))
+def test_amp_estimate_matches_measured_step(point):
+    row = compare(point)
+    errors = {c: f"{row.error(c):+.2%}" for c in THRESHOLDS}
+    assert not row.failures(), f"{point.label()}: {errors}; alive after forward by op: {row.activations_by_op}"
+
+
+def test_autocast_forward_ends_with_every_checkpointed_layers_weight_copies():
+    # autocast caches the bf16 cast of every fp32 weight until the autocast region exits; checkpointed
+    # (MoE) layers keep nothing else, so the step peaks at the forward's end: what forward leaves saved,
+    # plus a bf16 copy of each Linear weight of the blocks, plus the fp32 logits the loss reads
+    point = dataclasses.replace(BASE, precision="amp-bf16", experts=4, recompute="full")
+    cfg = point.config()
+    m = measure_step(cfg, point.precision)
+    model = build(cfg, torch.float32)
+    copies = 2 * sum(mod.weight.numel() for mod in model.blocks.modules() if isinstance(mod, torch.nn.Linear))
+    assert m.peak_phase == "forward"
+    assert m.activations_peak == m.activations + copies + 4 * point.s * point.b * point.vocab
+    stage = memform.estimate(cfg).stages[0]
+    assert stage.peak_moment == "forward_end"
+    assert abs(stage.moments["forward_end"] - m.activations_peak) / m.activations_peak < 0.001
+
+
+def test_bench_script_runs_the_amp_cases(capsys):
+    assert load_bench().main(["--amp", "--quick", "--only", "moe"]) == 0
+    out = capsys.readouterr().out
+    assert "1 cases" in out and "amp-bf16" in out and "0 over the thresholds" in out

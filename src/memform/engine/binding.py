@@ -64,6 +64,8 @@ def coerce(value: Any, spec: ast.TypeSpec, key: str, *, positive: bool = False) 
         if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1, 2, 4, 8):
             return sympy.Integer(value)
         raise bad("(or a byte count 1, 2, 4, 8)")
+    if spec.or_bool and isinstance(value, bool):  # `bool | int`: true / false stay booleans
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise bad()
     if kind == "int":
@@ -156,6 +158,8 @@ def bind(program: Program, config: Mapping[str, Any]) -> Bound:
 def _check_default(v: Any, decl: ast.Binding) -> Any:
     kind = decl.type.kind
     where = f"default of {decl.keyword} '{decl.name}' ({decl.loc})"
+    if decl.type.or_bool and isinstance(v, bool):
+        return v
     if kind in ("bool",):
         if not isinstance(v, bool):
             raise MemformError(f"{where} must be true or false")

@@ -55,6 +55,12 @@ STRUCTURAL: tuple[Key, ...] = (
         "Megatron-LM's --recompute-method block --recompute-num-layers n; an integer, or a list of p "
         "integers (one per stage). The other layers keep training.recompute's mode, with 'full' there "
         "meaning none"),
+    Key("training.selective_recompute_num_layers", None, None,
+        "selective recompute of the first n body layers of each stage (of each model chunk when vpp > 1), "
+        "as MindFormers' recompute_config.select_recompute given as per-stage layer counts "
+        "(mindformers/models/utils.py LayerSetting: the first n layers of the stage, those "
+        "training.recompute_num_layers fully recomputes excepted); an integer, or a list of p integers. "
+        "The other layers keep training.recompute's mode"),
     Key("training.num_micro_batches", _INT, None,
         "micro-batches per step (default: global_batch_size / (micro_batch_size * dp), else 1)", True),
     Key("training.global_batch_size", _INT, None, "sequences per optimizer step", True),
@@ -198,6 +204,7 @@ class Structure:
     recompute_stages: list[str] | None = None       # one mode per stage (training.recompute as a list)
     recompute_layers: list[str] | None = None       # one mode per body layer
     recompute_num_layers: list[int] | None = None   # full recompute of the first n layers, per stage
+    selective_num_layers: list[int] | None = None   # selective recompute of the first n layers, per stage
     recompute_default: str = "none"                 # training.recompute when it is one mode
     framework: str = "megatron"                     # training.framework: the profile loaded last
 
@@ -218,7 +225,10 @@ class Structure:
         if self.recompute_num_layers is not None:
             if index_in_chunk < self.recompute_num_layers[stage]:
                 return "full"
-            return "none" if mode == "full" else mode
+            mode = "none" if mode == "full" else mode
+        if self.selective_num_layers is not None and index_in_chunk < self.selective_num_layers[stage] \
+                and mode != "full":
+            return "selective"
         return mode
 
 
@@ -284,7 +294,9 @@ def formula_files(data: Mapping[str, Any]) -> list[str]:
     """The formula files a normalized config loads: its ``formulas`` list, then its framework profile.
 
     The profile comes last so that it overrides the model files; a name is a bundled profile, a
-    name ending in ``.mf`` a file of the user's (relative to the config).
+    name ending in ``.mf`` a file of the user's (relative to the config). A bundled profile NAME may
+    refine a model file F.mf with ``frameworks/NAME/F.mf``, loaded after the profile when the config
+    loads F.mf: the profile itself may name only what every model defines (common.mf, dense.mf).
     """
     framework = structural_value(data, "training.framework")
     if framework.endswith(".mf"):
@@ -296,7 +308,16 @@ def formula_files(data: Mapping[str, Any]) -> list[str]:
                                f"{did_you_mean(framework, frameworks())}")
         profile = f"{FRAMEWORKS_DIR}/{framework}.mf"
     files = list(data["formulas"])
-    return files if profile in files else files + [profile]
+    files = files if profile in files else files + [profile]
+    # a bundled profile's refinements of model files: frameworks/NAME/F.mf follows the profile when
+    # the config loads F.mf (what the profile says about layers only that file defines)
+    if not framework.endswith(".mf"):
+        from ..resources import formulas_dir
+        for name in data["formulas"]:
+            companion = f"{FRAMEWORKS_DIR}/{framework}/{Path(name).name}"
+            if (formulas_dir() / companion).is_file() and companion not in files:
+                files.append(companion)
+    return files
 
 
 def structure(data: Mapping[str, Any], schedules: list[str]) -> Structure:
@@ -313,7 +334,7 @@ def structure(data: Mapping[str, Any], schedules: list[str]) -> Structure:
                 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in stage_layers)):
             raise MemformError(f"config key 'parallel.stage_layers' must be a list of {pp} non-negative "
                                f"integers (one per pipeline stage), got {stage_layers!r}")
-    recompute, stages, layers, num_layers = _recompute(data, pp)
+    recompute, stages, layers, num_layers, selective = _recompute(data, pp)
     default = get_path(data, "training.recompute", None)
     cap = structural_value(data, "device.capacity_gib")
     if cap > 2 ** 200:  # reports turn byte counts into floats; 2^230 bytes is far past any device
@@ -321,6 +342,7 @@ def structure(data: Mapping[str, Any], schedules: list[str]) -> Structure:
     return Structure(name=data["name"], pp=pp, vpp=vpp, schedule=schedule, stage_layers=stage_layers,
                      recompute=recompute, capacity_bytes=int(math.floor(cap * 2 ** 30)),
                      recompute_stages=stages, recompute_layers=layers, recompute_num_layers=num_layers,
+                     selective_num_layers=selective,
                      recompute_default=default if isinstance(default, str) else "none",
                      framework=structural_value(data, "training.framework"))
 
@@ -340,8 +362,23 @@ def _modes(value: Any, key: str, what: str) -> list[str]:
     return list(value)
 
 
-def _recompute(data: Mapping[str, Any], pp: int) -> tuple[str, list[str] | None, list[str] | None, list[int] | None]:
-    """training.recompute (mode or per-stage list), recompute_layers and recompute_num_layers, checked."""
+def _layer_counts(data: Mapping[str, Any], key: str, pp: int) -> list[int] | None:
+    """A per-stage layer-count key (an int or p ints), checked; None when absent."""
+    num = get_path(data, key, None)
+    if num is None:
+        return None
+    items = num if isinstance(num, list) else [num] * pp
+    if (not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in items)
+            or len(items) != pp):
+        raise MemformError(f"config key '{key}' must be a non-negative integer or "
+                           f"a list of {pp} of them (one per pipeline stage), got {num!r}")
+    return items
+
+
+def _recompute(data: Mapping[str, Any], pp: int
+               ) -> tuple[str, list[str] | None, list[str] | None, list[int] | None, list[int] | None]:
+    """training.recompute (mode or per-stage list), recompute_layers, recompute_num_layers and
+    selective_recompute_num_layers, checked."""
     raw = get_path(data, "training.recompute", None)
     stages = None
     if raw is None:
@@ -362,20 +399,22 @@ def _recompute(data: Mapping[str, Any], pp: int) -> tuple[str, list[str] | None,
     if layers is not None:
         layers = _modes(layers, "training.recompute_layers", "a list of recompute modes, one per body layer")
         mode = "per-layer"
-    num = get_path(data, "training.recompute_num_layers", None)
-    if num is not None:
-        if layers is not None:
-            raise MemformError("config keys 'training.recompute_layers' and 'training.recompute_num_layers' "
+    num = _layer_counts(data, "training.recompute_num_layers", pp)
+    selective = _layer_counts(data, "training.selective_recompute_num_layers", pp)
+    for key, value in (("recompute_num_layers", num), ("selective_recompute_num_layers", selective)):
+        if value is not None and layers is not None:
+            raise MemformError(f"config keys 'training.recompute_layers' and 'training.{key}' "
                                "both choose per-layer recompute modes; give only one of them")
-        items = num if isinstance(num, list) else [num] * pp
-        if (not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in items)
-                or len(items) != pp):
-            raise MemformError(f"config key 'training.recompute_num_layers' must be a non-negative integer or "
-                               f"a list of {pp} of them (one per pipeline stage), got {num!r}")
-        num = items
-        mode = f"full×{num[0] if len(set(num)) == 1 else '/'.join(map(str, num))} + " \
-               f"{'none' if mode == 'full' else mode}"
-    return mode, stages, layers, num
+
+    def counts(ns: list[int]) -> str:
+        return str(ns[0]) if len(set(ns)) == 1 else "/".join(map(str, ns))
+
+    if num is not None or selective is not None:
+        rest = "none" if num is not None and mode == "full" else mode
+        parts = ([f"full×{counts(num)}"] if num is not None else []) + \
+                ([f"selective×{counts(selective)}"] if selective is not None else [])
+        mode = " + ".join(parts + [rest])
+    return mode, stages, layers, num, selective
 
 
 def known_keys(bindings: Mapping[str, ast.Binding]) -> dict[str, str]:

@@ -430,7 +430,7 @@ class Evaluator:
         stage = dict(ctx.extra).get("stage")
         if ctx.outer is not None or ctx.block is None or stage is None or int(stage) not in self.stage_layers:
             raise MemformError(f"{node.func}() needs a pipeline stage: use it in a schedule quantity the "
-                               f"interpreter evaluates per stage (a 'moment')", node.loc)
+                               f"interpreter evaluates per stage (a 'moment', or a runtime block's bytes)", node.loc)
         slots = self.stage_layers[int(stage)]
         if node.func == "layers_last":
             slots = tuple(sorted(slots, key=lambda sl: sl.order)[-1:])

@@ -233,12 +233,13 @@ class Interpreter:
 
         Without declared moments the in-flight sum already in ``sums`` is the only one ("warmup").
         """
-        names = self.program.moments(self.schedule)
-        if not names:
-            return "warmup", {"warmup": to_bytes(exact["activations"])}
+        # the stage's layer groups, for layers_sum/max/last in moments and in runtime blocks
         self.ev.stage_layers[index] = tuple(
             LayerSlot(c.index, g.block, g.mode, g.count, g.first_layer)
             for c in partition.chunks[index] for g in c.groups)
+        names = self.program.moments(self.schedule)
+        if not names:
+            return "warmup", {"warmup": to_bytes(exact["activations"])}
         extra = (("stage", sympy.Integer(index)),)
         found: list[tuple[str, sympy.Expr, sympy.Expr]] = []
         for name in names:

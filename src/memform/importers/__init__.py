@@ -1,8 +1,9 @@
 """Importers: other tools' configs → memform YAML configs.
 
 ``memform import hf config.json`` (Hugging Face), ``memform import megatron args.txt``
-(Megatron-LM arguments) and ``memform import mindformers model.yaml`` (MindFormers, the
-starting point of MemEst users). Each source module fills a :class:`~.draft.Draft`; this module
+(Megatron-LM arguments), ``memform import mindformers model.yaml`` (MindFormers, the
+starting point of MemEst users) and ``memform import torchtitan train.toml`` (a torchtitan job config,
+for the fsdp2 framework profile). Each source module fills a :class:`~.draft.Draft`; this module
 adds what every import needs: the strategy defaults, data parallelism derived from a device
 count, the ``formulas:`` list (chosen from the bundled files, see :mod:`.formulas`) and a final
 check that the result loads, so problems show up at import time rather than at estimate time.
@@ -19,10 +20,11 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import MemformError
-from . import formulas, hf, megatron, mindformers
+from . import deepspeed, formulas, hf, megatron, mindformers, torchtitan
 from .draft import Draft
 
-IMPORTERS: dict[str, ModuleType] = {"hf": hf, "megatron": megatron, "mindformers": mindformers}
+IMPORTERS: dict[str, ModuleType] = {"hf": hf, "megatron": megatron, "mindformers": mindformers,
+                                    "torchtitan": torchtitan, "deepspeed": deepspeed}
 _NAME_STEMS = ("config", "args", "arguments", "model", "train", "pretrain")
 
 
@@ -34,6 +36,7 @@ class Options:
     name: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
     check: bool = True
+    model: str | None = None  # a model file for formats that describe only training (TAKES_MODEL)
 
 
 def import_config(fmt: str, path: str | Path, options: Options | None = None) -> Draft:
@@ -44,10 +47,17 @@ def import_config(fmt: str, path: str | Path, options: Options | None = None) ->
     module = IMPORTERS[fmt]
     path = Path(path)
     draft = Draft(path, module.TITLE)
-    hinted = module.convert(path, draft, set(options.overrides))
+    takes_model = getattr(module, "TAKES_MODEL", False)
+    if options.model is not None and not takes_model:
+        raise MemformError(f"--model is not read by 'memform import {fmt}': its file describes the model itself")
+    extra = {"model": Path(options.model) if options.model is not None else None} if takes_model else {}
+    hinted = module.convert(path, draft, set(options.overrides), **extra)
     draft.apply(options.overrides)
     _name(draft, path, options.name)
     _strategy(draft, options.devices or hinted, from_cli=options.devices is not None)
+    finish = getattr(module, "finish", None)  # an importer's last step, once dp is known
+    if finish is not None:
+        finish(draft)
     _formulas(draft)
     draft.header[:0] = [f"memform config imported from {path.name} ({module.TITLE}) by `memform import {fmt}`."]
     draft.header.append('Values marked "default:" were not in the source: review them before trusting the estimate.')
@@ -103,12 +113,25 @@ def _strategy(draft: Draft, devices: int | None, *, from_cli: bool) -> None:
 def _formulas(draft: Draft) -> None:
     if "formulas" in draft:  # set on the command line
         return
-    files, missing = formulas.choose(draft.entries)
+    # keys the framework profile binds (training.framework) are not the model files' to cover
+    profile = _profile_keys(draft.get("training.framework"))
+    files, missing = formulas.choose(k for k in draft.entries if k not in profile)
     if missing:
         draft.warn(f"no bundled formula file reads {', '.join(missing)} yet; named "
                    f"{', '.join(files)} (the agreed file names)")
     why = "dense transformer" if files == [formulas.BASE] else "the bundled files that read every key below"
     draft.set("formulas", files, why)
+
+
+def _profile_keys(framework: object) -> frozenset[str]:
+    """Config keys a bundled framework profile binds beyond dense.mf (its own knobs, e.g. ``fsdp2.*``)."""
+    if not isinstance(framework, str) or framework.endswith(".mf"):
+        return frozenset()
+    base = formulas.coverage([formulas.BASE])
+    with_profile = formulas.coverage([formulas.BASE, f"frameworks/{framework}.mf"])
+    if base is None or with_profile is None:
+        return frozenset()
+    return with_profile.keys - base.keys
 
 
 def _check(draft: Draft) -> None:

@@ -42,6 +42,7 @@ IGNORED_PREFIXES = (
     "rotary-percent", "use-rope-scaling", "disable-bf16-reduced-precision-matmul", "add-position-embedding",
     "world-size", "multi-latent-attention", "nproc", "nnodes", "node-rank", "master-", "rdzv",
     "use-legacy-models", "mtp-loss-scaling-factor", "enable-experimental", "tokenizer-type",
+    "fp8-margin", "fp8-amax-", "fp8-interval", "fp8-wgrad",
 )
 
 #: Megatron-LM's multi-latent-attention defaults (arguments.py, "_add_mla_args" group)
@@ -105,6 +106,8 @@ def convert(path: Path, draft: Draft, given: set[str]) -> int | None:
     world = f.integer("world-size", None)
     devices = world or devices
 
+    # the profile of what Megatron-LM allocates beyond the base formulas (formulas/frameworks/megatron.mf)
+    draft.set("training.framework", "megatron", "Megatron-LM / Megatron-Core (formulas/frameworks/megatron.mf)")
     L = f.integer("num-layers")
     h = f.integer("hidden-size")
     a = f.integer("num-attention-heads")
@@ -321,6 +324,7 @@ def _strategy(f: Fields, draft: Draft, layers: int, tp: int) -> None:
                      ("use-distributed-optimizer", "parallel.distributed_optimizer")):
         on = f.boolean(arg, False)
         draft.set(key, on, f"--{arg}" if on else f"no --{arg}")
+    _overlap(f, draft)
     if f.raw("use-torch-fsdp2") or f.raw("use-custom-fsdp"):
         draft.warn("FSDP (--use-torch-fsdp2 / --use-custom-fsdp) is imported as the distributed optimizer "
                    "only; set parallel.zero: 3 for fully sharded parameters")
@@ -354,9 +358,10 @@ def _training(f: Fields, draft: Draft) -> None:
               f"--recompute-granularity {granularity}" if granularity else "no --recompute-granularity")
     method = f.string("recompute-method", None)
     count = f.integer("recompute-num-layers", None, minimum=0)
-    if granularity == "full" and method == "block" and count is not None:
-        # only the first `count` layers of each stage (chunk) are recomputed; the rest keep everything
-        draft.set("training.recompute_num_layers", count, "--recompute-method block --recompute-num-layers")
+    if granularity == "full":
+        _full_recompute(f, draft, method, count)
+    if f.boolean("distribute-saved-activations", False):
+        draft.set("megatron.distribute_saved_activations", True, "--distribute-saved-activations")
     if f.boolean("fp16", False):
         dtype, note = "fp16", "--fp16"
     elif f.boolean("bf16", False):
@@ -365,9 +370,106 @@ def _training(f: Fields, draft: Draft) -> None:
         dtype, note = "fp32", "no --bf16 / --fp16: Megatron trains in fp32"
     draft.set("training.precision.params", dtype, note)
     draft.set("training.precision.activations", dtype, note)
-    for arg in ("fp8-format", "fp8"):
-        if f.raw(arg) is not None:
-            draft.warn(f"--{arg}: FP8 training is not modelled (bf16/fp16 activation sizes used)")
+    _fp8(f, draft)
+    _optimizer_precision(f, draft, dtype)
     optimizer = f.string("optimizer", "adam")
     if optimizer != "adam":
         draft.warn(f"--optimizer {optimizer}: memform counts Adam's two moments")
+
+
+def _full_recompute(f: Fields, draft: Draft, method: str | None, count: int | None) -> None:
+    """--recompute-granularity full: Megatron needs --recompute-method and --recompute-num-layers
+    (transformer_config.py __post_init__); transformer_block.py _checkpointed_forward runs them."""
+    if method == "block":
+        if count is None:
+            raise f.missing("recompute-num-layers", " (Megatron requires it with --recompute-method block)")
+        # only the first `count` layers of each stage (chunk) are recomputed; the rest keep everything
+        draft.set("training.recompute_num_layers", count, "--recompute-method block --recompute-num-layers")
+        return
+    if method not in (None, "uniform"):
+        raise f.error("recompute-method", f"must be uniform or block, got {method!r}")
+    if method is None or count is None:
+        draft.warn("--recompute-granularity full needs --recompute-method and --recompute-num-layers in "
+                   "Megatron-LM; imported as uniform with 1 layer per checkpoint")
+        count = 1
+    if count < 1:
+        raise f.error("recompute-num-layers", f"must be at least 1 with --recompute-method uniform, got {count}")
+    # groups of `count` layers, each checkpointed as one (its input kept, all recomputed in backward)
+    draft.set("megatron.recompute_uniform_layers", count, "--recompute-method uniform --recompute-num-layers")
+
+
+#: Transformer Engine fp8 recipes the profile models (Megatron's --fp8-recipe choices)
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8")
+
+
+def _fp8(f: Fields, draft: Draft) -> None:
+    """--fp8-format e4m3|hybrid (arguments.py _add_transformer_engine_args, dest fp8), --fp8-recipe,
+    --fp8-param-gather; the legacy --fp8-e4m3 / --fp8-hybrid flags mean the same formats."""
+    fmt = f.string("fp8-format", None)
+    for legacy, name in (("fp8-e4m3", "e4m3"), ("fp8-hybrid", "hybrid")):
+        if f.boolean(legacy, False):
+            fmt = fmt or name
+    if fmt is None:
+        for arg in ("fp8-recipe", "fp8-param-gather"):
+            if f.raw(arg) is not None:
+                draft.warn(f"--{arg} has no effect without --fp8-format (ignored)")
+        return
+    if fmt not in ("e4m3", "hybrid"):
+        raise f.error("fp8-format", f"must be e4m3 or hybrid, got {fmt!r}")
+    draft.set("megatron.fp8", fmt, "--fp8-format")
+    recipe = f.string("fp8-recipe", "delayed")
+    if recipe not in FP8_RECIPES:
+        draft.warn(f"--fp8-recipe {recipe} is not modelled; counted as tensorwise (1-byte fp8 tensors)")
+        recipe = "tensorwise"
+    draft.set("megatron.fp8_recipe", recipe, "--fp8-recipe" if f.has("fp8-recipe") else "Megatron's default")
+    if f.boolean("fp8-param-gather", False):
+        draft.set("megatron.fp8_param_gather", True, "--fp8-param-gather")
+    if f.boolean("fp8-dot-product-attention", False):
+        draft.warn("--fp8-dot-product-attention is not modelled (attention tensors counted in bf16)")
+    draft.default("megatron.fp8_weight_transpose", True, "Hopper: TE keeps transposed fp8 weights; "
+                  "set false on Blackwell")
+
+
+#: Megatron's precision-aware optimizer dtype names (arguments.py) -> memform dtypes
+OPT_DTYPES = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "fp8": "fp8"}
+
+
+def _optimizer_precision(f: Fields, draft: Draft, params: str) -> None:
+    """--use-precision-aware-optimizer and its dtypes (optimizer_config.py); main grads in bf16 with
+    --grad-reduce-in-bf16 or --main-grads-dtype bf16 (arguments.py: otherwise bf16 keeps fp32 main grads)."""
+    aware = f.boolean("use-precision-aware-optimizer", False)
+    dtypes = {}
+    for arg in ("main-grads-dtype", "main-params-dtype", "exp-avg-dtype", "exp-avg-sq-dtype"):
+        value = f.string(arg, "fp32")
+        if value not in OPT_DTYPES:
+            raise f.error(arg, f"must be one of {', '.join(OPT_DTYPES)}, got {value!r}")
+        dtypes[arg] = value
+        if f.has(arg) and not aware and value != "fp32":
+            draft.warn(f"--{arg} {value} has no effect without --use-precision-aware-optimizer")
+    if f.boolean("grad-reduce-in-bf16", False):
+        draft.set("training.precision.grads", "bf16", "--grad-reduce-in-bf16")
+    elif aware and dtypes["main-grads-dtype"] == "bf16":
+        draft.set("training.precision.grads", "bf16", "--main-grads-dtype bf16")
+    if not aware:
+        return
+    draft.set("megatron.precision_aware_optimizer", True, "--use-precision-aware-optimizer")
+    for arg, key in (("main-params-dtype", "main_params_dtype"), ("exp-avg-dtype", "exp_avg_dtype"),
+                     ("exp-avg-sq-dtype", "exp_avg_sq_dtype")):
+        draft.set(f"megatron.{key}", OPT_DTYPES[dtypes[arg]], f"--{arg}" if f.has(arg) else "Megatron's default")
+    if params != "bf16":
+        # TE FusedAdam stores 16-bit remainders of fp32 masters only for bf16 parameters
+        draft.set("megatron.store_param_remainders", False, f"{params} parameters: full fp32 master weights")
+
+
+def _overlap(f: Fields, draft: Draft) -> None:
+    """--overlap-grad-reduce / --overlap-param-gather / --ddp-bucket-size: Megatron reduces and gathers in
+    place in its grad / param buffers (param_and_grad_buffer.py), so none of them adds memory."""
+    if f.boolean("overlap-grad-reduce", False):
+        draft.set("parallel.overlap_grad_reduce", True, "--overlap-grad-reduce (in place in the grad buffer)")
+    if f.boolean("overlap-param-gather", False):
+        draft.set("megatron.overlap_param_gather", True, "--overlap-param-gather (in place in the param buffer)")
+    bucket = f.integer("ddp-bucket-size", None)
+    if bucket is not None:
+        draft.set("megatron.ddp_bucket_size", bucket, "--ddp-bucket-size")
+    if f.has("overlap-grad-reduce") or bucket is not None:
+        draft.set("parallel.dp_bucket_mib", 0, "Megatron reduce-scatters / all-reduces in place: no bucket buffer")

@@ -2,8 +2,11 @@
 
 MemEst users start from these files. The fields read are the ones MemEst's MindFormers parser
 normalises (reference notes ``memest-formulas.md`` §3.2-3.3): ``model.model_config.*``,
-``moe_config.*``, ``parallel_config.*``, ``parallel.enable_parallel_optimizer``,
-``recompute_config``, ``runner_config.batch_size`` and ``context.max_device_memory``.
+``moe_config.*``, ``parallel_config.*``, ``parallel.enable_parallel_optimizer`` and
+``parallel.parallel_optimizer_config``, ``recompute_config``, ``runner_config.batch_size`` and
+``context.max_device_memory``. The config runs under the MindSpore framework profile
+(``training.framework: mindspore``, ``formulas/frameworks/mindspore.mf``), whose ``mindspore.*``
+knobs take MindSpore's own settings (parallel optimizer, vocab_emb_dp, compute dtypes, comm recompute).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ IGNORED_MODEL = frozenset({
     "checkpoint_name_or_path", "embedding_init_type", "fine_grain_interleave", "use_attn_mask_compression",
     "fused_rms_norm", "use_fused_rope", "use_fused_swiglu", "block_size", "num_blocks", "qkv_concat",
     "parallel_decoding_params", "input_sliced_sig", "return_extra_loss", "init_method_std",
-    "layernorm_compute_type", "softmax_compute_type", "rotary_dtype", "router_dense_type",
+    "rotary_dtype", "router_dense_type",
     "use_rope_slice", "use_ring_attention", "use_eod_attn_mask_compression", "return_hidden_states",
     "mtp_loss_factor", "use_force_load_balance", "input_layernorm_compute_type", "rotary_emb_base",
     "use_fallback", "auto_map", "pet_config", "use_past_shard", "compute_in_2d", "use_flash_attention_2",
@@ -53,13 +56,13 @@ IGNORED_MOE = frozenset({
     "topk_bias_update_rate", "norm_topk_prob", "routed_scaling_factor", "comp_comm_parallel",
     "comp_comm_parallel_degree", "group_wise_a2a", "enable_sdrop", "router_dense_type",
     "calculate_per_token_loss", "enable_deredundency", "npu_nums_per_device", "use_allgather_dispatcher",
-    "expert_group_size", "max_router_load", "use_fused_ops_permute", "expert_model_parallel",
+    "expert_group_size", "max_router_load", "use_fused_ops_permute",
     "enable_cold_hot_expert", "update_step", "hot_expert_num", "cold_token_percent", "moe_module_name",
     "callback_moe_droprate", "init_norm_topk_prob", "use_pad_tokens", "enable_gmm_safe_tokens",
     "router_activation_type", "aux_loss_config", "first_k_dense_replace", "shared_expert_num",
 })
 IGNORED_PARALLEL_CONFIG = frozenset({
-    "gradient_aggregation_group", "optimizer_shard", "recompute", "expert_model_parallel",
+    "gradient_aggregation_group", "optimizer_shard", "recompute",
     "seq_split_num", "use_ring_attention", "mem_coeff",
 })
 CP_ALGOS = {"colossalai_cp": "ring", "ulysses_cp": "ulysses"}
@@ -82,11 +85,13 @@ def convert(path: Path, draft: Draft, given: set[str]) -> int | None:
     arch = model.section("arch").string("type", "") if model.has("arch") else ""
     kind = mc.string("type", "")
     draft.header.append(f"model: {arch or kind or 'type not stated'}")
+    # MindSpore's allocation (parallel optimizer, replicated vocabulary, dtypes): frameworks/mindspore.mf
+    draft.set("training.framework", "mindspore", "MindFormers trains on MindSpore")
     _model(mc, draft)
     moe = top.section("moe_config")
     _moe(moe, mc, draft)
     pc = top.section("parallel_config")
-    _parallel(pc, top.section("parallel"), mc, draft)
+    _parallel(pc, top.section("parallel"), mc, moe, draft)
     _recompute(top.section("recompute_config"), draft)
     _training(top, pc, draft)
     _device(top.section("context"), draft)
@@ -143,6 +148,11 @@ def _model(mc: Fields, draft: Draft) -> None:
     if mc.has("compute_dtype"):
         draft.set("training.precision.activations", dtype_name(mc.string("compute_dtype"), mc, "compute_dtype"),
                   "compute_dtype")
+    for key in ("layernorm_compute_type", "softmax_compute_type"):
+        if mc.has(key):
+            draft.set(f"mindspore.{key}", dtype_name(mc.string(key), mc, key), f"model_config.{key}")
+    if mc.has("fused_rms_norm"):
+        draft.set("mindspore.fused_rms_norm", mc.boolean("fused_rms_norm"), "model_config.fused_rms_norm")
     if mc.has("kv_lora_rank"):
         draft.set("model.attention", "mla", "kv_lora_rank present: multi-head latent attention")
         draft.set("model.q_lora_rank", mc.integer("q_lora_rank", 0, minimum=0), "q_lora_rank (null/0: none)")
@@ -179,7 +189,22 @@ def _moe(moe: Fields, mc: Fields, draft: Draft) -> None:
         draft.set("model.moe_grouped_gemm", moe.boolean("use_gmm"), "moe_config.use_gmm")
 
 
-def _parallel(pc: Fields, par: Fields, mc: Fields, draft: Draft) -> None:
+def _expert_tp(moe: Fields, pc: Fields, tp: int, draft: Draft) -> None:
+    """``expert_model_parallel`` is the experts' model-parallel degree, 1 or model_parallel; absent,
+    the experts split over model_parallel (llama_layer.py LlamaFeedForward: mp_moe)."""
+    for fields in (moe, pc):
+        if fields.has("expert_model_parallel"):
+            etp = fields.integer("expert_model_parallel")
+            if etp not in (1, tp):
+                raise fields.error("expert_model_parallel", f"must be 1 or model_parallel ({tp}), got {etp} "
+                                   f"(MindFormers accepts no other value)")
+            draft.set("parallel.expert_tp", etp, fields.name("expert_model_parallel"))
+            return
+        fields.used.add("expert_model_parallel")
+    draft.set("parallel.expert_tp", tp, "no expert_model_parallel: experts split over model_parallel")
+
+
+def _parallel(pc: Fields, par: Fields, mc: Fields, moe: Fields, draft: Draft) -> None:
     dp = pc.integer("data_parallel", 1)
     tp = pc.integer("model_parallel", 1)
     pp = pc.integer("pipeline_stage", 1)
@@ -198,29 +223,58 @@ def _parallel(pc: Fields, par: Fields, mc: Fields, draft: Draft) -> None:
         draft.set("parallel.cp_algo", CP_ALGOS.get(algo, "ring"), f"context_parallel_algo {algo}")
     if "model.num_experts" in draft:
         draft.set("parallel.ep", pc.integer("expert_parallel", 1), "parallel_config.expert_parallel")
+        _expert_tp(moe, pc, tp, draft)
     else:
-        pc.used.add("expert_parallel")
+        pc.used.update(("expert_parallel", "expert_model_parallel"))
+        moe.used.add("expert_model_parallel")
     draft.set("parallel.sequence_parallel", pc.boolean("use_seq_parallel", False), "use_seq_parallel")
-    if pc.boolean("vocab_emb_dp", False) and tp > 1:
-        draft.warn("parallel_config.vocab_emb_dp: MindFormers replicates the embedding over model_parallel; "
-                   "memform shards it over tp (embedding memory underestimated)")
-    if par.boolean("enable_parallel_optimizer", False):
-        opt = par.section("parallel_optimizer_config")
-        shard_grads = opt.boolean("gradient_accumulation_shard", False)
-        draft.set("parallel.zero", 2 if shard_grads else 1,
-                  "enable_parallel_optimizer" + (" + gradient_accumulation_shard" if shard_grads else ""))
-        size = opt.integer("optimizer_weight_shard_size", -1, minimum=-1)
-        if 0 < size < dp:
-            draft.warn(f"optimizer_weight_shard_size {size} < data_parallel {dp}: memform shards the optimizer "
-                       f"over all {dp} data-parallel ranks (optimizer memory underestimated)")
-        draft.warn("enable_parallel_optimizer: MindSpore also shards the weights; imported as ZeRO-"
-                   f"{2 if shard_grads else 1} (weights replicated: parameter memory overestimated)")
+    # TransformerOpParallelConfig's default is vocab_emb_dp=True (mindformers/modules/transformer)
+    draft.set("mindspore.vocab_emb_dp", pc.boolean("vocab_emb_dp", True),
+              "parallel_config.vocab_emb_dp" if pc.has("vocab_emb_dp") else
+              "no vocab_emb_dp: MindFormers' default True")
+    _parallel_optimizer(par, dp, draft)
     offset = mc.raw("offset", 0)
     layers, mtp = draft.get("model.num_layers"), draft.get("model.mtp_layers", 0)
     if isinstance(offset, list) and any(offset) and pp > 1:
         _stage_layers(offset, layers, mtp, pp, draft)
     elif isinstance(offset, int) and offset and pp > 1:
         draft.warn(f"model_config.offset {offset} (one number) is not imported: give one entry per stage")
+
+
+def _parallel_optimizer(par: Fields, dp: int, draft: Draft) -> None:
+    """MindSpore's parallel optimizer (AutoParallel.hsdp / parallel_optimizer_config): weights and
+    optimizer states sharded over ``optimizer_weight_shard_size`` ranks (-1: all that hold the slice),
+    gradients too with gradient_accumulation_shard (MindSpore's default True) or level2/3."""
+    enabled = par.boolean("enable_parallel_optimizer", False)
+    draft.set("mindspore.parallel_optimizer", enabled, "parallel.enable_parallel_optimizer"
+              if par.has("enable_parallel_optimizer") else "no enable_parallel_optimizer: MindSpore's default off")
+    opt = par.section("parallel_optimizer_config")
+    if not enabled:
+        opt.used.update(opt.data)
+        return
+    size = opt.integer("optimizer_weight_shard_size", -1, minimum=-1)
+    if size == 0:
+        raise opt.error("optimizer_weight_shard_size", "must be -1 (all ranks) or a positive group size, got 0")
+    if size > 1:
+        draft.set("parallel.zero_shard_max", size, "parallel_optimizer_config.optimizer_weight_shard_size")
+    elif size == 1:
+        draft.warn("parallel_optimizer_config.optimizer_weight_shard_size 1 is ignored by MindSpore "
+                   "(set_optimizer_weight_shard_size: it must be larger than 1); the whole group shards")
+    draft.set("parallel.grad_accumulation_shard", opt.boolean("gradient_accumulation_shard", True),
+              "parallel_optimizer_config.gradient_accumulation_shard" if opt.has("gradient_accumulation_shard")
+              else "no gradient_accumulation_shard: MindSpore's default True")
+    if opt.has("parallel_optimizer_threshold"):
+        threshold = opt.number("parallel_optimizer_threshold")
+        if threshold < 0:
+            raise opt.error("parallel_optimizer_threshold", f"must not be negative (KB), got {threshold}")
+        draft.set("mindspore.parallel_optimizer_threshold", threshold,
+                  "parallel_optimizer_config.parallel_optimizer_threshold (KB)")
+    if opt.has("optimizer_level"):
+        level = opt.string("optimizer_level")
+        if level not in ("level1", "level2", "level3"):
+            raise opt.error("optimizer_level", f"must be level1, level2 or level3, got {describe(level)}")
+        draft.set("mindspore.optimizer_level", level, "parallel_optimizer_config.optimizer_level")
+    draft.warn_unused(opt)
 
 
 def _stage_layers(offset: list[Any], layers: int, mtp: int, pp: int, draft: Draft) -> None:
@@ -240,36 +294,75 @@ def _stage_layers(offset: list[Any], layers: int, mtp: int, pp: int, draft: Draf
                f"not imported (even split used)")
 
 
+def _stage_counts(value: Any, pp: int, layers: int) -> list[int] | None:
+    """A per-stage layer count list (MindFormers: true = every layer of the stage, false = none);
+    None when it is not one entry per stage (e.g. per pp-interleave chunk)."""
+    if not isinstance(value, list) or len(value) != pp:
+        return None
+    counts = []
+    for n in value:
+        if isinstance(n, bool):
+            counts.append(layers if n else 0)
+        elif isinstance(n, int) and n >= 0:
+            counts.append(n)
+        else:
+            return None
+    return counts
+
+
 def _recompute(rc: Fields, draft: Draft) -> None:
-    """``recompute``: true (every layer) or the number of layers fully recomputed in each stage
-    (MindFormers recomputes the first n of the stage); ``select_recompute``: the others' mode."""
+    """MindFormers' LayerSetting (mindformers/models/utils.py): ``recompute`` true recomputes every
+    layer, a list the first n layers of each stage; ``select_recompute`` true (or op patterns) makes the
+    other layers selective, a list the first n layers of each stage; the comm-recompute switches and
+    recompute_slice_activation go to the MindSpore profile's knobs."""
     full = rc.raw("recompute", False)
     select = rc.raw("select_recompute", False)
-    rc.used.update(rc.data)
-    pp = draft.get("parallel.pp")
-    selective = any(select) if isinstance(select, list) else any(select.values()) if isinstance(select, dict) \
-        else bool(select)
-    if isinstance(select, (list, dict)) and not all(select if isinstance(select, list) else select.values()):
-        draft.warn("recompute_config.select_recompute per layer or per op is imported as selective recompute "
-                   "of every layer")
-    other = "selective" if selective else "none"
+    rc.used.update(("recompute", "select_recompute"))
+    pp, layers = draft.get("parallel.pp"), draft.get("model.num_layers")
+    base = "none"
+    if select is True or (isinstance(select, (list, dict)) and select and
+                          all(isinstance(k, str) for k in select)):
+        base = "selective"
+        if select is not True:
+            draft.warn("recompute_config.select_recompute by op pattern is imported as selective recompute of "
+                       "every layer (the MindSpore profile's selective: the SwiGLU activation, and the attention "
+                       "core without flash attention)")
+    elif isinstance(select, list) and any(select):
+        counts = _stage_counts(select, pp, layers)
+        if counts is None:
+            draft.warn(f"recompute_config.select_recompute {select} is not one layer count per pipeline stage "
+                       f"({pp}); imported as selective recompute of every layer")
+            base = "selective"
+        else:
+            draft.set("training.selective_recompute_num_layers", counts,
+                      "recompute_config.select_recompute: first n layers per stage")
     if full is True:
         draft.set("training.recompute", "full", "recompute_config.recompute")
     elif isinstance(full, int) and not isinstance(full, bool) and full > 0:
-        draft.set("training.recompute", other, "recompute_config.select_recompute" if selective else "")
+        draft.set("training.recompute", base, "the layers recompute_config.recompute leaves out")
         draft.set("training.recompute_num_layers", full, "recompute_config.recompute: first n layers per stage")
     elif isinstance(full, list) and any(full):
-        if len(full) != pp or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in full):
+        counts = _stage_counts(full, pp, layers)
+        if counts is None:
             draft.warn(f"recompute_config.recompute {full} is not one layer count per pipeline stage ({pp}); "
                        f"not imported (activations overestimated)")
-            draft.set("training.recompute", other, "recompute_config.select_recompute" if selective else "")
-            return
-        draft.set("training.recompute", other, "recompute_config.select_recompute" if selective else
-                  "the layers recompute_config.recompute leaves out")
-        draft.set("training.recompute_num_layers", full, "recompute_config.recompute: first n layers per stage")
+            draft.set("training.recompute", base, "recompute_config.select_recompute")
+        else:
+            draft.set("training.recompute", base, "the layers recompute_config.recompute leaves out")
+            draft.set("training.recompute_num_layers", counts, "recompute_config.recompute: first n layers per stage")
     else:
-        draft.set("training.recompute", other,
-                  "recompute_config.select_recompute" if selective else "recompute_config: no recompute")
+        draft.set("training.recompute", base, "recompute_config.select_recompute" if base != "none" else
+                  "recompute_config: no recompute")
+    for key in ("mp_comm_recompute", "parallel_optimizer_comm_recompute"):
+        if rc.has(key):
+            draft.set(f"mindspore.{key}", rc.boolean(key), f"recompute_config.{key}")
+    if rc.has("recompute_slice_activation"):
+        # LayerSetting.set passes it to Cell.recompute only when recompute is true (every layer)
+        sliced = rc.boolean("recompute_slice_activation") and full is True
+        draft.set("mindspore.recompute_slice_activation", sliced, "recompute_config.recompute_slice_activation"
+                  + ("" if full is True or not rc.boolean("recompute_slice_activation") else
+                     ": MindFormers' LayerSetting applies it only with recompute: true"))
+    draft.warn_unused(rc, ("select_comm_recompute", "select_recompute_exclude", "select_comm_recompute_exclude"))
 
 
 def _training(top: Fields, pc: Fields, draft: Draft) -> None:

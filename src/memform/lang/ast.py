@@ -107,16 +107,23 @@ Expr = Num | Str | Bool | Ref | Call | BinOp | Neg | Cmp | Logic | Not | If | Wh
 
 @dataclass(frozen=True)
 class TypeSpec:
-    """Type of a config-bound name: int (optionally ranged), real, bool, dtype or enum."""
+    """Type of a config-bound name: int (optionally ranged), real, bool, dtype or enum.
+
+    ``or_bool`` (``bool | int[lo..hi]``): an int option that also takes true or false, which keep
+    their values 1 and 0 in formulas (so give the integers a range above 1 to tell them apart).
+    """
 
     kind: str
     lo: int | None = None
     hi: int | None = None
     choices: tuple[str, ...] = ()
+    or_bool: bool = False
 
     def describe(self) -> str:
         if self.kind == "enum":
             return "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.or_bool:
+            return "true, false or " + (f"an integer in {self.lo}..{self.hi}" if self.lo is not None else "an integer")
         if self.kind == "int" and self.lo is not None:
             return f"an integer in {self.lo}..{self.hi}"
         return {"int": "an integer", "real": "a number", "bool": "true or false",
@@ -127,6 +134,9 @@ class TypeSpec:
 class Include:
     path: str
     loc: Loc
+    #: ``include "X" if "W"``: X is included only when the program already loaded W (a framework
+    #: profile refining a model file it cannot name otherwise); None: always
+    when: str | None = None
 
 
 @dataclass(frozen=True)

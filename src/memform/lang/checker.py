@@ -124,9 +124,9 @@ class _Checker:
                         raise MemformError(f"'where' can only give a config-bound symbol or option another value; "
                                            f"'{name}' is not one{did_you_mean(name, prog.bindings)}", node.loc)
             elif isinstance(node, ast.Call) and node.func in AGGREGATES:
-                if where != "schedule":
+                if where not in ("schedule", "runtime"):
                     raise MemformError(f"{node.func}() reduces over the layers of a pipeline stage and can only be "
-                                       f"used in schedule blocks", node.loc)
+                                       f"used in schedule blocks (and in runtime blocks)", node.loc)
                 if in_layers:
                     raise MemformError(f"{node.func}() cannot be nested inside another layers_* reduction", node.loc)
                 if len(node.args) != 1:

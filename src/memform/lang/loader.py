@@ -40,6 +40,18 @@ def resolve_formula_path(name: str, relative_to: Path | None) -> Path:
     return candidates[0]
 
 
+def _was_loaded(decl: ast.Include, referrer: Path, loaded: set[Path]) -> bool:
+    """``include "X" if "W"``: whether the program loaded W -- a bare file name matches a loaded file of
+    that name (as the engine matches a profile's companions, frameworks/NAME/F.mf, by name), a path
+    that file itself."""
+    if "/" not in decl.when:
+        return any(p.name == decl.when for p in loaded)
+    cond = resolve_formula_path(decl.when, referrer.parent)
+    if not cond.is_file():
+        raise MemformError(f'include "{decl.path}" if "{decl.when}": no such formula file: {cond}', decl.loc)
+    return cond.resolve() in loaded
+
+
 def load_program(paths: list[str | Path], *, check: bool = True) -> Program:
     """Read formula files (and what they include) into one checked :class:`Program`."""
     prog = Program()
@@ -57,6 +69,8 @@ def load_program(paths: list[str | Path], *, check: bool = True) -> Program:
         tree = parse_file(display_path(path))
         for decl in tree.decls:
             if isinstance(decl, ast.Include):
+                if decl.when is not None and not _was_loaded(decl, path, loaded | set(stack)):
+                    continue
                 visit(resolve_formula_path(decl.path, path.parent), stack + [key], decl.loc)
             else:
                 prog.add(decl)

@@ -17,7 +17,7 @@ _TOKEN_NAMES = {
     "LBRACE": "'{'", "RBRACE": "'}'", "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'",
     "EQUAL": "'='", "COLON": "':'", "COMMA": "','", "DOT": "'.'", "STAR": "'*'", "CMP_OP": "a comparison",
     "ADD_OP": "'+' or '-'", "MUL_OP": "'*', '/' or '%'", "MINUS": "'-'", "CIRCUMFLEX": "'^'",
-    "$END": "end of file", "SIGNED_INT": "an integer", "PLACE": "'first' or 'last'",
+    "VBAR": "'|'", "$END": "end of file", "SIGNED_INT": "an integer", "PLACE": "'first' or 'last'",
 }
 
 
@@ -54,7 +54,7 @@ class _ToAst(Transformer):
         return ast.File(self.path, tuple(items))
 
     def include(self, meta, c):
-        return ast.Include(_unquote(c[0]), self._loc(meta))
+        return ast.Include(_unquote(c[0]), self._loc(meta), _unquote(c[1]) if len(c) > 1 else None)
 
     def _binding(self, keyword, meta, c):
         name, typ, path, *rest = c
@@ -90,6 +90,10 @@ class _ToAst(Transformer):
             lo, hi = c[1]
             return ast.TypeSpec("int", lo, hi)
         return ast.TypeSpec("int")
+
+    def t_bool_int(self, meta, c):
+        lo, hi = c[2] if len(c) == 3 else (None, None)
+        return ast.TypeSpec("int", lo, hi, or_bool=True)
 
     def t_real(self, meta, c):
         return ast.TypeSpec("real")

@@ -23,7 +23,7 @@ def print_file(tree: ast.File) -> str:
 
 def print_decl(decl: ast.Decl) -> str:
     if isinstance(decl, ast.Include):
-        return f'include "{decl.path}"'
+        return f'include "{decl.path}"' + (f' if "{decl.when}"' if decl.when is not None else "")
     if isinstance(decl, ast.Binding):
         default = f" default {print_expr(decl.default)}" if decl.default is not None else ""
         unit = f" [{decl.unit}]" if decl.unit is not None else ""
@@ -47,6 +47,8 @@ def print_decl(decl: ast.Decl) -> str:
 def print_type(t: ast.TypeSpec) -> str:
     if t.kind == "enum":
         return "{" + ", ".join(f'"{c}"' for c in t.choices) + "}"
+    if t.or_bool:
+        return "bool | " + (f"int[{t.lo}..{t.hi}]" if t.lo is not None else "int")
     if t.kind == "int" and t.lo is not None:
         return f"int[{t.lo}..{t.hi}]"
     return t.kind

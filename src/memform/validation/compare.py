@@ -7,13 +7,14 @@ PyTorch set-up), the same dict the PyTorch model is built from, so both sides se
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import memform
 
-from .measure import PRECISIONS, measure_step
+from .measure import AMP, PRECISIONS, measure_step
 
 #: the categories compared, and the largest |relative error| each may show (stated in the README).
 #: ``activations`` is what forward leaves saved (memform's ``warmup`` moment); ``activations_peak``
@@ -39,7 +40,7 @@ class Point:
     recompute: str = "none"
     flash: bool = True
     swiglu_impl: str = "fused"
-    precision: str = "bf16-mixed"
+    precision: str = "bf16-mixed"    # a measure.PRECISIONS set-up, or an autocast one (measure.AMP)
     experts: int = 1                # > 1: Mixtral-style MoE (needs formulas/moe.mf)
     top_k: int = 2
     arch: str = "llama"             # llama: RMSNorm, SwiGLU, RoPE, no biases; gpt: LayerNorm, GeLU, learned positions, biases
@@ -88,8 +89,12 @@ class Point:
             "model": model,
             "parallel": {"dp": 1, "tp": 1, "pp": 1},
             "training": {"micro_batch_size": self.b, "num_micro_batches": 1, "recompute": self.recompute,
-                         "precision": dict(PRECISIONS[self.precision][1])},
+                         "precision": dict(PRECISIONS.get(self.precision, (None, {}))[1])},
         }
+        if self.precision in AMP:   # PyTorch autocast over an fp32 model: the hf-trainer profile's keys
+            overlay = copy.deepcopy(AMP[self.precision][1])
+            cfg["training"].update(overlay.pop("training"))
+            cfg.update(overlay)
         if self.experts > 1:
             model.update(num_experts=self.experts, moe_top_k=self.top_k, moe_ffn_hidden_size=self.ffn)
             cfg["parallel"].update(ep=1, expert_tp=1)

@@ -1,12 +1,17 @@
 """Run one real training step and measure the bytes each memory category really holds.
 
-Two precision set-ups, each expressed by memform's ``training.precision`` keys:
+Three precision set-ups, each expressed by memform's config keys (``training.precision``, the profile):
 
 - ``bf16-mixed`` (Megatron-LM's bf16 recipe, Micikevicius et al. 2018 §3): bf16 working parameters,
   fp32 ``main_grad`` buffers that a post-accumulate-grad hook adds each bf16 gradient into (the bf16
   ``.grad`` is dropped at once), and AdamW over fp32 master copies whose ``.grad`` *is* the main-grad
   buffer; after the step the master weights are copied back into the bf16 parameters.
 - ``fp32``: fp32 parameters, gradients in ``.grad``, AdamW over the parameters themselves.
+- ``amp-bf16`` (PyTorch AMP as the Hugging Face Trainer runs it with ``bf16=True``): the ``fp32`` set-up
+  with the forward under ``torch.autocast("cpu", dtype=torch.bfloat16)``. Autocast casts each GEMM's
+  inputs and weights to bf16; the casts its autograd graph keeps count as activations (they are made
+  during forward), and the cache of cast weights is emptied when the autocast region exits, before
+  ``activations`` is read. memform estimates it with ``training.framework: hf-trainer`` (:data:`AMP`).
 
 What is counted (bytes are storage sizes; views share storage and count once):
 
@@ -29,6 +34,7 @@ What is counted (bytes are storage sizes; views share storage and count once):
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -44,6 +50,12 @@ PRECISIONS: dict[str, tuple[torch.dtype, dict[str, Any]]] = {
                                     "activations": "bf16", "master_weights": True}),
     "fp32": (torch.float32, {"params": "fp32", "grads": "fp32", "optimizer": "fp32",
                              "activations": "fp32", "master_weights": False}),
+}
+#: autocast set-ups: the dtype the forward is autocast to (over an fp32 model) and the config keys that
+#: describe it to memform (the hf-trainer profile; CPU autocast's op lists)
+AMP: dict[str, tuple[torch.dtype, dict[str, Any]]] = {
+    "amp-bf16": (torch.bfloat16, {"training": {"framework": "hf-trainer", "precision": {"params": "fp32"}},
+                                  "hf_trainer": {"amp": "bf16", "autocast_device": "cpu"}}),
 }
 
 
@@ -68,8 +80,8 @@ class Measured:
 
 def measure_step(cfg: Mapping[str, Any], precision: str = "bf16-mixed", seed: int = 0) -> Measured:
     """Build the model of ``cfg`` and run forward, backward and one AdamW step, measuring each category."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision not in PRECISIONS and precision not in AMP:
+        raise ValueError(f"precision must be one of {', '.join([*PRECISIONS, *AMP])}, got {precision!r}")
     # the tensors are tiny: intra-op threads only add contention (on a busy CI runner, many-fold) and
     # do not change what is allocated
     threads = torch.get_num_threads()
@@ -81,7 +93,9 @@ def measure_step(cfg: Mapping[str, Any], precision: str = "bf16-mixed", seed: in
 
 
 def _measure(cfg: Mapping[str, Any], precision: str, seed: int) -> Measured:
-    dtype, _ = PRECISIONS[precision]
+    # an autocast set-up trains the fp32 model, its forward autocast to amp_dtype
+    amp_dtype = AMP[precision][0] if precision in AMP else None
+    dtype = torch.float32 if amp_dtype is not None else PRECISIONS[precision][0]
     model = build(cfg, dtype, seed)
     params = list(model.parameters())
     b = int(cfg["training"].get("micro_batch_size", 1))
@@ -116,7 +130,9 @@ def _measure(cfg: Mapping[str, Any], precision: str, seed: int) -> Measured:
     timeline.ignore(static)
     with timeline:
         with LiveStorages() as fwd:
-            loss = model(ids, labels)
+            autocast = torch.autocast("cpu", dtype=amp_dtype) if amp_dtype is not None else contextlib.nullcontext()
+            with autocast:
+                loss = model(ids, labels)
         activations = fwd.alive_bytes(exclude=static)
         by_op = fwd.by_op(exclude=static)
         timeline.mark("forward")

@@ -51,6 +51,31 @@ def extras() -> list[Point]:
     return pts
 
 
+def amp_sweep() -> list[Point]:
+    """PyTorch AMP as the Hugging Face Trainer runs it (fp32 model, forward under CPU bf16 autocast),
+    estimated with the hf-trainer profile (``bench/validate.py --amp``): the four set-ups on the base
+    shape and on larger b, s, h, eager SwiGLU, GPT-style layers with dropout (LayerNorm, GeLU, biases,
+    the unfused core's softmax and dropout), MoE, and a small vocabulary (a decoder layer's backward
+    sets the peak)."""
+    amp = replace(BASE, precision="amp-bf16")
+    gpt = replace(amp, arch="gpt", dropout=True, flash=False)
+    dec = replace(amp, vocab=128, h=256)
+    pts = [replace(amp, recompute=r, flash=f) for r, f in SETUPS]
+    pts += [replace(amp, b=4), replace(amp, s=256, flash=False), replace(amp, h=256), replace(amp, swiglu_impl="eager"),
+            gpt, replace(gpt, recompute="selective"), replace(gpt, recompute="full"), replace(gpt, h=128, L=3),
+            replace(amp, experts=4), replace(amp, experts=4, recompute="full"),
+            dec, replace(dec, flash=False, s=256), replace(dec, recompute="full")]
+    return pts
+
+
+def quick_amp_sweep() -> list[Point]:
+    """The AMP cases the test suite runs: no recompute (flash), full recompute (the autocast cache
+    moment), GPT-style with dropout (unfused core), MoE."""
+    amp = replace(BASE, precision="amp-bf16")
+    return [amp, replace(amp, recompute="full", L=3), replace(amp, arch="gpt", dropout=True, flash=False, s=32),
+            replace(amp, experts=4, s=32)]
+
+
 def full_sweep() -> list[Point]:
     """Every shape in every set-up, plus the extra points (what ``bench/validate.py`` runs)."""
     return [replace(p, recompute=r, flash=f) for p in shapes() for r, f in SETUPS] + extras()

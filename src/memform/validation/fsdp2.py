@@ -1,0 +1,494 @@
+"""The fsdp2 profile against real FSDP2 training steps: ``fully_shard`` on a CPU device mesh (gloo).
+
+Each case builds the harness model (:mod:`.torch_models`) in fp32, wraps it the way torchtitan does
+(``torchtitan/models/llama3/parallelize.py`` ``apply_fsdp``: one ``fully_shard`` unit per block, the
+embedding, ``[final norm, head]``, then the root, with ``MixedPrecisionPolicy(param_dtype=bfloat16,
+reduce_dtype=float32)``), optionally with torchtitan's activation checkpointing applied to each block
+first (``torchtitan/distributed/activation_checkpoint.py``: full, or op-level SAC saving the outputs of
+every second ``mm`` and of the attention kernel), runs forward, backward and one AdamW step in
+``world`` processes spawned on loopback, and measures on each rank:
+
+- params: the local shards of the sharded (DTensor) parameters, plus the unsharded parameters a unit
+  keeps from forward to backward (``reshard_after_forward`` false: the ``[norm, head]`` unit);
+- grads: the sharded gradients after backward; optimizer: AdamW's state tensors after the step;
+- activations: storages forward created and left alive (what :class:`~.tracker.LiveStorages` counts,
+  of plain tensors: a DTensor wrapper's storage reports its global size without holding memory), less
+  the kept unsharded parameters (counted in params) and FSDP's buffers (below);
+- activations_peak / comm / peak: the largest live bytes, sampled after every ATen op of forward +
+  backward, of the storages those ops created -- activation-side ones (as the harness's
+  ``activations_peak``: saved, recomputed, activation gradients, the loss); FSDP2's own (made inside its
+  ``record_function("FSDP::...")`` regions: all-gather outputs, unsharded parameters, reduce-scatter
+  buffers, plus the unsharded gradients autograd accumulates); and both at once. The kept unsharded
+  parameters and the sharded gradients are excluded (params, grads), as is the collective backend's
+  scratch (a storage first seen as a view: gloo's reduce-scatter all-reduces a flat copy; NCCL writes in
+  place). FSDP frees an unsharded parameter by resizing its storage to 0 bytes (``_fsdp_param.py``
+  ``free_storage``), outside the dispatcher, so every sample re-reads each storage's size.
+  Held against memform's activations (the largest activation moment), comm (the largest layer's FSDP
+  working set) and their sum (an upper bound: FSDP2 holds little at the loss backward).
+
+The memform side is :meth:`Case.config`: the same model with ``training.framework: fsdp2``,
+``parallel.dp`` = the world size and the profile's knobs. Needs the ``validate`` extra (CPU PyTorch).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import json
+import math
+import os
+import socket
+import tempfile
+import weakref
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .compare import Point
+
+#: the compared categories and the largest |relative error| each may show: the static ones and the
+#: activations as in :data:`.compare.THRESHOLDS`; FSDP2's buffers (memform's comm) 10 %
+THRESHOLDS: dict[str, float] = {"params": 0.05, "grads": 0.05, "optimizer": 0.05, "activations": 0.10,
+                                "activations_peak": 0.10, "comm": 0.10}
+#: the dynamic peak (activations and FSDP buffers live at once): memform adds the largest layer's buffers
+#: to the largest activation moment, an upper bound -- it may exceed the measurement (by design: FSDP2
+#: holds little at the loss backward) but not fall short of it by more than this
+PEAK_UNDER = 0.05
+CATEGORIES = (*THRESHOLDS, "peak")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One FSDP2 validation case: the model (a :class:`~.compare.Point`), the world size and FSDP knobs."""
+
+    point: Point = Point()
+    world: int = 2
+    reshard: bool | int = True          # reshard_after_forward of the blocks and the embedding
+    head_reshard: bool = False          # of the [norm, head] unit (torchtitan: false)
+    ac: str = "none"                    # none | full | op (torchtitan's activation_checkpoint modes)
+    replicate: int = 1                  # > 1: HSDP, a (replicate, world / replicate) mesh
+
+    def label(self) -> str:
+        p = self.point
+        return (f"{p.arch} b{p.b} s{p.s} L{p.L} h{p.h} a{p.heads}/{p.kv} v{p.vocab} ac={self.ac} "
+                f"{'flash' if p.flash else 'core'} raf={self.reshard} head={self.head_reshard} N={self.world}"
+                + (f" hsdp={self.replicate}x{self.world // self.replicate}" if self.replicate > 1 else ""))
+
+    def config(self) -> dict[str, Any]:
+        """The memform config of what the workers run."""
+        recompute = {"none": "none", "full": "full", "op": "selective"}[self.ac]
+        cfg = replace(self.point, recompute=recompute, precision="bf16-mixed").config()
+        cfg["name"] = "fsdp2-" + cfg["name"]
+        cfg["parallel"]["dp"] = self.world
+        if self.replicate > 1:
+            cfg["parallel"]["zero_shard_max"] = self.world // self.replicate
+        cfg["training"]["framework"] = "fsdp2"
+        cfg["fsdp2"] = {"reshard_after_forward": self.reshard, "reshard_head_after_forward": self.head_reshard,
+                        "param_dtype": "bf16", "reduce_dtype": "fp32", "selective_ac": "op"}
+        return cfg
+
+
+@dataclass
+class Row:
+    """Measured (rank 0) and estimated bytes of one case, with the relative error."""
+
+    case: Case
+    measured: dict[str, int]
+    estimated: dict[str, int]
+    ranks: list[dict[str, int]] = field(default_factory=list)
+    by_op: dict[str, dict[str, int]] = field(default_factory=dict)   # "peak"/"comm": bytes per op there
+
+    def error(self, cat: str) -> float:
+        m = self.measured[cat]
+        return (self.estimated[cat] - m) / m if m else (0.0 if self.estimated[cat] == 0 else math.inf)
+
+    def failures(self, thresholds: dict[str, float] = THRESHOLDS) -> list[str]:
+        out = [c for c in thresholds if abs(self.error(c)) > thresholds[c]]
+        return out + (["peak"] if self.error("peak") < -PEAK_UNDER else [])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"case": asdict(self.case), "label": self.case.label(), "measured": self.measured,
+                "estimated": self.estimated, "ranks": self.ranks,
+                "error": {c: self.error(c) for c in CATEGORIES}}
+
+
+def estimate(case: Case) -> dict[str, int]:
+    """memform's numbers for ``case`` (fsdp2 profile), in the measured categories."""
+    import memform
+
+    stage = memform.estimate(case.config()).stages[0]
+    out = {c: stage.values[c] for c in ("params", "grads", "optimizer")}
+    out["activations"] = stage.moments.get("warmup", stage.values["activations"])
+    out["activations_peak"] = stage.values["activations"]
+    out["comm"] = stage.values["comm"]
+    out["peak"] = stage.values["activations"] + stage.values["comm"]
+    return out
+
+
+BASE = Point(b=2, s=64, L=3, h=64, swiglu_impl="eager")
+
+
+def sweep() -> list[Case]:
+    """What ``bench/validate.py --fsdp2`` runs: the base shape (3 blocks, so that one has neighbours of its
+    own size) under each AC mode and reshard setting, larger b, s, h, L, MHA, a larger vocabulary, the
+    unfused attention core, and 4 ranks (an integer reshard_after_forward, HSDP 2 × 2, the head resharded)."""
+    cases = [Case(BASE), Case(BASE, ac="full"), Case(BASE, ac="op"), Case(BASE, reshard=False),
+             Case(BASE, reshard=False, ac="op"), Case(BASE, head_reshard=True)]
+    for p in (replace(BASE, b=4), replace(BASE, s=128), replace(BASE, h=128), replace(BASE, L=4),
+              replace(BASE, kv_heads=4), replace(BASE, vocab=2048, h=128)):
+        cases += [Case(p), Case(p, ac="op")]
+    # the unfused core (no SDPA call: op SAC saves none of it, unlike torchtitan's math SDPA) without AC
+    cases += [Case(replace(BASE, flash=False)), Case(replace(BASE, flash=False), ac="full")]
+    cases += [Case(BASE, world=4), Case(BASE, world=4, reshard=2), Case(BASE, world=4, reshard=2, ac="op"),
+              Case(BASE, world=4, replicate=2), Case(BASE, world=4, replicate=2, ac="op"),
+              Case(BASE, world=4, head_reshard=True, ac="full")]
+    return cases
+
+
+def quick_sweep() -> list[Case]:
+    """The cases the test suite runs (one process group of 2 ranks): no AC, op SAC, full AC without
+    resharding, and a wider model with a small vocabulary (a block's backward sets the peak)."""
+    return [Case(BASE), Case(BASE, ac="op"), Case(BASE, ac="full", reshard=False),
+            Case(replace(BASE, h=128, vocab=256))]
+
+
+def run(cases: list[Case]) -> list[Row]:
+    """Measure every case (one spawned process group per world size) and estimate it with memform."""
+    rows: list[Row] = []
+    by_world: dict[int, list[Case]] = {}
+    for c in cases:
+        by_world.setdefault(c.world, []).append(c)
+    measured: dict[Case, tuple[list[dict[str, int]], dict[str, dict[str, int]]]] = {}
+    for world, group in by_world.items():
+        for case, result in zip(group, _spawn(world, group)):
+            measured[case] = result
+    for c in cases:
+        ranks, by_op = measured[c]
+        rows.append(Row(c, ranks[0], estimate(c), ranks, by_op))
+    return rows
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(world: int, cases: list[Case]) -> list[tuple[list[dict[str, int]], dict[str, dict[str, int]]]]:
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="memform-fsdp2-") as tmp:
+        payload = [asdict(c) for c in cases]
+        mp.spawn(_worker, args=(world, payload, _free_port(), tmp), nprocs=world, join=True)
+        per_rank = [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(world)]
+    out = []
+    for i in range(len(cases)):
+        out.append(([per_rank[r][i]["measured"] for r in range(world)], per_rank[0][i]["by_op"]))
+    return out
+
+
+def _case_from(d: dict[str, Any]) -> Case:
+    d = dict(d)
+    d["point"] = Point(**d["point"])
+    return Case(**d)
+
+
+def _worker(rank: int, world: int, payload: list[dict[str, Any]], port: int, out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        results = []
+        for d in payload:
+            gc.collect()  # the previous case's model (FSDP's hooks hold it in reference cycles) is gone
+            measured, by_op = _measure(_case_from(d), rank, world)
+            results.append({"measured": measured, "by_op": by_op})
+        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(results))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+# ---- the measurement (runs in each rank's process) -------------------------------------------------
+
+
+def _op_sac_context():
+    """torchtitan's op-level SAC policy (activation_checkpoint.py ``_apply_op_sac``): save the outputs of
+    the attention kernels and of every other ``mm`` (1st, 3rd, ...: wq, wv, w1, w2), recompute the rest.
+    ``_scaled_dot_product_flash_attention_for_cpu`` is the CPU counterpart of the CUDA kernels torchtitan
+    lists."""
+    from collections import defaultdict
+
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    aten = torch.ops.aten
+    always = {aten._scaled_dot_product_flash_attention_for_cpu.default,
+              aten._scaled_dot_product_attention_math.default,
+              aten._scaled_dot_product_flash_attention.default,
+              aten._scaled_dot_product_efficient_attention.default}
+    meta: dict[str, int] = defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):  # noqa: ANN001, ANN202 - torch's policy signature
+        key = "recompute" if ctx.is_recompute else "forward"
+        if func == aten.mm.default:
+            meta[key] += 1
+            return CheckpointPolicy.PREFER_RECOMPUTE if meta[key] % 2 == 0 else CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.MUST_SAVE if func in always else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def _wrap(model, case: Case, mesh):  # noqa: ANN001, ANN202
+    """torchtitan's parallelize order: activation checkpointing on each block, then fully_shard."""
+    import torch
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if case.ac != "none":
+        for i, blk in enumerate(model.blocks):
+            kw = {"context_fn": _op_sac_context} if case.ac == "op" else {}
+            model.blocks[i] = checkpoint_wrapper(blk, preserve_rng_state=False, **kw)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    fully_shard(model.embed, mesh=mesh, mp_policy=mp, reshard_after_forward=case.reshard)
+    for blk in model.blocks:
+        fully_shard(blk, mesh=mesh, mp_policy=mp, reshard_after_forward=case.reshard)
+    fully_shard([model.norm, model.head], mesh=mesh, mp_policy=mp, reshard_after_forward=case.head_reshard)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+def _harness_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The harness model without its own checkpointing: activation checkpointing is applied per block
+    by :func:`_wrap`, as torchtitan does."""
+    out = copy.deepcopy(cfg)
+    out["training"]["recompute"] = "none"
+    return out
+
+
+def _fsdp_params(model):  # noqa: ANN001, ANN202
+    from torch.distributed.fsdp import FSDPModule
+
+    out = []
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            group = m._get_fsdp_state()._fsdp_param_group
+            if group is not None:
+                out += [fp for fp in group.fsdp_params if fp not in out]
+    return out
+
+
+def _local(t):  # noqa: ANN001, ANN202
+    return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+
+#: ATen view ops: they return a new storage only when it was allocated outside the dispatcher
+VIEW_OPS = frozenset({"split", "split_with_sizes", "chunk", "view", "as_strided", "narrow", "slice", "select",
+                      "unbind", "_unsafe_view", "alias", "t", "transpose", "expand", "reshape"})
+
+
+class _Samples:
+    """Per-op samples of the live bytes of every storage created while active (a dispatch mode).
+
+    Unlike :class:`~.timeline.StorageTimeline` it re-reads each storage's size at every sample: FSDP frees
+    and re-allocates unsharded parameters by resizing their storages, which no dispatcher op reports.
+    Storages made inside FSDP's ``record_function("FSDP::...")`` regions (all-gather outputs, unsharded
+    parameters, reduce-scatter buffers) are tagged as FSDP's; :meth:`mark` tags others (the unsharded
+    gradients autograd accumulates).
+    """
+
+    def __init__(self, ignore) -> None:  # noqa: ANN001
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        outer = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+                name = str(func.overloadpacket.__name__)
+                if name == "_record_function_enter_new":
+                    outer._regions.append(str(args[0]).startswith("FSDP::") if args else False)
+                out = func(*args, **(kwargs or {}))
+                if name == "_record_function_exit" and outer._regions:
+                    outer._regions.pop()
+                outer._record(out, name)
+                return out
+
+        self.mode = Mode()
+        self._ignored = {id(st): st for st in ignore}
+        self._regions: list[bool] = []
+        self.refs: dict[int, weakref.ref] = {}     # serial -> storage
+        self.serial_of: dict[int, int] = {}         # id(storage) -> serial (while alive)
+        self.op_of: dict[int, str] = {}
+        self.fsdp: set[int] = set()                 # serials of FSDP's buffers
+        self.backend: set[int] = set()              # serials of the collective backend's scratch
+        self.samples: list[tuple[tuple[int, int], ...]] = []
+        self._next = 0
+
+    def _record(self, out, op: str) -> None:  # noqa: ANN001
+        import torch
+        from torch.utils._pytree import tree_leaves
+
+        in_fsdp = any(self._regions)
+        for t in tree_leaves(out):
+            if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.device.type == "meta":
+                continue
+            st = t.untyped_storage()
+            key = id(st)
+            if key in self._ignored:
+                continue
+            serial = self.serial_of.get(key)
+            ref = self.refs.get(serial) if serial is not None else None
+            if ref is not None and ref() is st:
+                continue
+            serial = self._next
+            self._next += 1
+            self.refs[serial] = weakref.ref(st)
+            self.serial_of[key] = serial
+            self.op_of[serial] = op
+            if op in VIEW_OPS:
+                # a view of a storage never seen: allocated outside the dispatcher, by the collective
+                # backend (gloo's reduce-scatter all-reduces a flat copy of its input, then splits it;
+                # NCCL writes into FSDP's output buffer): not FSDP2's memory
+                self.backend.add(serial)
+            elif in_fsdp:
+                self.fsdp.add(serial)
+        live = []
+        for serial, ref in list(self.refs.items()):
+            st = ref()
+            if st is None:
+                del self.refs[serial]
+                continue
+            n = st.nbytes()
+            if n:
+                live.append((serial, n))
+        self.samples.append(tuple(live))
+
+    def serials(self, storages) -> set[int]:  # noqa: ANN001
+        out = set()
+        for st in storages:
+            serial = self.serial_of.get(id(st))
+            ref = self.refs.get(serial) if serial is not None else None
+            if ref is not None and ref() is st:
+                out.add(serial)
+        return out
+
+    def live_bytes(self, keep) -> int:  # noqa: ANN001
+        """Bytes of the tracked storages alive now that ``keep(serial)`` accepts."""
+        total = 0
+        for serial, ref in list(self.refs.items()):
+            st = ref()
+            if st is not None and keep(serial):
+                total += st.nbytes()
+        return total
+
+    def mark(self, storages) -> None:  # noqa: ANN001
+        self.fsdp |= self.serials(storages)
+
+    def peak(self, keep) -> tuple[int, int]:  # noqa: ANN001
+        """The largest sum over the samples of the live storages ``keep(serial)`` accepts, and where."""
+        best, at = 0, -1
+        for i, sample in enumerate(self.samples):
+            total = sum(n for s, n in sample if keep(s))
+            if total > best:
+                best, at = total, i
+        return best, at
+
+    def by_op(self, at: int, keep) -> dict[str, int]:  # noqa: ANN001
+        out: dict[str, int] = {}
+        for s, n in self.samples[at] if at >= 0 else ():
+            if keep(s):
+                op = ("FSDP:" if s in self.fsdp else "") + self.op_of[s]
+                out[op] = out.get(op, 0) + n
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def _measure(case: Case, rank: int, world: int) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from .torch_models import build
+    from .tracker import storage_bytes, storages_of
+
+    cfg = case.config()
+    model = build(_harness_config(cfg), torch.float32, seed=0)  # the same fp32 weights on every rank
+    for m in model.modules():  # the rotary tables in the compute dtype, as the bf16 harness model has them
+        for name, buf in m._buffers.items():
+            if buf is not None and buf.is_floating_point():
+                m._buffers[name] = buf.to(torch.bfloat16)
+    if case.replicate == 1:
+        mesh = init_device_mesh("cpu", (world,))
+    else:  # HSDP: replicate over dim 0, shard over dim 1 (torchtitan's ["dp_replicate", "fsdp"] mesh)
+        mesh = init_device_mesh("cpu", (case.replicate, world // case.replicate),
+                                mesh_dim_names=("dp_replicate", "dp_shard"))
+    model = _wrap(model, case, mesh)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-3, foreach=False)
+    b = case.point.b
+    gen = torch.Generator().manual_seed(1 + rank)
+    ids = torch.randint(0, case.point.vocab, (b, case.point.s), generator=gen)
+    labels = torch.randint(0, case.point.vocab, (b, case.point.s), generator=gen)
+
+    shards = [_local(p) for p in params]
+    static = storages_of([*shards, *model.buffers(), ids, labels])
+    sampler = _Samples(static)
+    fsdp_params = _fsdp_params(model)
+    hooks = []
+    with sampler.mode:
+        loss = model(ids, labels)
+        # unsharded parameters still gathered after forward (reshard_after_forward false or an integer)
+        kept = storages_of(t for fp in fsdp_params for t in
+                           ([*fp.all_gather_outputs] if fp.sharded_state.name == "UNSHARDED" else []) +
+                           ([fp._sharded_post_forward_param_data]
+                            if getattr(fp, "_sharded_post_forward_param_data", None) is not None else []))
+        kept_bytes = sum(st.nbytes() for st in kept)
+        kept_serials = sampler.serials(kept)
+        # what forward created and left alive (as LiveStorages counts it, but of plain tensors only: a
+        # DTensor wrapper's storage reports its global size without holding it), less FSDP's buffers
+        # (on gloo a rank's last flat all-gather output can outlive FSDP's reference to it)
+        activations = sampler.live_bytes(lambda s: s not in kept_serials and s not in sampler.fsdp)
+        # the unsharded gradients autograd accumulates into the unsharded parameters are FSDP's
+        for fp in fsdp_params:
+            hooks.append(fp._unsharded_param.register_post_accumulate_grad_hook(
+                lambda p: sampler.mark([p.grad.untyped_storage()])))
+        loss.backward()
+    for hook in hooks:
+        hook.remove()
+    grads = storages_of(_local(p.grad) for p in params if p.grad is not None)
+    out = kept_serials | sampler.serials(grads) | sampler.backend  # params, grads; the backend's scratch
+    peak, at = sampler.peak(lambda s: s not in out)
+    act_peak, _ = sampler.peak(lambda s: s not in out and s not in sampler.fsdp)
+    fsdp_peak, fsdp_at = sampler.peak(lambda s: s not in out and s in sampler.fsdp)
+    by_op = {"peak": sampler.by_op(at, lambda s: s not in out),
+             "comm": sampler.by_op(fsdp_at, lambda s: s not in out and s in sampler.fsdp)}
+    opt.step()
+    states = [_local(t) for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+    measured = {"params": storage_bytes(shards) + kept_bytes, "grads": sum(st.nbytes() for st in grads),
+                "optimizer": storage_bytes(states), "activations": activations, "activations_peak": act_peak,
+                "comm": fsdp_peak, "peak": peak}
+    return measured, by_op
+
+
+def format_table(rows: list[Row], thresholds: dict[str, float] = THRESHOLDS) -> str:
+    """Per category measured / estimated KiB (rank 0) and the relative error (``!`` = over its limit)."""
+    width = max([len(r.case.label()) for r in rows] + [4])
+    cell = 25
+    head = f"{'case':<{width}}" + "".join(f" | {c + ' KiB meas/est, err':>{cell}}" for c in CATEGORIES)
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        cells = []
+        for c in CATEGORIES:
+            flag = "!" if c in r.failures(thresholds) else " "
+            cells.append(f" | {f'{r.measured[c] / 1024:.1f} / {r.estimated[c] / 1024:.1f} {r.error(c):+7.2%}{flag}':>{cell}}")
+        lines.append(f"{r.case.label():<{width}}" + "".join(cells))
+    lines.append("-" * len(head))
+    if rows:
+        lines.append("mean error: " + ", ".join(f"{c} {sum(r.error(c) for r in rows) / len(rows):+.2%}"
+                                                for c in CATEGORIES))
+        lines.append("max |error|: " + ", ".join(f"{c} {max(abs(r.error(c)) for r in rows):.2%} "
+                                                 f"(limit {thresholds[c]:.0%})" for c in thresholds)
+                     + f"; peak {min(r.error('peak') for r in rows):+.2%} … {max(r.error('peak') for r in rows):+.2%}"
+                       f" (an upper bound: at most {PEAK_UNDER:.0%} under)")
+    return "\n".join(lines)

@@ -1,0 +1,378 @@
+"""The DeepSpeed profile (formulas/frameworks/deepspeed.mf) and ``memform import deepspeed``.
+
+Expected numbers come from DeepSpeed itself, written here as DeepSpeed writes them and computed from
+the model's parameter count, not from memform's formulas:
+
+* ``estimate_zero2_model_states_mem_needs`` (deepspeed/runtime/zero/stage_1_and_2.py) and
+  ``estimate_zero3_model_states_mem_needs`` (deepspeed/runtime/zero/stage3.py), deepspeedai/DeepSpeed;
+* where DeepSpeed's real allocations differ from its estimators (documented upper bounds that count
+  the step's fp32 gradients as always live and omit copies and buffers), the buffer it allocates, named
+  with the function that allocates it, added to the estimator's number ("extra" below).
+
+The model is a 7.5B GPT, the model size of the ZeRO paper's Figure 1 (Rajbhandari et al. 2020):
+tests/fixtures/deepspeed/gpt-7.5b.yaml.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+import memform
+from cli_helpers import ROOT, run_memform
+from memform.errors import MemformError
+from memform.importers import Options, import_config
+
+FIX = ROOT / "tests" / "fixtures" / "deepspeed"
+GPT = FIX / "gpt-7.5b.yaml"
+HF_LLAMA = ROOT / "tests" / "data" / "importers" / "llama3-8b.config.json"
+H, L, V, S = 4096, 36, 50257, 1024           # the fixture's GPT shape
+
+
+def gpt_params(s: int = S) -> int:
+    """HF GPT2Model's parameters: per block c_attn h×3h + 3h, attn c_proj h×h + h, c_fc h×4h + 4h,
+    mlp c_proj 4h×h + h, ln_1 and ln_2 2h each (12h² + 13h); wte V×h (lm_head tied), wpe s×h, ln_f 2h."""
+    return L * (12 * H * H + 13 * H) + V * H + s * H + 2 * H
+
+
+#: the largest module's own parameters (stage3.py model_to_params: max over modules of
+#: parameters(recurse=False)): GPT-2's wte, V×h, above c_fc's 4h² + 4h
+LARGEST = V * H
+
+
+def estimate_zero2_model_states_mem_needs(total_params, num_gpus_per_node=1, num_nodes=1, cpu_offload=True,
+                                          additional_buffer_factor=1.5):
+    """As in deepspeed/runtime/zero/stage_1_and_2.py (same name)."""
+    total_gpus = num_nodes * num_gpus_per_node
+    if cpu_offload:
+        gpu_mem = 2 * total_params
+        cpu_mem = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
+    else:
+        # 2 = params_16bit; 18 = 2_grads_16bit + 4_grads_32bit + 4_params_32bit + 8_optimizer_states_32bit
+        gpu_mem = 2 * total_params + int(18 * total_params / total_gpus)
+        cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+    return int(cpu_mem), int(gpu_mem)
+
+
+def estimate_zero3_model_states_mem_needs(total_params, largest_layer_params, num_gpus_per_node=1, num_nodes=1,
+                                          cpu_offload=True, cpu_offload_params=True, zero_init=True,
+                                          additional_buffer_factor=1.5):
+    """As in deepspeed/runtime/zero/stage3.py (same name)."""
+    total_gpus = num_nodes * num_gpus_per_node
+    gpus_factor = 1 / num_nodes
+    largest_layer_memory = (4 * largest_layer_params)
+    if cpu_offload:
+        if cpu_offload_params:
+            gpu_mem = largest_layer_memory
+            if zero_init:
+                cpu_mem = total_params * 18 * gpus_factor * additional_buffer_factor
+            else:
+                cpu_mem = total_params * max(4 * num_gpus_per_node, 18 * gpus_factor) * additional_buffer_factor
+        else:
+            gpu_mem = largest_layer_memory + int(2 * total_params / total_gpus)
+            if zero_init:
+                cpu_mem = total_params * 16 * gpus_factor * additional_buffer_factor
+            else:
+                cpu_mem = total_params * max(4 * num_gpus_per_node, 16 * gpus_factor) * additional_buffer_factor
+    else:
+        gpu_mem = largest_layer_memory + int(18 * total_params / total_gpus)
+        if zero_init:
+            cpu_mem = largest_layer_params * 4 * num_gpus_per_node * additional_buffer_factor
+        else:
+            cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+    return int(cpu_mem), int(gpu_mem), largest_layer_memory
+
+
+def stage0(overrides: dict) -> memform.StageResult:
+    est = memform.estimate(GPT, overrides)
+    assert est.model.structure.framework == "deepspeed"
+    return est.stages[0]
+
+
+def states(s) -> int:
+    return s.values["params"] + s.values["grads"] + s.values["optimizer"]
+
+
+def step_states(s) -> int:
+    """What the device holds at the optimizer step: the runtime block reports the step's excess over
+    the forward/backward moment, so the rows that read it make the step the peak (8 tokens, no bucket)."""
+    assert s.runtime["optimizer_step"] > 0
+    return s.model_bytes + s.runtime["optimizer_step"]
+
+
+def test_the_fixture_is_the_zero_paper_model_size():
+    s = stage0({"parallel.dp": 8})
+    assert s.param_count == gpt_params() and abs(gpt_params() / 7.5e9 - 1) < 0.01
+
+
+# ---- DeepSpeed's estimators -------------------------------------------------------------------------
+# (zero, N, overrides, memform quantity, extra the estimator omits [bytes, from Ψ and N], why)
+STEP = {"model.seq_length": 8, "deepspeed.reduce_bucket_size": 0}
+FP32_GRADS = {"training.precision.grads": "fp32"}
+ESTIMATOR_CASES = [
+    # ZeRO-2 at the step: params 2Ψ + 16-bit grads + fp32 grads + master + moments, as the estimator, and
+    # step()'s flatten(averaged_gradients): a second 16-bit copy of the partition (stage_1_and_2.py step)
+    (2, 8, STEP, step_states, lambda p, n: 2 * math.ceil(p / n), "flatten() copy of the 16-bit partition"),
+    (2, 64, STEP, step_states, lambda p, n: 2 * math.ceil(p / n), "flatten() copy of the 16-bit partition"),
+    # ZeRO-3 forward/backward with fp32 gradient partitions (data_types.grad_accum_dtype fp32): 2 + 4 + 4 + 8
+    # bytes per partitioned parameter plus the running module's 16-bit parameters and gradient (4 × largest)
+    (3, 8, FP32_GRADS, lambda s: states(s) + s.runtime["zero3_fetch"], lambda p, n: 0, ""),
+    (3, 64, FP32_GRADS, lambda s: states(s) + s.runtime["zero3_fetch"], lambda p, n: 0, ""),
+    # the default accumulation dtype is the model's (engine.py get_data_types): grad_partitions_flat_buffer
+    # holds bf16, 2 bytes per parameter less than the estimator's 4 (stage3.py _setup_for_real_optimizer)
+    (3, 8, {}, lambda s: states(s) + s.runtime["zero3_fetch"], lambda p, n: -2 * math.ceil(p / n), "bf16 grads"),
+    (3, 64, {}, lambda s: states(s) + s.runtime["zero3_fetch"], lambda p, n: -2 * math.ceil(p / n), "bf16 grads"),
+]
+
+
+@pytest.mark.parametrize("zero, n, overrides, measure, extra, why", ESTIMATOR_CASES)
+def test_model_states_match_deepspeeds_estimators(zero, n, overrides, measure, extra, why):
+    s = stage0({"parallel.zero": zero, "parallel.dp": n, **overrides})
+    psi = gpt_params(overrides.get("model.seq_length", S))
+    if zero == 2:
+        _, gpu = estimate_zero2_model_states_mem_needs(psi, num_gpus_per_node=n, cpu_offload=False)
+    else:
+        _, gpu, _ = estimate_zero3_model_states_mem_needs(psi, LARGEST, num_gpus_per_node=n, cpu_offload=False,
+                                                          cpu_offload_params=False)
+    got = measure(s)
+    assert got == pytest.approx(gpu + extra(psi, n), rel=0.05), why
+    # and against the bare estimator: the documented extras are at most 6 % (ZeRO-2, N = 8) / 11 % (bf16 ZeRO-3)
+    assert abs(got / gpu - 1) <= (0.06 if zero == 2 else 0.11)
+
+
+def test_zero3_working_set_beyond_the_estimator():
+    # the estimator's 4 × largest layer is the running module only; DeepSpeed also keeps modules reused
+    # within stage3_max_reuse_distance (1e9 elements: the last 5e8 of forward, release_sub_module), prefetches
+    # stage3_prefetch_bucket_size (5e7) and allocates the IPG bucket (reduce_bucket_size 5e8, bf16)
+    s = stage0({"parallel.zero": 3})
+    assert s.runtime["zero3_fetch"] == 4 * LARGEST
+    assert s.runtime["zero3_cache"] == 2 * (500_000_000 - LARGEST + 50_000_000)
+    small = L * 13 * H + 2 * H        # biases and LayerNorms (≤ 1e5 elements: mark_persistent_parameters)
+    assert s.runtime["zero3_persistent"] == 2 * 500_000_000 + 2 * small
+    # no reuse window and a live-parameter budget of the running module: no cache at all
+    s = stage0({"parallel.zero": 3, "deepspeed.stage3_max_reuse_distance": 0,
+                "deepspeed.stage3_max_live_parameters": LARGEST})
+    assert s.runtime["zero3_cache"] == 0
+
+
+def test_persistence_threshold_keeps_small_tensors_gathered():
+    # 2e7 elements: GPT-2's attn c_proj (h² = 16.8M) and wpe (s·h = 4.2M) join the biases and norms
+    s = stage0({"parallel.zero": 3, "deepspeed.stage3_param_persistence_threshold": 20_000_000,
+                "deepspeed.contiguous_gradients": False})
+    tensors = L * (H * H + 13 * H) + S * H + 2 * H
+    assert s.runtime["zero3_persistent"] == 2 * tensors
+
+
+# ---- offload: device bytes drop, host bytes as DeepSpeed allocates them ------------------------------
+OFFLOAD_CASES = [
+    # ZeRO-2 offload_optimizer, 2 GPUs on 1 node (16 > 4N: the estimator's cpu term is the states'): device
+    # 2Ψ; host master + moments + the pinned fp32 gradient partition = 16Ψ over the node
+    (2, 2, {"deepspeed.offload_optimizer": "cpu"}, "zero2", {}, lambda p: 0),
+    # ZeRO-3 both offloaded, 8 GPUs: device 4 × largest; host 18Ψ as the estimator (zero_init) and
+    # grad_partitions_flat_buffer, on self.device = cpu in bf16 (stage3.py _setup_for_real_optimizer)
+    (3, 8, {"deepspeed.offload_optimizer": "cpu", "deepspeed.offload_param": "cpu"}, "zero3",
+     {"cpu_offload_params": True}, lambda p: 2 * p),
+    # ZeRO-3 optimizer offloaded: device 4 × largest + 2Ψ/N; host 16Ψ + the bf16 accumulation buffer
+    (3, 8, {"deepspeed.offload_optimizer": "cpu"}, "zero3", {"cpu_offload_params": False}, lambda p: 2 * p),
+]
+
+
+@pytest.mark.parametrize("zero, n, overrides, which, kwargs, host_extra", OFFLOAD_CASES)
+def test_offload_moves_states_to_the_host(zero, n, overrides, which, kwargs, host_extra):
+    s = stage0({"parallel.zero": zero, "parallel.dp": n, **overrides})
+    psi = gpt_params()
+    if which == "zero2":
+        cpu, gpu = estimate_zero2_model_states_mem_needs(psi, num_gpus_per_node=n, cpu_offload=True)
+        device = states(s)
+    else:
+        cpu, gpu, _ = estimate_zero3_model_states_mem_needs(psi, LARGEST, num_gpus_per_node=n, cpu_offload=True,
+                                                            zero_init=True, **kwargs)
+        device = states(s) + s.runtime["zero3_fetch"]
+    assert device == pytest.approx(gpu, rel=0.05)
+    # the estimator's cpu_mem is per node with additional_buffer_factor 1.5; memform's host bytes per device
+    assert s.host_bytes * n == pytest.approx(cpu / 1.5 + host_extra(psi), rel=0.05)
+    assert s.host_bytes * n <= cpu + host_extra(psi)
+
+
+# ---- mechanisms, by hand from the DeepSpeed source ---------------------------------------------------
+P8 = math.ceil(gpt_params() / 8)       # one rank's partition at N = 8
+MECHANISM_CASES = [
+    # ZeRO-1, one micro-batch: only the boundary micro-step's 16-bit partition (copy_grads_in_partition)
+    ({"parallel.zero": 1}, "grads", 2 * P8),
+    # ZeRO-1, 4 micro-batches: autograd's full 16-bit .grad lives between the boundaries
+    ({"parallel.zero": 1, "training.num_micro_batches": 4}, "grads", 2 * gpt_params() + 2 * P8),
+    # ZeRO-1 with fp32 accumulation is BF16_Optimizer: a full fp32 gradient buffer (engine.py)
+    ({"parallel.zero": 1, "training.precision.grads": "fp32"}, "grads", 4 * gpt_params()),
+    # ZeRO-2, 4 micro-batches: averaged_gradients keeps the previous partition while the next is filled
+    ({"parallel.zero": 2, "training.num_micro_batches": 4}, "grads", 4 * P8),
+    # ZeRO-2 IPG buffer: reduce_bucket_size bf16 elements, two with overlap_comm (backward())
+    ({"parallel.zero": 2}, "comm", 2 * 500_000_000),
+    ({"parallel.zero": 2, "deepspeed.overlap_comm": True, "deepspeed.reduce_bucket_size": 200_000_000},
+     "comm", 2 * 2 * 200_000_000),
+    # ZeRO-2 offload: the bucket plus temp_grad_buffer_for_gpu_offload (the largest parameter, bf16)
+    ({"parallel.zero": 2, "deepspeed.offload_optimizer": "cpu"}, "comm", 2 * 500_000_000 + 2 * LARGEST),
+    # ZeRO-3: no per-layer buffers (its bucket and fetches are stage-wide runtime blocks)
+    ({"parallel.zero": 3}, "comm", 0),
+]
+
+
+@pytest.mark.parametrize("overrides, category, expected", MECHANISM_CASES)
+def test_buffers_follow_deepspeeds_allocations(overrides, category, expected):
+    assert stage0({"parallel.dp": 8, **overrides}).values[category] == expected
+
+
+def test_peak_is_the_larger_of_backward_and_step():
+    # ZeRO-2 at N = 8 with the fixture's 1024 tokens: the step (2Ψ + 20Ψ/N, see above) is larger than
+    # forward/backward (2Ψ + 14Ψ/N + activations + the 1 GB bucket), so the step is the peak
+    s = stage0({"parallel.zero": 2})
+    psi = gpt_params()
+    assert s.peak_bytes == 2 * psi + 20 * P8
+    # with a 16k-token micro batch the activations win and the step adds nothing
+    s = stage0({"parallel.zero": 2, "training.micro_batch_size": 16})
+    assert s.runtime["optimizer_step"] == 0
+
+
+BAD_KNOBS = [
+    ("deepspeed.offload_param=cpu", "deepspeed.offload_param needs parallel.zero: 3"),
+    ("deepspeed.allgather_bucket_size=5", "deepspeed.allgather_bucket_size must be a multiple of 2"),
+    ("deepspeed.reduce_bucket_size=-1", "'deepspeed.reduce_bucket_size' must be an integer"),
+    ("deepspeed.offload_optimizer=nvme", "'deepspeed.offload_optimizer' must be one of"),
+    ("deepspeed.stage3_max_live_parameters=lots", "'deepspeed.stage3_max_live_parameters' must be an integer"),
+    ("deepspeed.overlap_comm=3", "'deepspeed.overlap_comm' must be true or false"),
+    ("parallel.pp=2", "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"),
+    ("deepspeed.nosuch=1", "unknown config key 'deepspeed.nosuch'"),
+]
+
+
+@pytest.mark.parametrize("setting, needle", BAD_KNOBS)
+def test_bad_knobs_exit_2_naming_the_key(setting, needle):
+    r = run_memform("estimate", GPT, "--set", setting)
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.startswith("memform: error:")
+
+
+def test_every_bundled_config_loads_under_deepspeed_with_zero3_offload():
+    for cfg in sorted((ROOT / "configs").glob("*.yaml")):
+        try:
+            own = memform.estimate(cfg).model.structure
+        except MemformError:
+            continue  # not loadable at all (test_frameworks.py reports that): nothing DeepSpeed-specific
+        if own.framework != "megatron":
+            continue  # written for another profile, with that profile's own keys
+        pp = own.pp
+        zero = {"parallel.zero": 3, "deepspeed.offload_optimizer": "cpu", "deepspeed.offload_param": "cpu"} \
+            if pp == 1 else {"parallel.zero": 1}
+        est = memform.estimate(cfg, {"training.framework": "deepspeed", **zero})
+        assert all(s.peak_bytes > 0 for s in est.stages), cfg.name
+
+
+# ---- memform import deepspeed -----------------------------------------------------------------------
+IMPORT_CASES = [
+    # the HF Trainer's ZeRO-2 template (transformers docs, "DeepSpeed" → ZeRO-2 example)
+    ("hf_zero2_offload.json", {"parallel.zero": 2, "deepspeed.reduce_bucket_size": 200_000_000,
+                               "deepspeed.allgather_bucket_size": 200_000_000, "deepspeed.overlap_comm": True,
+                               "deepspeed.offload_optimizer": "cpu", "training.framework": "deepspeed"}),
+    # the HF Trainer's ZeRO-3 template: "auto" buckets as HfTrainerDeepSpeedConfig derives them from h = 4096
+    ("hf_zero3_auto.json", {"parallel.zero": 3, "deepspeed.reduce_bucket_size": 4096 * 4096,
+                            "deepspeed.stage3_prefetch_bucket_size": int(0.9 * 4096 * 4096),
+                            "deepspeed.stage3_param_persistence_threshold": 10 * 4096,
+                            "deepspeed.offload_param": "cpu", "deepspeed.sub_group_size": 10 ** 9,
+                            "training.micro_batch_size": 2, "training.num_micro_batches": 4,
+                            "training.precision.params": "bf16"}),
+    # Megatron-DeepSpeed's style: batch 512 = 4 × 16 × dp 8 (runtime/config.py _batch_assertion)
+    ("megatron_ds_zero1.json", {"parallel.zero": 1, "parallel.dp": 8, "training.micro_batch_size": 4,
+                                "training.num_micro_batches": 16, "training.global_batch_size": 512,
+                                "training.precision.grads": "fp32", "deepspeed.reduce_bucket_size": 500_000_000}),
+]
+
+
+@pytest.mark.parametrize("name, expected", IMPORT_CASES)
+def test_import_reads_real_ds_configs(name, expected):
+    draft = import_config("deepspeed", FIX / name, Options(model=str(GPT)))
+    assert {k: draft.get(k) for k in expected} == expected
+    assert not [w for w in draft.warnings if "does not load" in w]
+    assert draft.get("model.hidden_size") == H        # the model came from --model
+    text = draft.to_yaml()
+    assert "# zero_optimization.stage" in text         # every value says where it came from
+    est = memform.estimate(yaml.safe_load(text))
+    assert est.model.structure.framework == "deepspeed"
+
+
+def test_import_auto_is_reported_not_guessed():
+    draft = import_config("deepspeed", FIX / "hf_zero2_offload.json", Options(model=str(GPT)))
+    autos = [w for w in draft.warnings if '"auto"' in w]
+    assert len(autos) == 4     # fp16.enabled, micro batch, accumulation, train batch size
+    assert draft.entries["training.precision.params"].default   # written as "# default:"
+
+
+def test_import_onto_a_hugging_face_config_json(tmp_path):
+    out = tmp_path / "l3.yaml"
+    r = run_memform("import", "deepspeed", FIX / "hf_zero3_auto.json", "--model", HF_LLAMA, "--devices", "8",
+                    "-o", out)
+    assert r.returncode == 0, r.stderr
+    cfg = yaml.safe_load(out.read_text())
+    assert cfg["model"]["num_kv_heads"] == 8 and cfg["parallel"]["dp"] == 8
+    assert cfg["deepspeed"]["reduce_bucket_size"] == 4096 * 4096
+    est = run_memform("estimate", out, "--json")
+    assert est.returncode == 0, est.stderr
+    assert json.loads(est.stdout)["stages"][0]["host_bytes"] > 0
+
+
+def test_import_warns_unused_keys_once(tmp_path):
+    data = json.loads((FIX / "megatron_ds_zero1.json").read_text())
+    data["my_custom_flag"] = 1
+    data["zero_optimization"]["my_zero_flag"] = True
+    src = tmp_path / "ds.json"
+    src.write_text(json.dumps(data))
+    r = run_memform("import", "deepspeed", src, "--model", GPT)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("'my_custom_flag' is not used") == 1
+    assert r.stderr.count("'zero_optimization.my_zero_flag' is not used") == 1
+    assert "steps_per_print" not in r.stderr and "gradient_clipping" not in r.stderr
+
+
+BAD_DS = [
+    ({"zero_optimization": {"stage": 5}}, "zero_optimization.stage"),
+    ({"zero_optimization": {"stage": 2, "reduce_bucket_size": "lots"}}, "zero_optimization.reduce_bucket_size"),
+    ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "cannot be simultaneously enabled"),
+    ({"train_batch_size": 100, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2},
+     "train_batch_size 100"),
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "disk"}}}, "offload_param.device"),
+    ({"zero_optimization": [1]}, "'zero_optimization' must be a mapping"),
+]
+
+
+@pytest.mark.parametrize("data, needle", BAD_DS)
+def test_import_errors_exit_2(tmp_path, data, needle):
+    src = tmp_path / "ds_config.json"
+    src.write_text(json.dumps(data))
+    r = run_memform("import", "deepspeed", src, "--model", GPT)
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_import_needs_a_model_and_only_deepspeed_takes_one():
+    r = run_memform("import", "deepspeed", FIX / "megatron_ds_zero1.json")
+    assert r.returncode == 2 and "pass --model" in r.stderr
+    r = run_memform("import", "hf", HF_LLAMA, "--model", GPT)
+    assert r.returncode == 2 and "--model is not read" in r.stderr
+    r = run_memform("import", "deepspeed", FIX / "megatron_ds_zero1.json", "--model", FIX / "hf_zero3_auto.json")
+    assert r.returncode == 2 and "required field 'hidden_size'" in r.stderr
+
+
+def test_runtime_blocks_reduce_over_the_stage_layers(tmp_path):
+    # the language change this profile needs: layers_sum / layers_max in a runtime block see the stage's
+    # layer groups, as a schedule's moments do (here: every stage's own parameter count, and its largest layer)
+    (tmp_path / "count.mf").write_text("runtime count { bytes = layers_sum(params) }\n"
+                                       "runtime biggest { bytes = layers_max(params) }\n")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text((ROOT / "configs" / "llama2-7b.yaml").read_text())
+    est = memform.estimate(cfg, {"training.framework": "count.mf"})
+    h, f, v = 4096, 11008, 32000      # Llama-2-7B (Touvron et al. 2023), tp = 2, pp = 2
+    decoder = (4 * h * h + 3 * h * f) // 2 + 2 * h
+    assert [s.runtime["count"] for s in est.stages] == [s.param_count for s in est.stages]
+    assert [s.runtime["biggest"] for s in est.stages] == [decoder, decoder]   # > the head's v·h/2 + h
+    assert est.stages[0].param_count == v * h // 2 + 16 * decoder
