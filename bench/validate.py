@@ -62,13 +62,18 @@ def main(argv: list[str] | None = None) -> int:
             print(p.label(), "at the peak:", rows[-1].peak_by_op)
     elapsed = time.perf_counter() - start
     print(format_table(rows))
+    return _summary(rows, elapsed, THRESHOLDS, lambda r: r.point.label(), args.json)
+
+
+def _summary(rows, elapsed: float, thresholds: dict, label, json_path: str | None, extra: str = "") -> int:
+    """The closing lines every mode prints (cases, time, what is over its threshold) and the --json dump."""
     failed = [r for r in rows if r.failures()]
     print(f"{len(rows)} cases in {elapsed:.1f} s; {len(failed)} over the thresholds "
-          + ", ".join(f"{c} {t:.0%}" for c, t in THRESHOLDS.items()))
+          + ", ".join(f"{c} {t:.0%}" for c, t in thresholds.items()) + extra)
     for r in failed:
-        print(f"FAIL {r.point.label()}: " + ", ".join(f"{c} {r.error(c):+.2%}" for c in r.failures()))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
+        print(f"FAIL {label(r)}: " + ", ".join(f"{c} {r.error(c):+.2%}" for c in r.failures()))
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as fh:
             json.dump([r.to_dict() for r in rows], fh, indent=1)
     return 1 if failed else 0
 
@@ -88,16 +93,8 @@ def _fsdp2(args: argparse.Namespace) -> int:
             print(r.case.label(), "at the peak:", r.by_op.get("peak"))
             print(r.case.label(), "FSDP buffers at their peak:", r.by_op.get("comm"))
     print(fsdp2.format_table(rows))
-    failed = [r for r in rows if r.failures()]
-    print(f"{len(rows)} cases in {elapsed:.1f} s; {len(failed)} over the thresholds "
-          + ", ".join(f"{c} {t:.0%}" for c, t in fsdp2.THRESHOLDS.items())
-          + f", peak at most {fsdp2.PEAK_UNDER:.0%} under")
-    for r in failed:
-        print(f"FAIL {r.case.label()}: " + ", ".join(f"{c} {r.error(c):+.2%}" for c in r.failures()))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump([r.to_dict() for r in rows], fh, indent=1)
-    return 1 if failed else 0
+    return _summary(rows, elapsed, fsdp2.THRESHOLDS, lambda r: r.case.label(), args.json,
+                    f", peak at most {fsdp2.PEAK_UNDER:.0%} under")
 
 
 if __name__ == "__main__":
