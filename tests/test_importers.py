@@ -156,8 +156,11 @@ def test_set_replaces_a_whole_section_or_a_scalar_above_it() -> None:
 
 
 def test_a_strategy_that_cannot_load_is_reported_at_import_time() -> None:
+    # Llama-3-8B has 32 heads (Dubey et al. 2024, Table 3): tp 3 cannot split them
     draft = imported("hf", "llama3-8b.config.json", overrides={"parallel.tp": 3})
-    assert [w for w in draft.warnings if "does not load yet" in w and "parallel.tp must divide" in w]
+    assert draft.load_error is not None and "parallel.tp must divide" in draft.load_error
+    assert not [w for w in draft.warnings if "does not load" in w]  # an error, not a warning
+    assert imported("hf", "llama3-8b.config.json").load_error is None
 
 
 def test_hf_name_comes_from_the_checkpoint_folder(tmp_path: Path) -> None:
@@ -422,7 +425,8 @@ MF_BASE = ("model: {model_config: {hidden_size: 64, num_heads: 4, num_layers: 4,
     ("recompute_config: {recompute: [1, 0], select_recompute: [2, 1]}",
      {"training.recompute": "none", "training.recompute_num_layers": [1, 0],
       "training.selective_recompute_num_layers": [2, 1]}),
-    ("recompute_config: {recompute: [true, false]}", {"training.recompute_num_layers": [4, 0]}),
+    # true = every layer of the stage: 2 of the 4 (LayerSetting caps a count at the stage's layers)
+    ("recompute_config: {recompute: [true, false]}", {"training.recompute_num_layers": [2, 0]}),
     ("recompute_config: {recompute: true, select_recompute: true, recompute_slice_activation: true}",
      {"training.recompute": "full", "mindspore.recompute_slice_activation": True}),
     ("recompute_config: {recompute: [1, 1], recompute_slice_activation: true, mp_comm_recompute: false}",
@@ -466,7 +470,8 @@ def test_mindformers_errors(tmp_path: Path, text: str, needle: str) -> None:
 
 ALL_FILES = [("hf", c[0]) for c in HF_CASES] + [
     ("megatron", "llama3-8b.args.txt"), ("megatron", "mixtral-8x7b.sh"), ("megatron", "gpt3-175b.args.txt"),
-    ("mindformers", "deepseek3-mindformers.yaml"), ("mindformers", "llama2-7b-mindformers.yaml")]
+    ("mindformers", "deepseek3-mindformers.yaml"), ("mindformers", "llama2-7b-mindformers.yaml"),
+    ("hyperparallel", "mixtral-8x7b-hyperparallel.yaml")]
 
 
 @pytest.mark.parametrize("fmt, name", ALL_FILES, ids=[n for _, n in ALL_FILES])
@@ -486,7 +491,7 @@ def test_unknown_keys_fall_back_to_the_agreed_file_names() -> None:
 @pytest.mark.parametrize("fmt, name", ALL_FILES, ids=[n for _, n in ALL_FILES])
 def test_round_trip_import_then_estimate(tmp_path: Path, fmt: str, name: str) -> None:
     draft = imported(fmt, name)
-    assert not [w for w in draft.warnings if "does not load" in w]
+    assert draft.load_error is None
     path = write(tmp_path, "imported.yaml", draft.to_yaml())
     assert yaml.safe_load(path.read_text()) == draft.config()
     est = memform.estimate(path)

@@ -199,3 +199,93 @@ def test_cyclic_extends_closed_by_an_override_points_at_the_override(tmp_path):
     with pytest.raises(MemformError, match="cyclic 'extends'") as info:
         load_program([over])
     assert info.value.loc.file.endswith("over.mf") and info.value.loc.line == 2
+
+
+# ---- per-layer choices in the stack, and `int | list` options ------------------------------------
+
+PATTERN = """
+option freq : int[1..64] | list = model.moe_layer_freq default 1 "MoE layer pattern"
+def is_moe(i) = if is_list(freq) then at(freq, i) != 0 else i % freq == 0
+block dense extends layer { params = h }
+block sparse extends layer { params = 10 * h }
+stack { dense * 1  sparse * (n - 1) if is_moe(layer_index) else dense }
+"""
+
+
+@pytest.mark.parametrize("freq, layout", [
+    # layer_index counts the body layers from 0 (the dense one in front is layer 0): Megatron-LM's
+    # --moe-layer-freq rule, layer i is MoE when i % N == 0 (gpt_layer_specs.py moe_layer_pattern)
+    # (the partition merges neighbouring layers of one block into a group)
+    (1, [(1, "dense"), (5, "sparse")]),
+    (2, [(2, "dense"), (1, "sparse"), (1, "dense"), (1, "sparse"), (1, "dense")]),
+    (3, [(3, "dense"), (1, "sparse"), (2, "dense")]),
+    ([0, 1, 1, 0, 0, 1], [(1, "dense"), (2, "sparse"), (2, "dense"), (1, "sparse")]),
+])
+def test_stack_choice_picks_a_block_per_layer(tmp_path, freq, layout):
+    est = model(tmp_path, PATTERN, num_layers=6, moe_layer_freq=freq)
+    groups = [(g.count_value, g.block) for g in est.partition.chunks[0][0].groups]
+    assert groups == layout
+    n_sparse = sum(c for c, blk in layout if blk == "sparse")
+    assert est.stages[0].param_count == 8 * (6 - n_sparse) + 80 * n_sparse
+
+
+def test_stack_choice_of_one_block_keeps_the_symbolic_count(tmp_path):
+    f = write(tmp_path, "m.mf", HEADER + PATTERN)
+    m = memform.load_model({"formulas": [str(f)], "model": {"hidden_size": 8, "num_layers": 6}})
+    items = memform.api.stack_items(m, m.evaluator())
+    n = sympy.Symbol("n", positive=True, integer=True)
+    assert [(i.block, i.count, i.count_value) for i in items] == [("dense", 1, 1), ("sparse", n - 1, 5)]
+    m = memform.load_model({"formulas": [str(f)], "model": {"hidden_size": 8, "num_layers": 6, "moe_layer_freq": 5}})
+    items = memform.api.stack_items(m, m.evaluator())
+    assert [(i.block, i.count_value) for i in items] == [("dense", 1), ("dense", 4), ("sparse", 1)]
+
+
+def test_stack_choice_splits_over_pipeline_stages(tmp_path):
+    f = write(tmp_path, "m.mf", HEADER + PATTERN)
+    est = memform.estimate({"formulas": [str(f)], "model": {"hidden_size": 8, "num_layers": 6, "moe_layer_freq": 2},
+                            "parallel": {"pp": 2}})
+    assert [s.param_count for s in est.stages] == [8 + 8 + 80, 8 + 80 + 8]
+
+
+def test_stack_choice_round_trips_through_the_printer():
+    from memform.lang.printer import print_file
+    src = HEADER + PATTERN
+    tree = parse_text(src, "t.mf")
+    printed = print_file(tree)
+    assert "sparse * (n - 1) if is_moe(layer_index) else dense" in printed
+    assert "option freq : int[1..64] | list = model.moe_layer_freq" in printed
+    assert print_file(parse_text(printed, "again.mf")) == printed
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("stack { dense * n if layer_index > 0 else nowhere }", "unknown block 'nowhere'"),
+    ("let x = layer_index", "unknown symbol 'layer_index'"),
+    ("stack { dense * n if lyer_index > 0 else dense }", "did you mean 'layer_index'"),
+    ("let x = at(1, 2, 3)", "takes 2 arguments"),
+])
+def test_stack_choice_mistakes(tmp_path, text, fragment):
+    expect_error(tmp_path, HEADER + "block dense extends layer { params = h }\n" + text + "\n", fragment)
+
+
+@pytest.mark.parametrize("freq, fragment", [
+    ([1, 0], "at(): index 2 is outside the list of 2 entries"),
+    ([1, True, 0, 0, 0, 0], "must be an integer in 1..64, or a list of integers"),
+    ("every", "must be an integer in 1..64, or a list of integers"),
+])
+def test_int_or_list_option_mistakes(tmp_path, freq, fragment):
+    with pytest.raises(MemformError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        model(tmp_path, PATTERN, num_layers=6, moe_layer_freq=freq)
+
+
+def test_a_list_is_not_a_number(tmp_path):
+    with pytest.raises(MemformError, match="a list cannot be used as a number"):
+        model(tmp_path, PATTERN.replace("params = 10 * h", "params = 10 * h + freq"), num_layers=6,
+              moe_layer_freq=[1, 1, 1, 1, 1, 1])
+    with pytest.raises(MemformError, match=r"len\(\) needs a list"):
+        model(tmp_path, PATTERN.replace("params = 10 * h", "params = len(freq)"), num_layers=6)
+
+
+def test_a_def_may_take_no_arguments(tmp_path):
+    est = model(tmp_path, "def width() = 3 * h\nblock dec extends layer { params = width() }\nstack { dec * n }")
+    assert est.stages[0].param_count == 4 * 24
+    expect_error(tmp_path, "def width() = 3\nlet x = width(1)\n", "takes 0 arguments")

@@ -1,7 +1,10 @@
-"""``memform import {hf,megatron,mindformers} FILE``: print (or write) a memform YAML config.
+"""``memform import FORMAT FILE``: print (or write) a memform YAML config.
 
-Warnings (fields memform does not use, approximations) go to stderr, one line each, and the
-import continues; a missing required field or a malformed file is a MemformError (exit 2).
+The config is written (stdout, or ``-o``) first; then the warnings (fields memform does not use,
+values it assumed), each once, on stderr. Exit 0 only when the written config loads as
+``memform estimate`` would load it; when it does not, the config is still written and the
+command exits 2 with the loader's message. A missing required field or a malformed source file
+is a MemformError (exit 2) before anything is written.
 """
 
 from __future__ import annotations
@@ -12,20 +15,25 @@ from pathlib import Path
 
 from ..engine.config import parse_override
 from ..errors import MemformError
-from ..importers import IMPORTERS, Options, import_config
+from ..importers import IMPORTERS, Options, import_config, takes_several_files
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("import", help="convert a Hugging Face / Megatron-LM / MindFormers config to memform YAML",
-                       description="Convert another tool's config into a memform config (YAML on stdout).")
+    p = sub.add_parser("import", help="convert a Hugging Face / Megatron-LM / MindFormers / HyperParallel / "
+                                      "torchtitan / DeepSpeed config to memform YAML",
+                       description="Convert another tool's config into a memform config (YAML on stdout). "
+                                   "Exits 0 only when the written config loads; otherwise it is still written "
+                                   "and the command exits 2 with the reason.")
     p.add_argument("format", choices=sorted(IMPORTERS),
-                   help="hf: config.json; megatron: Megatron-LM arguments; mindformers: MindFormers YAML; "
-                        "torchtitan: a torchtitan job config (train_configs/*.toml)")
-    p.add_argument("file", help="the file to import")
+                   help="hf: config.json (or the checkpoint folder holding it); megatron: Megatron-LM arguments; "
+                        "mindformers: MindFormers YAML; hyperparallel: HyperParallel's memory-estimation YAML "
+                        "(model.config_overrides, train.accelerator); torchtitan: a torchtitan job config "
+                        "(train_configs/*.toml); deepspeed: ds_config.json (with --model)")
+    p.add_argument("file", nargs="+", help="the file to import (megatron: one or more argument files)")
     p.add_argument("-o", "--output", metavar="YAML", help="write the config here instead of stdout")
     p.add_argument("--devices", type=int, metavar="N",
                    help="total devices: derives parallel.dp = N / (tp × pp × cp)")
-    p.add_argument("--name", help="the config's name (default: from the source)")
+    p.add_argument("--name", help="the config's name (default: the source's model id, else the file name)")
     p.add_argument("--model", metavar="FILE",
                    help="deepspeed: the model underneath, a memform config YAML or a Hugging Face config.json")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -34,11 +42,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    files: list[str] = list(args.file)
+    if len(files) > 1 and not takes_several_files(args.format):
+        raise MemformError(f"'memform import {args.format}' reads one file, got {len(files)}: "
+                           f"{' '.join(files)}" + ("" if args.format == "megatron" else
+                                                   " (only 'memform import megatron' reads several)"))
     overrides = dict(parse_override(o) for o in args.overrides)
-    draft = import_config(args.format, args.file, Options(devices=args.devices, name=args.name,
-                                                          overrides=overrides, model=args.model))
-    for message in draft.warnings:
-        print(f"memform: warning: {args.file}: {message}", file=sys.stderr)
+    source = files if len(files) > 1 else files[0]
+    draft = import_config(args.format, source, Options(devices=args.devices, name=args.name,
+                                                       overrides=overrides, model=args.model))
     text = draft.to_yaml()
     if args.output:
         try:
@@ -47,4 +59,12 @@ def cmd_import(args: argparse.Namespace) -> int:
             raise MemformError(f"cannot write {args.output}: {exc}") from None
     else:
         sys.stdout.write(text)
+        sys.stdout.flush()
+    where = files[0] if len(files) == 1 else ", ".join(files)
+    for message in dict.fromkeys(draft.warnings):  # each once, in the order they arose
+        print(f"memform: warning: {where}: {message}", file=sys.stderr)
+    if draft.load_error is not None:
+        written = args.output or "the config printed above"
+        raise MemformError(f"{written} was written but does not load (fix the source or pass --set KEY=VALUE): "
+                           f"{draft.load_error}")
     return 0

@@ -66,6 +66,10 @@ def coerce(value: Any, spec: ast.TypeSpec, key: str, *, positive: bool = False) 
         raise bad("(or a byte count 1, 2, 4, 8)")
     if spec.or_bool and isinstance(value, bool):  # `bool | int`: true / false stay booleans
         return value
+    if spec.or_list and isinstance(value, (list, tuple)):  # `int | list`: a tuple of exact integers
+        if not value or any(isinstance(x, bool) or not isinstance(x, int) for x in value):
+            raise bad("(a non-empty list of integers)")
+        return tuple(sympy.Integer(x) for x in value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise bad()
     if kind == "int":

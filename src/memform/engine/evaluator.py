@@ -23,7 +23,7 @@ import sympy
 
 from ..errors import Loc, MemformError
 from ..lang import ast
-from ..lang.program import AGGREGATES, Program
+from ..lang.program import AGGREGATES, LIST_FUNCS, Program
 
 Value = Any  # sympy.Expr | bool | str | sympy.Rel
 
@@ -188,6 +188,9 @@ class Evaluator:
             return sympy.Integer(int(v))
         if isinstance(v, str):
             raise MemformError(f"the string '{v}' cannot be used as a number", loc)
+        if isinstance(v, tuple):
+            raise MemformError("a list cannot be used as a number here; take one entry with at(list, i) "
+                               "(or test is_list(x) first)", loc)
         if isinstance(v, sympy.logic.boolalg.Boolean) and not isinstance(v, sympy.Expr):
             raise MemformError("a condition cannot be used as a number here", loc)
         return v
@@ -397,6 +400,8 @@ class Evaluator:
                 return self.eval(d.expr, Ctx(params=tuple(zip(d.params, args)), overrides=ctx.overrides))
             finally:
                 self._calls.pop()
+        if node.func in LIST_FUNCS:
+            return self._list_func(node, args)
         nums = [self._finite(self.as_expr(a, node.loc), node.loc) for a in args]
         f = node.func
         if f in ("min", "max"):
@@ -424,6 +429,21 @@ class Evaluator:
                                    f"the argument must be positive", node.loc)
             return sympy.log(x, 2)
         return sympy.Abs(x)
+
+    def _list_func(self, node: ast.Call, args: list[Value]) -> Value:
+        """``is_list(x)``, ``len(x)``, ``at(x, i)`` on the list values of ``int | list`` options."""
+        x = args[0]
+        if node.func == "is_list":
+            return isinstance(x, tuple)
+        if not isinstance(x, tuple):
+            raise MemformError(f"{node.func}() needs a list (an 'int | list' option given a list), got {x}; "
+                               f"test is_list(x) first", node.loc)
+        if node.func == "len":
+            return sympy.Integer(len(x))
+        index = self.number(args[1], node.loc, "the index given to at()")
+        if not index.is_integer or not 0 <= index < len(x):
+            raise MemformError(f"at(): index {index} is outside the list of {len(x)} entries (0-based)", node.loc)
+        return x[int(index)]
 
     def _aggregate(self, node: ast.Call, ctx: Ctx) -> Value:
         """``layers_sum/max/last(x)``: ``x`` evaluated for each layer group of the current stage."""

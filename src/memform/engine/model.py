@@ -22,7 +22,7 @@ from .config import (Structure, apply_overrides, check_keys, formula_files, know
                      structure)
 from .evaluator import Ctx, Evaluator
 from .interpreter import CATEGORIES, Interpreter, StageResult
-from .partition import Partition, StackItem, build_partition
+from .partition import MAX_LAYERS, Partition, StackItem, build_partition
 
 ConfigSource = str | Path | Mapping[str, Any]
 
@@ -195,6 +195,8 @@ def _refs(expr: ast.Expr):
 
 def stack_items(model: Model, ev: Evaluator) -> list[StackItem]:
     items = []
+    numeric: Evaluator | None = None
+    body_seen = 0  # body layers laid out before this entry: the `layer_index` of its first layer
     for e in model.program.stack.entries:
         if e.count is None:
             count = sympy.Integer(1)
@@ -204,8 +206,42 @@ def stack_items(model: Model, ev: Evaluator) -> list[StackItem]:
         if not value.is_integer or value < 0:
             raise MemformError(f"count of '{e.block}' in the stack must be a non-negative integer, got {value}",
                                e.loc)
-        items.append(StackItem(e.place, e.block, count, int(value)))
+        n = int(value)
+        cond = getattr(e, "cond", None)
+        if cond is None or n == 0:
+            items.append(StackItem(e.place, e.block, count, n))
+        else:
+            if numeric is None:  # the choice is decided per layer at the config's values
+                numeric = model.evaluator(keep=frozenset())
+            items.extend(_choose_layers(numeric, e, count, n, body_seen if e.place is None else 0))
+        if e.place is None:
+            body_seen += n
     return items
+
+
+def _choose_layers(ev: Evaluator, e: ast.StackEntry, count: sympy.Expr, n: int, first: int) -> list[StackItem]:
+    """``e.block * n if cond else e.other``: one block per layer, consecutive equal ones merged into a run.
+    An entry whose layers all pick one block keeps its count as written (symbolic closed forms)."""
+    if n > MAX_LAYERS:
+        raise MemformError(f"the stack entry '{e.block}' has {n} layers; memform lays out at most {MAX_LAYERS} "
+                           f"(check model.num_layers and the stack counts)", e.loc)
+    picks = []
+    for j in range(n):
+        index = sympy.Integer(first + j)
+        v = ev.eval(e.cond, Ctx(params=(("layer_index", index),)))
+        ok = ev.truth(v, e.cond.loc)
+        if not isinstance(ok, bool):
+            raise MemformError(f"the choice of layer {first + j} in the stack does not reduce to true or false", e.loc)
+        picks.append(e.block if ok else e.other)
+    runs: list[list] = []
+    for block in picks:
+        if runs and runs[-1][0] == block:
+            runs[-1][1] += 1
+        else:
+            runs.append([block, 1])
+    if len(runs) == 1:
+        return [StackItem(e.place, runs[0][0], count, n)]
+    return [StackItem(e.place, block, sympy.Integer(k), k) for block, k in runs]
 
 
 def partition_of(model: Model, ev: Evaluator) -> Partition:

@@ -1,12 +1,15 @@
 """Importers: other tools' configs → memform YAML configs.
 
-``memform import hf config.json`` (Hugging Face), ``memform import megatron args.txt``
-(Megatron-LM arguments), ``memform import mindformers model.yaml`` (MindFormers, the
-starting point of MemEst users) and ``memform import torchtitan train.toml`` (a torchtitan job config,
-for the fsdp2 framework profile). Each source module fills a :class:`~.draft.Draft`; this module
-adds what every import needs: the strategy defaults, data parallelism derived from a device
-count, the ``formulas:`` list (chosen from the bundled files, see :mod:`.formulas`) and a final
-check that the result loads, so problems show up at import time rather than at estimate time.
+``memform import hf config.json`` (Hugging Face; a checkpoint folder reads its ``config.json``),
+``memform import megatron args.txt`` (Megatron-LM arguments), ``memform import mindformers model.yaml``
+(MindFormers, the starting point of MemEst users), ``memform import hyperparallel train.yaml``
+(HyperParallel's memory-estimation YAML, MemEst's PyTorch fixture format), ``memform import
+torchtitan train.toml`` (a torchtitan job config, for the fsdp2 framework profile) and ``memform
+import deepspeed ds_config.json``. Each source module fills a :class:`~.draft.Draft`; this module
+adds what every import needs: the config's name, the strategy defaults, data parallelism derived
+from a device count, the ``formulas:`` list (chosen from the bundled files, see :mod:`.formulas`)
+and a final check that the result loads (``Draft.load_error``: the command still writes the config,
+then exits 2), so problems show up at import time rather than at estimate time.
 
 May import: :mod:`memform.engine` (the final load check), :mod:`memform.lang`, :mod:`memform.errors`,
 :mod:`memform.resources`. The ``memform import`` command itself is :mod:`memform.cli.imports`.
@@ -17,15 +20,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import MemformError
-from . import deepspeed, formulas, hf, megatron, mindformers, torchtitan
-from .draft import Draft
+from . import deepspeed, formulas, hf, hyperparallel, megatron, mindformers, torchtitan
+from .draft import Draft, default_name
 
 IMPORTERS: dict[str, ModuleType] = {"hf": hf, "megatron": megatron, "mindformers": mindformers,
-                                    "torchtitan": torchtitan, "deepspeed": deepspeed}
-_NAME_STEMS = ("config", "args", "arguments", "model", "train", "pretrain")
+                                    "hyperparallel": hyperparallel, "torchtitan": torchtitan,
+                                    "deepspeed": deepspeed}
 
 
 @dataclass
@@ -39,19 +42,35 @@ class Options:
     model: str | None = None  # a model file for formats that describe only training (TAKES_MODEL)
 
 
-def import_config(fmt: str, path: str | Path, options: Options | None = None) -> Draft:
-    """Read ``path`` in format ``fmt`` (``hf``, ``megatron``, ``mindformers``) into a :class:`Draft`."""
+def import_config(fmt: str, path: str | Path | Sequence[str | Path], options: Options | None = None) -> Draft:
+    """Read ``path`` in format ``fmt`` (a key of :data:`IMPORTERS`) into a :class:`Draft`.
+
+    ``path`` may be a list: several files are accepted only by formats whose source is spread over
+    files (:func:`takes_several_files`). ``hf`` also takes a checkpoint folder (its ``config.json``).
+    The result's ``load_error`` says why the finished config does not load (None: it loads).
+    """
     if fmt not in IMPORTERS:
         raise MemformError(f"unknown import format {fmt!r} (choose from {', '.join(sorted(IMPORTERS))})")
     options = options or Options()
     module = IMPORTERS[fmt]
-    path = Path(path)
+    paths = [Path(p) for p in ([path] if isinstance(path, (str, Path)) else path)]
+    if not paths:
+        raise MemformError(f"'memform import {fmt}' needs a file to read")
+    if len(paths) > 1 and not takes_several_files(fmt):
+        raise MemformError(f"'memform import {fmt}' reads one file, got {len(paths)} "
+                           f"({', '.join(str(p) for p in paths)})")
+    if fmt == "hf":
+        paths = [_hf_config(p) for p in paths]
+    path = paths[0]
     draft = Draft(path, module.TITLE)
     takes_model = getattr(module, "TAKES_MODEL", False)
     if options.model is not None and not takes_model:
         raise MemformError(f"--model is not read by 'memform import {fmt}': its file describes the model itself")
     extra = {"model": Path(options.model) if options.model is not None else None} if takes_model else {}
-    hinted = module.convert(path, draft, set(options.overrides), **extra)
+    source: Path | list[Path] = paths if len(paths) > 1 else path
+    # the overrides as a mapping: an importer may test a key's presence (``in``) or read its value
+    # (megatron: a value its script leaves unknown may come from --set)
+    hinted = module.convert(source, draft, dict(options.overrides), **extra)
     draft.apply(options.overrides)
     _name(draft, path, options.name)
     _strategy(draft, options.devices or hinted, from_cli=options.devices is not None)
@@ -59,25 +78,39 @@ def import_config(fmt: str, path: str | Path, options: Options | None = None) ->
     if finish is not None:
         finish(draft)
     _formulas(draft)
-    draft.header[:0] = [f"memform config imported from {path.name} ({module.TITLE}) by `memform import {fmt}`."]
+    names = ", ".join(p.name for p in paths)
+    draft.header[:0] = [f"memform config imported from {names} ({module.TITLE}) by `memform import {fmt}`."]
     draft.header.append('Values marked "default:" were not in the source: review them before trusting the estimate.')
     if options.check:
         _check(draft)
     return draft
 
 
+def takes_several_files(fmt: str) -> bool:
+    """Whether ``memform import FMT`` reads a source spread over several files (Megatron-LM: a launch
+    script and its argument files): the importer module sets ``MULTI_FILE = True``, and its
+    ``convert`` then takes one path or a list of them."""
+    return bool(getattr(IMPORTERS[fmt], "MULTI_FILE", False))
+
+
+def _hf_config(path: Path) -> Path:
+    """A Hugging Face checkpoint folder stands for its ``config.json``."""
+    if not path.is_dir():
+        return path
+    config = path / "config.json"
+    if not config.is_file():
+        raise MemformError(f"{path}: a folder, but it holds no config.json (give the config.json file, "
+                           f"or the checkpoint folder that has one)")
+    return config
+
+
 def _name(draft: Draft, path: Path, name: str | None) -> None:
     if name:
-        draft.set("name", name)
+        draft.set("name", name, "--name")
         return
-    if "name" in draft:
+    if "name" in draft:  # the source's model id (Hugging Face _name_or_path, HyperParallel model.name)
         return
-    stem = path.name.split(".")[0]
-    for suffix in ("_config", "-config", "_args", "-args"):
-        stem = stem.removesuffix(suffix)
-    if stem.lower() in _NAME_STEMS and path.parent.name:
-        stem = path.resolve().parent.name
-    draft.set("name", stem or "imported", f"from the file name {path.name}")
+    draft.set("name", default_name(path), f"from the file name {path.name}")
 
 
 def _strategy(draft: Draft, devices: int | None, *, from_cli: bool) -> None:
@@ -135,8 +168,9 @@ def _profile_keys(framework: object) -> frozenset[str]:
 
 
 def _check(draft: Draft) -> None:
+    """Load the finished config as ``memform estimate`` would; record the loader's message if it fails."""
     from ..engine.model import load_model
     try:
         load_model(draft.config())
     except MemformError as exc:
-        draft.warn(f"the imported config does not load yet: {exc.render().splitlines()[0]}")
+        draft.load_error = exc.render()

@@ -23,7 +23,7 @@ import yaml
 
 from ..errors import MemformError, read_text
 from . import hf
-from .draft import Draft, Fields, describe, dtype_name
+from .draft import Draft, Fields, default_name, describe, dtype_name
 
 TITLE = "DeepSpeed config"
 #: ``memform import deepspeed`` reads a model file too (``--model``)
@@ -87,8 +87,7 @@ def convert(path: Path, draft: Draft, given: set[str], model: Path | None = None
                            f"MODEL.yaml (a memform config) or --model config.json (Hugging Face)")
     _model(model, draft, given)
     if "name" not in draft:
-        stem = model.resolve().parent.name if model.name == "config.json" else model.name.split(".")[0]
-        draft.set("name", stem or "imported", f"from the model file {model.name}")
+        draft.set("name", default_name(model), f"from the model file {model.name}")
     top = Fields(data, path)
     draft.set("training.framework", "deepspeed", "DeepSpeed's allocations (formulas/frameworks/deepspeed.mf)")
     draft.header.append(f"model from {model.name}; strategy from {path.name}")

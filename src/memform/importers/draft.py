@@ -10,6 +10,7 @@ values the source did not give are marked as defaults so the emitted YAML says w
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -22,6 +23,13 @@ from ..errors import MemformError
 SECTION_ORDER = ("name", "formulas", "model", "parallel", "training", "device")
 
 _MISSING = object()
+
+#: file stems that name no model: the folder's name is used instead (``Meta-Llama-3-8B/config.json``)
+_NAME_STEMS = ("config", "args", "arguments", "model", "train", "pretrain", "default", "ds", "deepspeed")
+#: file extensions dropped from a default name (case-insensitive)
+_NAME_EXTENSIONS = (".json", ".yaml", ".yml", ".txt", ".sh", ".toml", ".args")
+#: what marks a file as a config rather than naming the model (``llama3-8b.config.json``)
+_NAME_SUFFIX = re.compile(r"[._-](config|args|arguments)$", re.IGNORECASE)
 
 
 def describe(value: Any) -> str:
@@ -149,6 +157,8 @@ class Draft:
     entries: dict[str, Entry] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     header: list[str] = field(default_factory=list)
+    #: why the finished config does not load (the loader's message), None when it loads or was not checked
+    load_error: str | None = None
 
     def set(self, path: str, value: Any, note: str = "", *, default: bool = False) -> None:
         self.entries[path] = Entry(value, note, default)
@@ -264,3 +274,23 @@ def divide(total: int, part: int, what: str, file: Path) -> int:
     if part <= 0 or total % part:
         raise MemformError(f"{file}: {what}: {total} is not divisible by {part}")
     return total // part
+
+
+def default_name(path: Path) -> str:
+    """A config name from a file name: the whole stem (``llama-3.1-8b.json`` → ``llama-3.1-8b``) less
+    extensions and a config marker (``llama3-8b.config.json`` → ``llama3-8b``); a stem that names no
+    model (``config.json``, ``train.yaml``) gives the folder's name."""
+    stem = path.name
+    changed = True
+    while changed:
+        changed = False
+        for ext in _NAME_EXTENSIONS:
+            if len(stem) > len(ext) and stem.lower().endswith(ext):
+                stem, changed = stem[:-len(ext)], True
+        if _NAME_SUFFIX.search(stem) and len(_NAME_SUFFIX.sub("", stem)) > 0:
+            stem, changed = _NAME_SUFFIX.sub("", stem), True
+    if stem.lower() in _NAME_STEMS or stem.lower() in {e.lstrip(".") for e in _NAME_EXTENSIONS}:
+        folder = path.resolve().parent.name
+        if folder:
+            return folder
+    return stem or "imported"

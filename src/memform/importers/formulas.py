@@ -27,7 +27,8 @@ BASE = "dense.mf"
 CONVENTIONAL = (
     ("model.num_experts", "moe.mf"), ("model.moe_", "moe.mf"), ("model.num_shared_experts", "moe.mf"),
     ("model.capacity_factor", "moe.mf"), ("model.first_k_dense", "moe.mf"), ("parallel.ep", "moe.mf"),
-    ("parallel.expert_tp", "moe.mf"), ("model.attention", "mla.mf"), ("model.q_lora_rank", "mla.mf"),
+    ("parallel.expert_tp", "moe.mf"), ("model.moe_layer_freq", "moe.mf"), ("model.shared_expert_", "moe.mf"),
+    ("model.attention", "mla.mf"), ("model.q_lora_rank", "mla.mf"),
     ("model.kv_lora_rank", "mla.mf"), ("model.qk_", "mla.mf"), ("model.v_head_dim", "mla.mf"),
 )
 _STRUCTURAL_KEYS = frozenset(k.path for k in STRUCTURAL)

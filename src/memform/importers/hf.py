@@ -32,7 +32,12 @@ IGNORED = frozenset({
     "residual_multiplier", "attention_multiplier", "summary_type", "summary_use_proj",
     "summary_activation", "summary_proj_to_labels", "summary_first_dropout", "scale_attn_weights",
     "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx", "task_specific_params",
-    "quantization_config", "qk_layernorm", "use_qk_norm", "n_ctx",
+    "quantization_config", "n_ctx",
+    # read below, or architecture switches implied by the model type:
+    "qk_layernorm", "use_qk_norm", "cache_implementation", "rope_local_base_freq", "sliding_window_pattern",
+    "sliding_window_size", "layer_types", "attention_chunk_size", "no_rope_layers", "no_rope_layer_interval",
+    "attn_temperature_tuning", "floor_scale", "attn_scale", "use_mrope", "original_max_position_embeddings",
+    "moe_layers", "interleave_moe_layer_step", "router_bias", "head_dim", "hidden_activation",
 })
 
 #: transformers model types whose MLP is gated even though the activation is GeLU (GeGLU keeps
@@ -44,6 +49,16 @@ TIED_BY_DEFAULT = frozenset({"gpt2", "gpt_bigcode", "opt", "gemma", "gemma2", "g
 BIASED_BY_DEFAULT = frozenset({"gpt2", "gpt_bigcode", "opt", "gpt_neox", "gptj", "phi"})
 #: model types with learned absolute position embeddings (the others here use RoPE)
 LEARNED_POSITIONS = frozenset({"gpt2", "gpt_bigcode", "opt", "bert", "roberta"})
+#: transformers Qwen2Attention (and the Qwen2-MoE / -VL language models): q_proj, k_proj, v_proj have
+#: bias=True and o_proj bias=False, whatever the config says; the MLPs have no biases
+QKV_BIAS_ONLY = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "qwen2_vl_text", "qwen2_5_vl_text"})
+#: q/k RMSNorms after the projections: per head (transformers Qwen3Attention, Gemma3Attention:
+#: RMSNorm(head_dim)) or over the whole projection (Olmo2Attention: RMSNorm(num_heads · head_dim))
+QK_NORM_HEAD = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_vl_text", "qwen3_vl_moe_text"})
+QK_NORM_FULL = frozenset({"olmo2"})
+#: sandwich norms: post_attention_layernorm and post_feedforward_layernorm after the sublayers besides
+#: the two pre-norms (transformers Gemma2DecoderLayer, Gemma3DecoderLayer)
+POST_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text"})
 DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
                   "hidden_dropout_prob", "attention_probs_dropout_prob", "dropout")
 EXPERT_FIELDS = ("num_local_experts", "n_routed_experts", "num_experts")
@@ -112,9 +127,12 @@ def convert(path: Path, draft: Draft, given: set[str]) -> None:
     _flags(cfg, draft, model_type)
     head_dim = cfg.integer("head_dim", None)
     if head_dim is not None and head_dim * a != h and not cfg.has("kv_lora_rank"):
-        draft.warn(f"head_dim {head_dim} × num_attention_heads {a} != hidden_size {h}: memform's dense "
-                   f"attention uses hidden_size / num_heads; attention sizes will be off")
-    _moe(cfg, draft)
+        draft.set("model.head_dim", head_dim, f"head_dim (× {a} heads = {head_dim * a}, not hidden_size {h})")
+    elif head_dim is None and h % a and not cfg.has("kv_lora_rank"):
+        raise MemformError(f"{path}: hidden_size {h} is not a multiple of num_attention_heads {a} and there is "
+                           f"no 'head_dim' field")
+    _architecture(cfg, draft, model_type)
+    _moe(cfg, draft, model_type)
     _mla(cfg, draft)
     mtp = cfg.integer("num_nextn_predict_layers", 0, minimum=0)
     if mtp:
@@ -159,7 +177,18 @@ def _norm(cfg: Fields, draft: Draft) -> None:
 
 def _flags(cfg: Fields, draft: Draft, model_type: str) -> None:
     biases = [k for k in ("attention_bias", "mlp_bias", "bias") if cfg.has(k)]
-    if biases:
+    if model_type in QKV_BIAS_ONLY:
+        cfg.used.update(("attention_bias", "mlp_bias", "bias"))
+        draft.set("model.bias", False, f"{model_type}: no o_proj or MLP biases (transformers Qwen2Attention)")
+        draft.set("model.qkv_bias", True, f"{model_type}: q_proj, k_proj, v_proj have biases")
+    elif cfg.has("attention_bias") and cfg.has("mlp_bias") and cfg.boolean("attention_bias") != cfg.boolean("mlp_bias"):
+        attn, mlp = cfg.boolean("attention_bias"), cfg.boolean("mlp_bias")
+        draft.set("model.bias", mlp, "mlp_bias (also o_proj's bias in memform)")
+        draft.set("model.qkv_bias", attn, "attention_bias")
+        if attn:
+            draft.warn("attention_bias true with mlp_bias false: o_proj's bias (hidden_size per layer) is not "
+                       "counted (memform gives o_proj the MLP's bias setting)")
+    elif biases:
         draft.set("model.bias", any(cfg.boolean(k) for k in biases), " / ".join(biases))
     else:
         cfg.used.update(("attention_bias", "mlp_bias", "bias"))
@@ -190,11 +219,69 @@ def _flags(cfg: Fields, draft: Draft, model_type: str) -> None:
         draft.default("model.position_embedding", "rope", "no rope_theta or model_type field")
 
 
-def _moe(cfg: Fields, draft: Draft) -> None:
+def _architecture(cfg: Fields, draft: Draft, model_type: str) -> None:
+    """q/k norms, Gemma's sandwich norms and soft-capping, sliding windows (dense.mf keys)."""
+    if model_type in QK_NORM_HEAD or model_type in QK_NORM_FULL:
+        draft.set("model.qk_norm", True, f"{model_type}: q_norm / k_norm after the projections")
+        if model_type in QK_NORM_FULL:
+            draft.set("model.qk_norm_scope", "full", f"{model_type}: normalised over the whole projection "
+                      "(transformers Olmo2Attention)")
+    elif cfg.has("qk_layernorm") and cfg.boolean("qk_layernorm"):
+        draft.set("model.qk_norm", True, "qk_layernorm")
+    if cfg.has("use_qk_norm") and cfg.boolean("use_qk_norm"):
+        draft.warn("field 'use_qk_norm': Llama-4's q/k L2 norm has no weights; its saved inputs are not counted")
+    if model_type in POST_NORMS:
+        draft.set("model.post_norms", True, f"{model_type}: post-attention and post-feedforward norms")
+    for key, name in (("final_logit_softcapping", "model.logit_softcap"),
+                      ("attn_logit_softcapping", "model.attn_softcap")):
+        if cfg.has(key):
+            draft.set(name, True, f"{key} {cfg.number(key)}: tanh soft-capping")
+    window = cfg.raw("sliding_window", None)
+    cfg.used.update(("use_sliding_window", "max_window_layers"))
+    if isinstance(window, int) and not isinstance(window, bool) and window > 0 \
+            and cfg.raw("use_sliding_window", True) is not False:
+        draft.set("model.sliding_window", window, "sliding_window (no training-memory change: eager attention "
+                  "still masks full s×s scores, flash keeps O(s))")
+
+
+def _moe_pattern(cfg: Fields, draft: Draft, model_type: str, layers: int) -> None:
+    """Which layers are MoE, as ``model.moe_layer_freq`` (moe.mf: i % N == 0, or a 0/1 list)."""
+    only = cfg.raw("mlp_only_layers", [])
+    if not isinstance(only, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in only):
+        raise cfg.error("mlp_only_layers", f"must be a list of layer indices, got {describe(only)}")
+    if cfg.has("moe_layers") and isinstance(cfg.raw("moe_layers"), list):
+        moe = set(cfg.raw("moe_layers"))  # Llama-4: the MoE layer indices themselves
+        source = "moe_layers"
+    elif cfg.has("decoder_sparse_step") or cfg.has("interleave_moe_layer_step"):
+        # transformers Qwen2MoeDecoderLayer: MoE when (layer_idx + 1) % decoder_sparse_step == 0;
+        # Llama4TextConfig: moe_layers = range(step - 1, L, step) -- both (i + 1) % N == 0
+        key = "decoder_sparse_step" if cfg.has("decoder_sparse_step") else "interleave_moe_layer_step"
+        step = cfg.integer(key)
+        moe = {i for i in range(layers) if (i + 1) % step == 0}
+        source = f"{key} {step}: (i + 1) % {step} == 0"
+    elif cfg.has("moe_layer_freq"):
+        # transformers DeepseekV3DecoderLayer: MoE when layer_idx % moe_layer_freq == 0 (after
+        # first_k_dense_replace): moe.mf's own rule, written as it is
+        freq = cfg.integer("moe_layer_freq")
+        if freq != 1:
+            draft.set("model.moe_layer_freq", freq, "moe_layer_freq")
+        return
+    else:
+        return
+    moe -= set(only)
+    if only:
+        source += f", minus mlp_only_layers {sorted(only)}"
+    pattern = [1 if i in moe else 0 for i in range(layers)]
+    if all(pattern):
+        return
+    draft.set("model.moe_layer_freq", pattern, source)
+
+
+def _moe(cfg: Fields, draft: Draft, model_type: str = "") -> None:
     key, experts = cfg.first(EXPERT_FIELDS, lambda k: cfg.integer(k, minimum=0))
     for other in ("moe_intermediate_size", "num_experts_per_tok", "n_shared_experts",
                   "shared_expert_intermediate_size", "first_k_dense_replace", "moe_layer_freq",
-                  "decoder_sparse_step", "mlp_only_layers"):
+                  "decoder_sparse_step", "mlp_only_layers", "intermediate_size_mlp"):
         cfg.used.add(other)
     if not experts or experts <= 1:
         return
@@ -211,23 +298,27 @@ def _moe(cfg: Fields, draft: Draft) -> None:
     shared = cfg.integer("n_shared_experts", None, minimum=0)
     if shared is not None:
         draft.set("model.num_shared_experts", shared, "n_shared_experts")
-    elif cfg.has("shared_expert_intermediate_size"):
+    elif cfg.has("shared_expert_intermediate_size") and cfg.integer("shared_expert_intermediate_size", minimum=0):
+        # transformers Qwen2MoeSparseMoeBlock: one shared expert of this width, scaled by
+        # sigmoid(shared_expert_gate(x)), shared_expert_gate = Linear(hidden_size, 1, bias=False)
         width = cfg.integer("shared_expert_intermediate_size", minimum=0)
         count = -(-width // expert_ffn)
-        if width % expert_ffn:
-            draft.warn(f"shared_expert_intermediate_size {width} is not a multiple of the expert size "
-                       f"{expert_ffn}; counted as {count} shared experts (an overestimate)")
         draft.set("model.num_shared_experts", count,
-                  f"shared_expert_intermediate_size {width} / expert size {expert_ffn}")
+                  f"shared_expert_intermediate_size {width} / expert size {expert_ffn}, rounded up (the width "
+                  f"below is what sizes it)")
+        draft.set("model.shared_expert_ffn_hidden_size", width, "shared_expert_intermediate_size")
+        draft.set("model.shared_expert_gate", True, "shared_expert_gate: sigmoid gate hidden_size -> 1")
     else:
         draft.set("model.num_shared_experts", 0, "no shared experts")
     first_dense = cfg.integer("first_k_dense_replace", 0, minimum=0)
     if first_dense:
         draft.set("model.first_k_dense", first_dense, "first_k_dense_replace")
-    if cfg.integer("moe_layer_freq", 1) != 1 or cfg.integer("decoder_sparse_step", 1) != 1 \
-            or cfg.raw("mlp_only_layers", []):
-        draft.warn("MoE layers are interleaved with dense ones (moe_layer_freq / decoder_sparse_step / "
-                   "mlp_only_layers); memform counts every layer after first_k_dense as MoE")
+    _moe_pattern(cfg, draft, model_type, draft.get("model.num_layers"))
+    if cfg.has("intermediate_size_mlp"):
+        # Llama-4: dense layers' MLP is intermediate_size_mlp wide, experts (and the shared one) intermediate_size
+        draft.set("model.ffn_hidden_size", cfg.integer("intermediate_size_mlp"), "intermediate_size_mlp (dense layers)")
+        if model_type.startswith("llama4"):
+            draft.set("model.num_shared_experts", 1, "llama4: one shared expert of intermediate_size")
 
 
 def _mla(cfg: Fields, draft: Draft) -> None:

@@ -1,22 +1,28 @@
 """Megatron-LM command-line arguments → a memform config (model and parallel strategy).
 
-The file holds the arguments of ``pretrain_gpt.py`` the way launch scripts write them: one per
-line, or shell-style on one line with backslash continuations, possibly behind a ``torchrun``
-launcher (whose ``--nproc_per_node`` × ``--nnodes`` gives the device count) and possibly wrapped
-in bash arrays (``GPT_ARGS=( ... )``). Defaults are Megatron-LM's own
-(``megatron/training/arguments.py``) so that an omitted flag means what it means to Megatron.
+The source is one or more files, read in order as one shell session (:mod:`.shell`, which follows
+bash without running it): a launch script in the shape of Megatron-LM's ``examples/*/train_*.sh``
+(arguments in bash arrays, values in variables, ``${VAR:-default}``, ``$((a*b))``, ``$1``, ``if``
+blocks, ``export``) whose ``torchrun ... pretrain_gpt.py ...`` command gives the arguments and,
+from ``--nproc_per_node`` × ``--nnodes``, the device count; a plain arguments file (one per line, or
+shell-style); or a file of variable assignments for the scripts after it. An argument given again in
+a later file overrides the earlier one. A value the script does not determine (an environment
+variable, ``$1`` without a default) is an error naming file, line and variable when memform needs
+it, and a warning otherwise. Defaults are Megatron-LM's own (``megatron/training/arguments.py``) so
+that an omitted flag means what it means to Megatron.
 """
 
 from __future__ import annotations
 
-import ast as pyast
 import re
 import shlex
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import MemformError, read_text
 from .draft import Draft, Fields, divide, pad_vocab
+from .shell import Command, Ref, Shell, ShellParseError, Word, list_expression
 
 TITLE = "Megatron-LM arguments"
 
@@ -42,67 +48,291 @@ IGNORED_PREFIXES = (
     "rotary-percent", "use-rope-scaling", "disable-bf16-reduced-precision-matmul", "add-position-embedding",
     "world-size", "multi-latent-attention", "nproc", "nnodes", "node-rank", "master-", "rdzv",
     "use-legacy-models", "mtp-loss-scaling-factor", "enable-experimental", "tokenizer-type",
-    "fp8-margin", "fp8-amax-", "fp8-interval", "fp8-wgrad",
+    "fp8-margin", "fp8-amax-", "fp8-interval", "fp8-wgrad", "decoupled-", "tiktoken-", "tokenizer-",
 )
 
 #: Megatron-LM's multi-latent-attention defaults (arguments.py, "_add_mla_args" group)
 MLA_DEFAULTS = {"kv-lora-rank": 32, "qk-head-dim": 128, "qk-pos-emb-head-dim": 64, "v-head-dim": 128}
-#: vocabulary sizes of Megatron's built-in tokenizers that need no vocabulary file to know
+#: vocabulary sizes of Megatron's built-in tokenizers that need no vocabulary file to know:
+#: _GPT2BPETokenizer.vocab_size = len(encoder) of GPT-2's vocabulary, 50257 (Radford et al. 2019;
+#: openai-community/gpt2 config.json vocab_size, tests/data/importers/gpt2.config.json)
 TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257}
 CP_ALGOS = {"p2p": "ring", "all_gather": "allgather", "a2a": "ulysses"}
 
 
+#: flags memform reads as booleans (store_true in arguments.py): a word after one is not its value
+FLAGS = {"bf16", "fp16", "swiglu", "group-query-attention", "disable-bias-linear", "sequence-parallel",
+         "use-distributed-optimizer", "use-flash-attn", "untie-embeddings-and-output-weights",
+         "moe-grouped-gemm", "multi-latent-attention", "recompute-activations", "distribute-saved-activations",
+         "fp8-param-gather", "fp8-dot-product-attention", "grad-reduce-in-bf16", "overlap-grad-reduce",
+         "overlap-param-gather", "use-precision-aware-optimizer", "use-rotary-position-embeddings",
+         "fp8-e4m3", "fp8-hybrid", "use-mcore-models", "moe-shared-expert-gate", "mock-data"}
+
+#: the memform key an argument decides, for the ``--set`` a message suggests
+ARG_KEYS = {
+    "num-layers": "model.num_layers", "hidden-size": "model.hidden_size",
+    "num-attention-heads": "model.num_heads", "num-query-groups": "model.num_kv_heads",
+    "ffn-hidden-size": "model.ffn_hidden_size", "seq-length": "model.seq_length",
+    "encoder-seq-length": "model.seq_length", "vocab-size": "model.vocab_size",
+    "padded-vocab-size": "model.vocab_size", "tokenizer-type": "model.vocab_size",
+    "make-vocab-size-divisible-by": "model.vocab_size", "num-experts": "model.num_experts",
+    "moe-router-topk": "model.moe_top_k", "moe-ffn-hidden-size": "model.moe_ffn_hidden_size",
+    "moe-layer-freq": "model.moe_layer_freq", "tensor-model-parallel-size": "parallel.tp",
+    "pipeline-model-parallel-size": "parallel.pp", "context-parallel-size": "parallel.cp",
+    "expert-model-parallel-size": "parallel.ep", "expert-tensor-parallel-size": "parallel.expert_tp",
+    "micro-batch-size": "training.micro_batch_size", "global-batch-size": "training.global_batch_size",
+    "world-size": "parallel.devices",
+    "kv-lora-rank": "model.kv_lora_rank", "q-lora-rank": "model.q_lora_rank",
+    "qk-head-dim": "model.qk_nope_head_dim", "qk-pos-emb-head-dim": "model.qk_rope_head_dim",
+    "v-head-dim": "model.v_head_dim", "mtp-num-layers": "model.mtp_layers",
+}
+
+
+class Unknown(str):
+    """An argument value the script does not determine (its text is the source, e.g. ``$NUM_LAYERS``)."""
+
+    refs: tuple[Ref, ...] = ()
+
+    @classmethod
+    def of(cls, word: Word) -> "Unknown":
+        value = cls(word.text)
+        value.refs = word.refs
+        return value
+
+
+def _is_unknown(value: Any) -> bool:
+    return isinstance(value, Unknown) or isinstance(value, list) and any(isinstance(v, Unknown) for v in value)
+
+
+@dataclass
+class Source:
+    """The arguments one or more files give (later files override earlier ones, argument by argument)."""
+
+    args: dict[str, Any] = field(default_factory=dict)
+    devices: int | None = None
+    warnings: list[str] = field(default_factory=list)
+    #: argument -> the file it came from (the last file that gave it), and the line there (0: not known)
+    origin: dict[str, Path] = field(default_factory=dict)
+    line: dict[str, int] = field(default_factory=dict)
+
+    def warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
+
+
 def read_arguments(path: Path) -> tuple[dict[str, Any], int | None, list[str]]:
-    """(arguments by dashed name, devices from a torchrun launcher line, warnings)."""
-    text = read_text(path)
-    text = re.sub(r"\\\r?\n", " ", text)
+    """(arguments by dashed name, devices from a torchrun launcher line, warnings) of one file."""
+    source = read_sources([path])
+    return source.args, source.devices, source.warnings
+
+
+def read_sources(paths: list[Path]) -> Source:
+    """Follow the files in order, as one shell session (variables set in one are seen by the next):
+    each gives the arguments of its ``*.py`` launcher command, or, without one, its own words
+    (an arguments file: one per line, or shell-style)."""
+    shell = Shell()
+    source = Source()
+    for path in paths:
+        args, devices, warnings, lines = _read_one(Path(path), shell)
+        for w in warnings:
+            source.warn(w)
+        for key, value in args.items():
+            source.args[key] = value
+            source.origin[key] = Path(path)
+            source.line[key] = lines.get(key, 0)
+        if devices is not None:
+            source.devices = devices
+    if not source.args:
+        # no launcher and no plain arguments anywhere: files that only define the argument arrays
+        arrays = [(name, value) for name, value in shell.vars.items() if isinstance(value, list)
+                  and value and value[0].text.startswith("--")]
+        if arrays:
+            source.warn(f"no command runs a *.py script; took the arguments of the arrays "
+                        f"{', '.join(name for name, _ in arrays)}")
+            words = [w for _, value in arrays for piece in value for w in _resplit(piece)]
+            source.args, _, lines = _options(words)
+            source.origin = {key: Path(paths[-1]) for key in source.args}
+            source.line = lines
+    if not source.args:
+        names = ", ".join(str(p) for p in paths)
+        raise MemformError(f"{names}: no --arguments found (expected Megatron-LM arguments such as "
+                           f"--num-layers 32, or a launch script that runs pretrain_gpt.py with them)")
+    return source
+
+
+def _read_one(path: Path, shell: Shell) -> tuple[dict[str, Any], int | None, list[str], dict[str, int]]:
+    """One file's (arguments, launcher devices, warnings, the line each argument was written on)."""
+    text = read_text(path).replace("\r\n", "\n")
     try:
-        tokens = shlex.split(text, comments=True)
+        script = shell.run(path, text)
+    except ShellParseError:
+        if re.search(r"\$|\b[A-Za-z_]\w*\+?=\(|\.py\b", text):
+            raise
+        return _read_plain(path, text)
+    warnings = list(script.warnings)
+    launcher = _launcher(script.commands)
+    devices = None
+    if launcher is not None:
+        command, at = launcher
+        words = command.words[at + 1:]
+        devices = _devices(path, command.words[:at], warnings)
+    else:
+        words = [w for c in script.commands if c.words[0].known and c.words[0].text.startswith("-")
+                 for w in c.words]
+    args, strays, lines = _options(words)
+    for w in strays:
+        if w.known:
+            warnings.append(f"stray token {w.text!r} ignored (not after an --option)")
+        else:
+            warnings.append(f"{path}:{w.line}: {w.text} is not known ({w.refs[0].describe()}) and stands where "
+                            f"no value is expected: whatever arguments it holds are not imported")
+    return args, devices, warnings, lines
+
+
+def _resplit(word: Word) -> list[Word]:
+    """An array element as the words an unquoted ``${ARR[@]}`` would make of it."""
+    if not word.known:
+        return [word]
+    return [Word(t, word.line) for t in word.text.split()]
+
+
+def _read_plain(path: Path, text: str) -> tuple[dict[str, Any], int | None, list[str], dict[str, int]]:
+    """A file bash cannot parse but shlex can split (``--moe-layer-freq ([0]*3+[1]*58)`` unquoted)."""
+    try:
+        tokens = shlex.split(re.sub(r"\\\r?\n", " ", text), comments=True)
     except ValueError as exc:
         raise MemformError(f"{path}: cannot split the arguments shell-style: {exc}") from None
-    tokens = [t for t in tokens if not re.fullmatch(r"[A-Za-z_]\w*=\(|\)", t)]  # bash array wrappers
-    script = max((i for i, t in enumerate(tokens) if t.endswith(".py")), default=-1)
-    launcher, tokens = _options(tokens[:script]), tokens[script + 1:]
-    args = _options(tokens)
-    warnings = [f"stray token {t!r} ignored (not after an --option)" for t in args.pop("", [])]
-    devices = None
-    per_node = launcher.get("nproc-per-node")
-    if per_node is not None:
-        nodes = launcher.get("nnodes", "1")
+    args, strays, _ = _options([Word(t, 0) for t in tokens])
+    return args, None, [f"stray token {w.text!r} ignored (not after an --option)" for w in strays], {}
+
+
+def _launcher(commands: list[Command]) -> tuple[Command, int] | None:
+    """The command that runs the training script: the last that runs ``pretrain_*.py``, else the last
+    that runs any ``*.py`` (``torchrun ... pretrain_gpt.py``, ``python pretrain_gpt.py``, ``deepspeed``)."""
+    found: list[tuple[Command, int]] = []
+    for command in commands:
+        for i, w in enumerate(command.words):
+            if w.known and w.text.endswith(".py"):
+                found.append((command, i))
+                break
+    preferred = [c for c in found if Path(c[0].words[c[1]].text).name.startswith("pretrain")]
+    return (preferred or found or [None])[-1]
+
+
+def _devices(path: Path, words: list[Word], warnings: list[str]) -> int | None:
+    """torchrun / torch.distributed.launch: --nproc_per_node × --nnodes; deepspeed: --num_gpus × --num_nodes."""
+    launcher, _, _ = _options(words[1:])
+    for per_node_key, nodes_key in (("nproc-per-node", "nnodes"), ("num-gpus", "num-nodes")):
+        if per_node_key not in launcher:
+            continue
+        per_node, nodes = launcher[per_node_key], launcher.get(nodes_key, "1")
+        for value, key in ((per_node, per_node_key), (nodes, nodes_key)):
+            if isinstance(value, Unknown):
+                warnings.append(f"{path}:{value.refs[0].line}: the device count is not known: --{key} is "
+                                f"{value} ({value.refs[0].describe()}); pass --devices N")
+                return None
         if str(per_node).isdigit() and str(nodes).isdigit():
-            devices = int(per_node) * int(nodes)
-    if not args:
-        raise MemformError(f"{path}: no --arguments found (expected Megatron-LM arguments such as "
-                           f"--num-layers 32)")
-    return args, devices, warnings
+            return int(per_node) * int(nodes)
+        warnings.append(f"{path}: the device count is not known: --{per_node_key} {per_node} --{nodes_key} "
+                        f"{nodes}; pass --devices N")
+    return None
 
 
-def _options(tokens: list[str]) -> dict[str, Any]:
-    """``--a 1 --b --c x y --d=2`` → {a: "1", b: True, c: ["x", "y"], d: "2"}; stray tokens under ''."""
+def _options(words: list[Word]) -> tuple[dict[str, Any], list[Word], dict[str, int]]:
+    """``--a 1 --b --c x y --d=2`` → {a: "1", b: True, c: ["x", "y"], d: "2"}, the stray words
+    (values the script does not determine are :class:`Unknown`) and the line each option was written on."""
     out: dict[str, Any] = {}
+    lines: dict[str, int] = {}
+    strays: list[Word] = []
     key = None
-    for tok in tokens:
-        if tok.startswith("--") and len(tok) > 2:
+    for word in words:
+        tok = word.text
+        if word.known and tok.startswith("--") and len(tok) > 2:
             name, eq, value = tok[2:].partition("=")
             key = name.replace("_", "-")
             out[key] = value if eq else True
+            lines[key] = word.line
             if eq:
                 key = None
             continue
-        if key is None:
-            out.setdefault("", []).append(tok)
+        if key is None or not word.known and key in FLAGS:
+            strays.append(word)
             continue
+        value = tok if word.known else Unknown.of(word)
         current = out[key]
-        out[key] = tok if current is True else (current + [tok] if isinstance(current, list) else [current, tok])
-    return out
+        out[key] = value if current is True else (current + [value] if isinstance(current, list) else [current, value])
+        if word.line:
+            lines[key] = word.line  # the value's line: where a variable holding it was set, if it was
+    return out, strays, lines
 
 
-def convert(path: Path, draft: Draft, given: set[str]) -> int | None:
-    """Fill ``draft`` from the arguments file; returns the device count a launcher line gives."""
-    args, devices, warnings = read_arguments(path)
-    for w in warnings:
-        draft.warn(w)
-    f = Fields(args, path, "--")
+@dataclass
+class ScriptFields(Fields):
+    """Fields whose values may be :class:`Unknown`: reading one is an error naming the file, line and
+    variable, unless the memform key it decides was given with ``--set`` (then that value is used)."""
+
+    given: Any = None
+    origin: Mapping[str, Path] = field(default_factory=dict)
+    line: Mapping[str, int] = field(default_factory=dict)
+
+    def error(self, key: str, what: str) -> MemformError:
+        line = self.line.get(key, 0)
+        where = f"{self.origin.get(key, self.file)}" + (f":{line}" if line else "")
+        return MemformError(f"{where}: field '{self.name(key)}' {what}")
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        value = super().raw(key, default)
+        if not _is_unknown(value):
+            return value
+        memform_key = ARG_KEYS.get(key)
+        if memform_key is not None and isinstance(self.given, Mapping) and memform_key in self.given:
+            return self.given[memform_key]
+        # ``--set`` can stand in only when the import passes the values it sets (a mapping)
+        raise unknown_error(key, value, memform_key if isinstance(self.given, Mapping) else None)
+
+
+def unknown_error(key: str, value: Any, memform_key: str | None) -> MemformError:
+    """The error for an argument memform needs whose value the script does not determine."""
+    unknown = value if isinstance(value, Unknown) else next(v for v in value if isinstance(v, Unknown))
+    ref = unknown.refs[0]
+    how = [f"set {ref.name} in the script" if ref.kind in ("environment", "positional") and not
+           ref.name.isdigit() else "give it a value in the script",
+           f"put --{key} VALUE in an arguments file named after the script"]
+    if ref.kind == "environment":
+        how.insert(1, f"name a file that sets {ref.name}=VALUE before the script")
+    if memform_key is not None:
+        how.append(f"pass --set {memform_key}=VALUE")
+    return MemformError(f"{ref.file}:{ref.line}: --{key} is {value if isinstance(value, str) else ' '.join(value)}, "
+                        f"and {ref.describe()}: memform does not run the script, so its value is unknown; "
+                        f"{', '.join(how[:-1])} or {how[-1]}")
+
+
+#: ``memform import megatron`` reads several files (importers.takes_several_files)
+MULTI_FILE = True
+
+
+def convert(path: Path | list[Path], draft: Draft, given: set[str] | Mapping[str, Any]) -> int | None:
+    """Fill ``draft`` from Megatron-LM arguments; returns the device count a launcher line gives.
+
+    ``path`` is one file or a list of them (launch scripts, arguments files, files of variable
+    assignments), read in order as one shell session; an argument given again in a later file
+    overrides the earlier one. ``given``: the memform keys set on the command line (a mapping of
+    them to their values lets ``--set`` stand in for an argument whose value the script leaves unknown).
+    """
+    paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
+    source = read_sources(paths)
+    for w in source.warnings:
+        draft.warn(_local(w, paths))
+    shown = paths[0] if len(paths) == 1 else Path(", ".join(str(p) for p in paths))
+    f = ScriptFields(source.args, shown, "--", given=given, origin=source.origin, line=source.line)
+    devices = source.devices
+    if _is_unknown(source.args.get("world-size")):
+        ref = source.args["world-size"].refs[0] if isinstance(source.args["world-size"], Unknown) else None
+        draft.warn(_local(f"{ref.file}:{ref.line}: " if ref else "", paths) + f"--world-size is "
+                   f"{source.args['world-size']}, not known without running the script: the device count "
+                   f"comes from the launcher, or pass --devices N")
+        f.used.add("world-size")
+        source.args.pop("world-size")
     world = f.integer("world-size", None)
     devices = world or devices
 
@@ -163,26 +393,65 @@ def convert(path: Path, draft: Draft, given: set[str]) -> int | None:
 
     _strategy(f, draft, L, tp)
     _training(f, draft)
+    unknown: dict[tuple[str, str], list[str]] = {}
     for key in f.unused():
-        if not key.startswith(IGNORED_PREFIXES):
+        if _is_unknown(source.args[key]):
+            value = source.args[key]
+            ref = (value if isinstance(value, Unknown) else next(v for v in value if isinstance(v, Unknown))).refs[0]
+            unknown.setdefault((ref.describe(), f"{ref.file}:{ref.line}"), []).append(f"--{key}")
+        elif not key.startswith(IGNORED_PREFIXES):
             draft.warn(f"argument '--{key}' is not used by memform (ignored)")
+    for (what, where), keys in unknown.items():
+        draft.warn(_local(f"{where}: {what} left {', '.join(keys)} unknown (not used by memform)", paths))
     return devices
 
 
-def _vocab(f: Fields, draft: Draft, tp: int, given: set[str]) -> None:
+def _local(message: str, paths: list[Path]) -> str:
+    """A warning about the only source file says ``line N:`` (the command prints the file name first)."""
+    prefix = f"{paths[0]}:"
+    if len(paths) == 1 and message.startswith(prefix) and message[len(prefix):].split(":")[0].isdigit():
+        return "line " + message[len(prefix):]
+    return message
+
+
+def _vocab(f: Fields, draft: Draft, tp: int, given: Any) -> None:
+    """The padded vocabulary Megatron-LM allocates (megatron/training/tokenizer/tokenizer.py:
+    ``build_tokenizer`` takes the tokenizer's ``vocab_size`` and pads it with
+    ``_vocab_size_with_padding`` to a multiple of --make-vocab-size-divisible-by (default 128) × tp)."""
+    if "model.vocab_size" in given:
+        f.used.update(("vocab-size", "padded-vocab-size", "make-vocab-size-divisible-by", "tokenizer-type"))
+        return
     divisible = f.integer("make-vocab-size-divisible-by", 128)
     if f.has("padded-vocab-size"):
         draft.set("model.vocab_size", f.integer("padded-vocab-size"), "--padded-vocab-size")
         return
-    if f.has("vocab-size"):
-        vocab, where = f.integer("vocab-size"), "--vocab-size"
-    elif f.string("tokenizer-type", "") in TOKENIZER_VOCAB:
-        vocab, where = TOKENIZER_VOCAB[f.string("tokenizer-type")], f"--tokenizer-type {f.string('tokenizer-type')}"
-    elif "model.vocab_size" in given:
-        return
+    kind = f.string("tokenizer-type", None)
+    size = f.integer("vocab-size", None)
+    if kind == "NullTokenizer":
+        if size is None:
+            raise f.missing("vocab-size", " (--tokenizer-type NullTokenizer takes its size from it)")
+        # _NullTokenizer.vocab_size = --vocab-size + 1 (its end-of-document id is vocab_size)
+        vocab, where = size + 1, f"--tokenizer-type NullTokenizer: --vocab-size {size} + 1 end-of-document token,"
+    elif kind == "TikTokenizer":
+        # CustomTikTokenizer: vocab_size = --vocab-size, or 2**17 when it is not given
+        vocab, where = (size, "--tokenizer-type TikTokenizer --vocab-size") if size else \
+            (2 ** 17, "--tokenizer-type TikTokenizer without --vocab-size: its fallback 2**17")
+    elif kind in TOKENIZER_VOCAB:
+        vocab, where = TOKENIZER_VOCAB[kind], f"--tokenizer-type {kind}"
+        if size is not None and size != vocab:
+            draft.warn(f"--vocab-size {size} is not read by Megatron's {kind} (its vocabulary has {vocab} "
+                       f"entries); used {vocab}")
+    elif size is not None:
+        vocab, where = size, "--vocab-size"
+        if kind is not None:
+            draft.warn(f"--tokenizer-type {kind} takes its vocabulary size from the tokenizer files "
+                       f"(--tokenizer-model / --vocab-file), which memform does not open; used --vocab-size "
+                       f"{size} (Megatron ignores it for this tokenizer): check it, or pass "
+                       f"--set model.vocab_size=N with the padded size")
     else:
-        raise f.missing("vocab-size", " (Megatron reads it from the tokenizer files, which memform does not "
-                                      "open: add --vocab-size N or pass --set model.vocab_size=N)")
+        what = f"--tokenizer-type {kind} reads" if kind else "Megatron reads"
+        raise f.missing("vocab-size", f" ({what} the vocabulary size from the tokenizer files, which memform "
+                                      f"does not open: add --vocab-size N or pass --set model.vocab_size=N)")
     padded = pad_vocab(vocab, divisible, tp)
     draft.set("model.vocab_size", padded, f"{where} {vocab} padded to a multiple of "
               f"--make-vocab-size-divisible-by {divisible} × tp {tp}")
@@ -232,44 +501,54 @@ def _moe(f: Fields, draft: Draft) -> None:
         draft.set("model.moe_ffn_hidden_size", expert_ffn, "--moe-ffn-hidden-size")
     shared = f.integer("moe-shared-expert-intermediate-size", None)
     if shared is not None:
-        count = -(-shared // expert_ffn)
-        if shared % expert_ffn:
-            draft.warn(f"--moe-shared-expert-intermediate-size {shared} is not a multiple of the expert size "
-                       f"{expert_ffn}; counted as {count} shared experts (an overestimate)")
-        draft.set("model.num_shared_experts", count, f"--moe-shared-expert-intermediate-size {shared} / {expert_ffn}")
+        if shared % expert_ffn == 0:
+            draft.set("model.num_shared_experts", shared // expert_ffn,
+                      f"--moe-shared-expert-intermediate-size {shared} / expert width {expert_ffn}")
+        else:
+            # one shared MLP of that total width (Megatron's SharedExpertMLP), not a whole number of experts
+            draft.set("model.shared_expert_ffn_hidden_size", shared, "--moe-shared-expert-intermediate-size")
+    if f.boolean("moe-shared-expert-gate", False):
+        draft.set("model.shared_expert_gate", True, "--moe-shared-expert-gate")
     capacity = f.number("moe-expert-capacity-factor", None)
     if capacity is not None:
         draft.set("model.capacity_factor", capacity, "--moe-expert-capacity-factor")
     draft.set("model.moe_grouped_gemm", f.boolean("moe-grouped-gemm", False),
               "--moe-grouped-gemm" if f.has("moe-grouped-gemm") else "no --moe-grouped-gemm")
     if f.has("moe-layer-freq"):
-        dense = _leading_dense(f, experts)
-        if dense:
-            draft.set("model.first_k_dense", dense, "leading 0s of --moe-layer-freq")
+        _layer_freq(f, draft, draft.get("model.num_layers"))
 
 
-def _leading_dense(f: Fields, experts: int) -> int:
-    """The first-k-dense count of ``--moe-layer-freq``: 1, or a pattern like ``([0]*3+[1]*58)``."""
+def _layer_freq(f: Fields, draft: Draft, layers: int) -> None:
+    """--moe-layer-freq (arguments.py ``moe_freq_type``): an int N, or a Python list expression of 0/1
+    (``([0]*3+[1]*58)``, validated by ``_eval_pattern`` to digits , [ ] ( ) + *). Megatron-Core's
+    ``get_gpt_decoder_block_spec`` (models/gpt/gpt_layer_specs.py) makes layer i MoE when
+    ``i % N == 0``, or when the list's entry i is 1 (the list must have --num-layers entries).
+    Written as ``model.first_k_dense`` when the list is k zeros then ones, else ``model.moe_layer_freq``."""
     raw = f.raw("moe-layer-freq")
-    text = str(raw).strip()
-    if text.isdigit():
-        if int(text) != 1:
-            raise f.error("moe-layer-freq", f"{text}: MoE every {text} layers is not modelled (memform's "
-                                            f"stack is k dense layers then MoE layers)")
-        return 0
-    match = re.fullmatch(r"\(?\s*\[0\]\s*\*\s*(\d+)\s*\+\s*\[1\]\s*\*\s*(\d+)\s*\)?", text)
-    if match:
-        return int(match.group(1))
+    text = "".join(raw) if isinstance(raw, list) else str(raw).strip()
+    if re.fullmatch(r"-?\d+", text):
+        every = int(text)
+        if every < 1:
+            raise f.error("moe-layer-freq", f"must be a positive integer or a list of 0/1, got {text}")
+        if every != 1:
+            draft.set("model.moe_layer_freq", every, f"--moe-layer-freq {every}: layer i is MoE when i % {every} == 0")
+        return
     try:
-        pattern = pyast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        pattern = None
-    if isinstance(pattern, list) and pattern and all(x in (0, 1) for x in pattern):
-        dense = pattern.index(1) if 1 in pattern else len(pattern)
-        if all(x == 1 for x in pattern[dense:]):
-            return dense
-    raise f.error("moe-layer-freq", f"must be 1, a list of 0/1 with the dense (0) layers first, or "
-                                    f"([0]*k+[1]*n), got {text!r}")
+        pattern = list_expression(text)
+    except ValueError:
+        raise f.error("moe-layer-freq", f"must be an integer or a Python list expression of 0/1 such as "
+                                        f"([0]*3+[1]*58), got {text!r}") from None
+    if any(x not in (0, 1) for x in pattern):
+        raise f.error("moe-layer-freq", f"{text} must hold only 0 (dense) and 1 (MoE), got {sorted(set(pattern))}")
+    if len(pattern) != layers:
+        raise f.error("moe-layer-freq", f"{text} has {len(pattern)} entries but --num-layers is {layers} "
+                                        f"(Megatron requires one per layer)")
+    dense = pattern.index(1) if 1 in pattern else len(pattern)
+    if all(x == 1 for x in pattern[dense:]):
+        if dense:
+            draft.set("model.first_k_dense", dense, f"--moe-layer-freq {text}: {dense} dense layers, then MoE")
+        return
+    draft.set("model.moe_layer_freq", pattern, f"--moe-layer-freq {text}")
 
 
 def _mla(f: Fields, draft: Draft) -> None:

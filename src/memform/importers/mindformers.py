@@ -68,6 +68,24 @@ IGNORED_PARALLEL_CONFIG = frozenset({
 CP_ALGOS = {"colossalai_cp": "ring", "ulysses_cp": "ulysses"}
 
 
+def hyperparallel_marks(data: Any) -> list[str]:
+    """The sections that make a YAML HyperParallel-shaped (MemEst's cost_model_parser_hyper.py reads
+    ``model.config_overrides``, ``train.accelerator``, ``data.max_seq_len``)."""
+    if not isinstance(data, dict):
+        return []
+    marks = []
+    model, train = data.get("model"), data.get("train")
+    if isinstance(model, dict) and isinstance(model.get("config_overrides"), dict):
+        marks.append("'model.config_overrides'")
+    if isinstance(train, dict) and isinstance(train.get("accelerator"), dict):
+        marks.append("'train.accelerator'")
+    return marks
+
+
+def looks_like_hyperparallel(data: Any) -> bool:
+    return bool(hyperparallel_marks(data))
+
+
 def read_yaml_file(path: Path) -> dict:
     data = load_yaml(path, "MindFormers config")
     if not isinstance(data, dict):
@@ -81,6 +99,11 @@ def convert(path: Path, draft: Draft, given: set[str]) -> int | None:
     model = top.section("model")
     mc = model.section("model_config")
     if not mc.data:
+        if looks_like_hyperparallel(data):
+            raise MemformError(f"{path}: required field 'model.model_config' is missing: this file has "
+                               f"{' and '.join(hyperparallel_marks(data))}, the shape of a HyperParallel "
+                               f"memory-estimation YAML, not a MindFormers one; import it with "
+                               f"'memform import hyperparallel {path}'")
         raise top.missing("model.model_config")
     arch = model.section("arch").string("type", "") if model.has("arch") else ""
     kind = mc.string("type", "")
@@ -91,8 +114,8 @@ def convert(path: Path, draft: Draft, given: set[str]) -> int | None:
     moe = top.section("moe_config")
     _moe(moe, mc, draft)
     pc = top.section("parallel_config")
-    _parallel(pc, top.section("parallel"), mc, moe, draft)
-    _recompute(top.section("recompute_config"), draft)
+    sizes = _parallel(pc, top.section("parallel"), mc, moe, draft)
+    _recompute(top.section("recompute_config"), draft, sizes)
     _training(top, pc, draft)
     _device(top.section("context"), draft)
     optimizer = top.section("optimizer").string("type", "AdamW") if top.has("optimizer") else "AdamW"
@@ -204,16 +227,16 @@ def _expert_tp(moe: Fields, pc: Fields, tp: int, draft: Draft) -> None:
     draft.set("parallel.expert_tp", tp, "no expert_model_parallel: experts split over model_parallel")
 
 
-def _parallel(pc: Fields, par: Fields, mc: Fields, moe: Fields, draft: Draft) -> None:
+def _parallel(pc: Fields, par: Fields, mc: Fields, moe: Fields, draft: Draft) -> list[list[int]]:
+    """The degrees, schedule, parallel optimizer and stage split; returns the body layers MindFormers
+    puts in each [stage][chunk] (mindformers/models/utils.py LayerSetting: layer_list)."""
     dp = pc.integer("data_parallel", 1)
     tp = pc.integer("model_parallel", 1)
     pp = pc.integer("pipeline_stage", 1)
     draft.set("parallel.dp", dp, "parallel_config.data_parallel")
     draft.set("parallel.tp", tp, "parallel_config.model_parallel")
     draft.set("parallel.pp", pp, "parallel_config.pipeline_stage")
-    vpp = mc.integer("pp_interleave_num", 1)
-    if vpp > 1:
-        draft.set("parallel.vpp", vpp, "model_config.pp_interleave_num")
+    vpp = _schedule(pc, par, mc, pp, draft)
     cp = pc.integer("context_parallel", 1)
     algo = pc.string("context_parallel_algo", "colossalai_cp")
     if cp > 1:
@@ -232,16 +255,59 @@ def _parallel(pc: Fields, par: Fields, mc: Fields, moe: Fields, draft: Draft) ->
     draft.set("mindspore.vocab_emb_dp", pc.boolean("vocab_emb_dp", True),
               "parallel_config.vocab_emb_dp" if pc.has("vocab_emb_dp") else
               "no vocab_emb_dp: MindFormers' default True")
-    _parallel_optimizer(par, dp, draft)
+    _parallel_optimizer(par, dp, cp, draft)
     offset = mc.raw("offset", 0)
     layers, mtp = draft.get("model.num_layers"), draft.get("model.mtp_layers", 0)
-    if isinstance(offset, list) and any(offset) and pp > 1:
-        _stage_layers(offset, layers, mtp, pp, draft)
-    elif isinstance(offset, int) and offset and pp > 1:
-        draft.warn(f"model_config.offset {offset} (one number) is not imported: give one entry per stage")
+    sizes = None
+    if pp > 1 and isinstance(offset, list) and _any_nonzero(offset):
+        sizes = _stage_layers(offset, layers, mtp, pp, vpp, draft)
+    elif pp > 1 and isinstance(offset, int) and not isinstance(offset, bool) and offset:
+        draft.warn(f"model_config.offset {offset} (one number) is not imported: an even split of the layers "
+                   f"over the {pp} stages is assumed (give one offset per stage)")
+    return sizes or _even_sizes(layers, pp, vpp)
 
 
-def _parallel_optimizer(par: Fields, dp: int, draft: Draft) -> None:
+def _any_nonzero(offset: list[Any]) -> bool:
+    return any(_any_nonzero(o) if isinstance(o, list) else o for o in offset)
+
+
+def _even_sizes(layers: int, pp: int, vpp: int) -> list[list[int]]:
+    """memform's split without parallel.stage_layers: layers // (pp × vpp) per chunk, the remainder
+    to the first chunks (a split memform refuses when it is uneven)."""
+    base, extra = divmod(layers, pp * vpp)
+    return [[base + (1 if c * pp + s < extra else 0) for c in range(vpp)] for s in range(pp)]
+
+
+#: MindSpore's pipeline_scheduler names (set_auto_parallel_context pipeline_config) → memform schedules
+SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "seqpipe": "seqpipe", "zero_bubble_v": "zero-bubble-v"}
+
+
+def _schedule(pc: Fields, par: Fields, mc: Fields, pp: int, draft: Draft) -> int:
+    """``model_config.pp_interleave_num`` chunks per stage, which LayerSetting uses only with
+    ``parallel.pipeline_config.pipeline_interleave`` (else 1); ``pipeline_scheduler``; returns vpp."""
+    vpp = mc.integer("pp_interleave_num", 1)
+    cfg = par.section("pipeline_config")
+    interleave = cfg.boolean("pipeline_interleave", False)
+    scheduler = cfg.string("pipeline_scheduler", "1f1b")
+    if vpp > 1 and not interleave:
+        draft.warn(f"model_config.pp_interleave_num {vpp} without parallel.pipeline_config.pipeline_interleave: "
+                   f"true is not used by MindFormers (LayerSetting sets it to 1); one chunk per stage assumed")
+        vpp = 1
+    if vpp > 1 and pp > 1:
+        draft.set("parallel.vpp", vpp, "model_config.pp_interleave_num (pipeline_interleave: true)")
+    if pp > 1 and cfg.has("pipeline_scheduler"):
+        if scheduler not in SCHEDULES:
+            draft.warn(f"parallel.pipeline_config.pipeline_scheduler {scheduler} is not modelled; "
+                       f"estimated as 1f1b")
+        draft.set("parallel.pp_schedule", SCHEDULES.get(scheduler, "1f1b"),
+                  f"parallel.pipeline_config.pipeline_scheduler {scheduler}")
+        if scheduler == "seqpipe":
+            draft.set("parallel.seq_chunks", pc.integer("seq_split_num", 1), "parallel_config.seq_split_num")
+    draft.warn_unused(cfg)
+    return vpp if pp > 1 else 1
+
+
+def _parallel_optimizer(par: Fields, dp: int, cp: int, draft: Draft) -> None:
     """MindSpore's parallel optimizer (AutoParallel.hsdp / parallel_optimizer_config): weights and
     optimizer states sharded over ``optimizer_weight_shard_size`` ranks (-1: all that hold the slice),
     gradients too with gradient_accumulation_shard (MindSpore's default True) or level2/3."""
@@ -250,6 +316,10 @@ def _parallel_optimizer(par: Fields, dp: int, draft: Draft) -> None:
               if par.has("enable_parallel_optimizer") else "no enable_parallel_optimizer: MindSpore's default off")
     opt = par.section("parallel_optimizer_config")
     if not enabled:
+        if opt.has("optimizer_weight_shard_size"):
+            draft.warn(f"parallel_optimizer_config.optimizer_weight_shard_size "
+                       f"{opt.raw('optimizer_weight_shard_size')} is ignored: parallel.enable_parallel_optimizer "
+                       f"is false, so nothing is sharded")
         opt.used.update(opt.data)
         return
     size = opt.integer("optimizer_weight_shard_size", -1, minimum=-1)
@@ -257,6 +327,11 @@ def _parallel_optimizer(par: Fields, dp: int, draft: Draft) -> None:
         raise opt.error("optimizer_weight_shard_size", "must be -1 (all ranks) or a positive group size, got 0")
     if size > 1:
         draft.set("parallel.zero_shard_max", size, "parallel_optimizer_config.optimizer_weight_shard_size")
+        if (dp * cp) % size:
+            # operator_info.cc CreateGroupForOptShard: the size must divide the ranks holding the slice
+            draft.warn(f"parallel_optimizer_config.optimizer_weight_shard_size {size} does not divide "
+                       f"data_parallel × context_parallel = {dp * cp}: MindSpore makes no shard group for "
+                       f"parameters split over model_parallel, which stay unsharded (as estimated)")
     elif size == 1:
         draft.warn("parallel_optimizer_config.optimizer_weight_shard_size 1 is ignored by MindSpore "
                    "(set_optimizer_weight_shard_size: it must be larger than 1); the whole group shards")
@@ -277,49 +352,112 @@ def _parallel_optimizer(par: Fields, dp: int, draft: Draft) -> None:
     draft.warn_unused(opt)
 
 
-def _stage_layers(offset: list[Any], layers: int, mtp: int, pp: int, draft: Draft) -> None:
-    """MindFormers gives each stage ``L // pp + offset[i]`` layers (MemEst counts MTP in ``L``)."""
-    if len(offset) != pp or not all(isinstance(o, int) and not isinstance(o, bool) for o in offset):
-        draft.warn(f"model_config.offset {offset} is not one integer per pipeline stage ({pp}); "
-                   f"not imported (even split used)")
-        return
-    for total, on_last in ((layers, 0), (layers + mtp, mtp)):
-        split = [total // pp + o for o in offset]
-        if sum(split) == total and split[-1] >= on_last:
-            split[-1] -= on_last
-            note = "model_config.offset" + (f" (the {mtp} MTP layer(s) counted on the last stage)" if on_last else "")
-            draft.set("parallel.stage_layers", split, note)
-            return
-    draft.warn(f"model_config.offset {offset} does not add up to num_layers {layers} over {pp} stages; "
-               f"not imported (even split used)")
+def _stage_layers(offset: list[Any], layers: int, mtp: int, pp: int, vpp: int,
+                  draft: Draft) -> list[list[int]] | None:
+    """LayerSetting gives chunk v of stage i ``L // (pp × vpp) + offset[v][i]`` layers; a flat offset
+    list is broadcast to every chunk (np.broadcast_to). MemEst counts MTP layers in ``L``
+    (is_mtp_in_offset, memest-formulas.md §2.1); either count is accepted, whichever adds up, and the
+    MTP layers (memform places them after the body) come off the last chunk. Returns the body layers
+    per [stage][chunk], or None (not imported: even split)."""
+    nested = all(isinstance(row, list) for row in offset)
+    rows = offset if nested else [offset] * vpp
 
+    def integers(row: Any) -> bool:
+        return isinstance(row, list) and len(row) == pp and \
+            all(isinstance(o, int) and not isinstance(o, bool) for o in row)
 
-def _stage_counts(value: Any, pp: int, layers: int) -> list[int] | None:
-    """A per-stage layer count list (MindFormers: true = every layer of the stage, false = none);
-    None when it is not one entry per stage (e.g. per pp-interleave chunk)."""
-    if not isinstance(value, list) or len(value) != pp:
+    if len(rows) != vpp or not all(integers(row) for row in rows):
+        shape = f"{vpp} lists (one per pp_interleave_num chunk) of {pp} integers" if vpp > 1 else f"{pp} integers"
+        draft.warn(f"model_config.offset {offset} is not {shape} (one per pipeline stage); not imported: "
+                   f"an even split of the layers is assumed")
         return None
-    counts = []
-    for n in value:
+    for total, on_last in ((layers, 0), (layers + mtp, mtp)):
+        base = total // (pp * vpp)
+        sizes = [[base + rows[c][st] for c in range(vpp)] for st in range(pp)]
+        if sum(map(sum, sizes)) != total or min(map(min, sizes)) < 0 or sizes[-1][-1] < on_last:
+            continue
+        sizes[-1][-1] -= on_last
+        split = [sum(chunks) for chunks in sizes]
+        note = "model_config.offset" + (f" (the {mtp} MTP layer(s) counted on the last stage)" if on_last else "")
+        draft.set("parallel.stage_layers", split, note)
+        even = [[n // vpp + (1 if c < n % vpp else 0) for c in range(vpp)] for n in split]
+        if vpp > 1 and even != sizes:
+            draft.warn(f"model_config.offset {offset} gives the chunks of a stage different layer counts "
+                       f"({sizes}); memform splits each stage's layers evenly over its pp_interleave_num chunks "
+                       f"({even})")
+        return sizes
+    draft.warn(f"model_config.offset {offset} does not add up to num_layers {layers}"
+               + (f" (or {layers + mtp} with mtp_depth)" if mtp else "") + f" over {pp} stages"
+               + (f" × {vpp} chunks" if vpp > 1 else "") + "; not imported: an even split is assumed")
+    return None
+
+
+def _recompute_counts(value: Any, sizes: list[list[int]]) -> list[list[int]] | None:
+    """Layers recomputed in each [stage][chunk], as LayerSetting._format_recompute_list reads
+    ``recompute`` / ``select_recompute``: true = every layer; one count per stage (true = all, false =
+    none) shared out over the stage's chunks one layer at a time, chunk 0 first
+    (_alloc_recompute_layer); or one list per chunk of per-stage counts; counts capped at the layers
+    there. None when ``value`` has none of these shapes."""
+    pp, vpp = len(sizes), len(sizes[0])
+    if value is True:
+        return [row[:] for row in sizes]
+    if value is False or value is None:
+        return [[0] * vpp for _ in range(pp)]
+
+    def count(n: Any, cap: int) -> int | None:
         if isinstance(n, bool):
-            counts.append(layers if n else 0)
-        elif isinstance(n, int) and n >= 0:
-            counts.append(n)
-        else:
-            return None
-    return counts
+            return cap if n else 0
+        return min(n, cap) if isinstance(n, int) and n >= 0 else None
+
+    out = [[0] * vpp for _ in range(pp)]
+    if isinstance(value, int):  # one count for every stage (MindFormers itself wants a list)
+        value = [value] * pp
+    if isinstance(value, list) and len(value) == pp and not any(isinstance(n, list) for n in value):
+        for st, n in enumerate(value):
+            left = count(n, sum(sizes[st]))
+            if left is None:
+                return None
+            while left:
+                for c in range(vpp):
+                    if left and out[st][c] < sizes[st][c]:
+                        out[st][c] += 1
+                        left -= 1
+        return out
+    if isinstance(value, list) and len(value) == vpp and all(isinstance(r, (list, bool)) for r in value):
+        for c, row in enumerate(value):
+            items = [row] * pp if isinstance(row, bool) else row
+            if len(items) != pp:
+                return None
+            for st, n in enumerate(items):
+                got = count(n, sizes[st][c])
+                if got is None:
+                    return None
+                out[st][c] = got
+        return out
+    return None
 
 
-def _recompute(rc: Fields, draft: Draft) -> None:
+def _per_stage(counts: list[list[int]]) -> list[int] | None:
+    """One count per stage when every chunk of a stage has the same (memform: the first n layers of
+    each chunk of the stage); None otherwise."""
+    if all(len(set(chunks)) == 1 for chunks in counts):
+        return [chunks[0] for chunks in counts]
+    return None
+
+
+def _recompute(rc: Fields, draft: Draft, sizes: list[list[int]]) -> None:
     """MindFormers' LayerSetting (mindformers/models/utils.py): ``recompute`` true recomputes every
-    layer, a list the first n layers of each stage; ``select_recompute`` true (or op patterns) makes the
-    other layers selective, a list the first n layers of each stage; the comm-recompute switches and
-    recompute_slice_activation go to the MindSpore profile's knobs."""
+    layer, a list the first n layers of each stage (per chunk: see _recompute_counts);
+    ``select_recompute`` true (or op patterns) makes the other layers selective, a list the first n
+    layers of each stage; the comm-recompute switches and recompute_slice_activation go to the
+    MindSpore profile's knobs. Per-chunk counts that differ between the chunks of a stage are written
+    as one mode per layer (training.recompute_layers)."""
     full = rc.raw("recompute", False)
     select = rc.raw("select_recompute", False)
     rc.used.update(("recompute", "select_recompute"))
-    pp, layers = draft.get("parallel.pp"), draft.get("model.num_layers")
+    pp = len(sizes)
     base = "none"
+    sel_counts = None
     if select is True or (isinstance(select, (list, dict)) and select and
                           all(isinstance(k, str) for k in select)):
         base = "selective"
@@ -327,32 +465,27 @@ def _recompute(rc: Fields, draft: Draft) -> None:
             draft.warn("recompute_config.select_recompute by op pattern is imported as selective recompute of "
                        "every layer (the MindSpore profile's selective: the SwiGLU activation, and the attention "
                        "core without flash attention)")
-    elif isinstance(select, list) and any(select):
-        counts = _stage_counts(select, pp, layers)
-        if counts is None:
+    elif isinstance(select, list) and _any_nonzero(select):
+        sel_counts = _recompute_counts(select, sizes)
+        if sel_counts is None:
             draft.warn(f"recompute_config.select_recompute {select} is not one layer count per pipeline stage "
-                       f"({pp}); imported as selective recompute of every layer")
+                       f"({pp}) nor one such list per chunk; selective recompute of every layer assumed")
             base = "selective"
-        else:
-            draft.set("training.selective_recompute_num_layers", counts,
-                      "recompute_config.select_recompute: first n layers per stage")
+    full_counts = None
     if full is True:
         draft.set("training.recompute", "full", "recompute_config.recompute")
-    elif isinstance(full, int) and not isinstance(full, bool) and full > 0:
-        draft.set("training.recompute", base, "the layers recompute_config.recompute leaves out")
-        draft.set("training.recompute_num_layers", full, "recompute_config.recompute: first n layers per stage")
-    elif isinstance(full, list) and any(full):
-        counts = _stage_counts(full, pp, layers)
-        if counts is None:
-            draft.warn(f"recompute_config.recompute {full} is not one layer count per pipeline stage ({pp}); "
-                       f"not imported (activations overestimated)")
-            draft.set("training.recompute", base, "recompute_config.select_recompute")
-        else:
-            draft.set("training.recompute", base, "the layers recompute_config.recompute leaves out")
-            draft.set("training.recompute_num_layers", counts, "recompute_config.recompute: first n layers per stage")
-    else:
-        draft.set("training.recompute", base, "recompute_config.select_recompute" if base != "none" else
-                  "recompute_config: no recompute")
+    elif isinstance(full, (int, list)) and not isinstance(full, bool) and (
+            _any_nonzero(full) if isinstance(full, list) else full > 0):
+        full_counts = _recompute_counts(full, sizes)
+        if full_counts is None:
+            draft.warn(f"recompute_config.recompute {full} is not one layer count per pipeline stage ({pp}) nor "
+                       f"one such list per chunk; not imported: no full recompute assumed (activations "
+                       f"overestimated)")
+    if full is not True:
+        why = ("the layers recompute_config.recompute leaves out" if full_counts is not None else
+               "recompute_config.select_recompute" if base != "none" else "recompute_config: no recompute")
+        draft.set("training.recompute", base, why)
+    _recompute_layers(full_counts, sel_counts, base, sizes, draft)
     for key in ("mp_comm_recompute", "parallel_optimizer_comm_recompute"):
         if rc.has(key):
             draft.set(f"mindspore.{key}", rc.boolean(key), f"recompute_config.{key}")
@@ -363,6 +496,38 @@ def _recompute(rc: Fields, draft: Draft) -> None:
                   + ("" if full is True or not rc.boolean("recompute_slice_activation") else
                      ": MindFormers' LayerSetting applies it only with recompute: true"))
     draft.warn_unused(rc, ("select_comm_recompute", "select_recompute_exclude", "select_comm_recompute_exclude"))
+
+
+def _recompute_layers(full: list[list[int]] | None, select: list[list[int]] | None, base: str,
+                      sizes: list[list[int]], draft: Draft) -> None:
+    """Per-stage counts as training.(selective_)recompute_num_layers; else one mode per body layer in
+    forward order (chunk 0 of every stage, then chunk 1, ...), as memform lays the chunks out."""
+    per_full = None if full is None else _per_stage(full)
+    per_select = None if select is None else _per_stage(select)
+    if (full is None or per_full is not None) and (select is None or per_select is not None):
+        if per_full is not None:
+            draft.set("training.recompute_num_layers", per_full, "recompute_config.recompute: first n layers "
+                      "per stage" + (" (per chunk)" if len(sizes[0]) > 1 else ""))
+        if per_select is not None:
+            draft.set("training.selective_recompute_num_layers", per_select, "recompute_config.select_recompute: "
+                      "first n layers per stage" + (" (per chunk)" if len(sizes[0]) > 1 else ""))
+        return
+    pp, vpp = len(sizes), len(sizes[0])
+    stage_layers = draft.get("parallel.stage_layers")
+    totals = stage_layers if stage_layers is not None else [sum(row) for row in sizes]
+    chunked = [[n // vpp + (1 if c < n % vpp else 0) for c in range(vpp)] for n in totals]
+    modes = []
+    for c in range(vpp):
+        for st in range(pp):
+            for j in range(chunked[st][c]):
+                if full is not None and j < full[st][c]:
+                    modes.append("full")
+                elif select is not None and j < select[st][c]:
+                    modes.append("selective")
+                else:
+                    modes.append(base)
+    draft.set("training.recompute_layers", modes, "recompute_config.recompute / select_recompute: the first n "
+              "layers of each chunk, counts that differ between a stage's chunks (LayerSetting)")
 
 
 def _training(top: Fields, pc: Fields, draft: Draft) -> None:

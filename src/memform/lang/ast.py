@@ -118,12 +118,16 @@ class TypeSpec:
     hi: int | None = None
     choices: tuple[str, ...] = ()
     or_bool: bool = False
+    or_list: bool = False  # ``int | list``: an integer or a list of integers (a tuple in formulas)
 
     def describe(self) -> str:
         if self.kind == "enum":
             return "one of " + ", ".join(repr(c) for c in self.choices)
         if self.or_bool:
             return "true, false or " + (f"an integer in {self.lo}..{self.hi}" if self.lo is not None else "an integer")
+        if self.or_list:
+            one = f"an integer in {self.lo}..{self.hi}" if self.lo is not None else "an integer"
+            return f"{one}, or a list of integers"
         if self.kind == "int" and self.lo is not None:
             return f"an integer in {self.lo}..{self.hi}"
         return {"int": "an integer", "real": "a number", "bool": "true or false",
@@ -201,6 +205,10 @@ class StackEntry:
     block: str
     count: Expr | None
     loc: Loc
+    #: ``block * n if cond else other``: per layer, ``block`` where ``cond`` holds (with the name
+    #: ``layer_index`` bound to the layer's 0-based body index), else ``other``; None: always ``block``
+    cond: Expr | None = None
+    other: str | None = None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from .program import (
     RUNTIME_QUANTITIES,
     SCHEDULE_NAMES,
     SCHEDULE_QUANTITIES,
+    STACK_NAMES,
     Program,
 )
 
@@ -218,6 +219,15 @@ class _Checker:
                                    e.loc)
             if e.count is not None:
                 self.refs(e.count, block=None, params=(), where="stack")
+            cond = getattr(e, "cond", None)
+            if cond is not None:
+                # `layer_index` is bound per layer while the choice is evaluated
+                self.refs(cond, block=None, params=STACK_NAMES, where="stack")
+                if e.other not in prog.blocks or prog.blocks[e.other].kind != "block":
+                    layer_blocks = [n for n, b in prog.blocks.items() if b.kind == "block"]
+                    raise MemformError(f"stack names unknown block '{e.other}'"
+                                       f"{did_you_mean(e.other, layer_blocks)}", e.loc)
+                self.require_quantities(e.other, LAYER_QUANTITIES)
             if e.place is None:
                 seen_body = True
             self.require_quantities(e.block, LAYER_QUANTITIES)

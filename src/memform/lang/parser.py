@@ -17,7 +17,7 @@ _TOKEN_NAMES = {
     "LBRACE": "'{'", "RBRACE": "'}'", "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'",
     "EQUAL": "'='", "COLON": "':'", "COMMA": "','", "DOT": "'.'", "STAR": "'*'", "CMP_OP": "a comparison",
     "ADD_OP": "'+' or '-'", "MUL_OP": "'*', '/' or '%'", "MINUS": "'-'", "CIRCUMFLEX": "'^'",
-    "VBAR": "'|'", "$END": "end of file", "SIGNED_INT": "an integer", "PLACE": "'first' or 'last'",
+    "VBAR": "'|'", "LIST_T": "'list'", "$END": "end of file", "SIGNED_INT": "an integer", "PLACE": "'first' or 'last'",
 }
 
 
@@ -95,6 +95,10 @@ class _ToAst(Transformer):
         lo, hi = c[2] if len(c) == 3 else (None, None)
         return ast.TypeSpec("int", lo, hi, or_bool=True)
 
+    def t_int_list(self, meta, c):
+        lo, hi = c[1] if len(c) == 3 else (None, None)
+        return ast.TypeSpec("int", lo, hi, or_list=True)
+
     def t_real(self, meta, c):
         return ast.TypeSpec("real")
 
@@ -157,12 +161,18 @@ class _ToAst(Transformer):
         place = None
         if c and isinstance(c[0], Token) and c[0].type == "PLACE":
             place = str(c.pop(0))
+        cond = other = None
+        if c and isinstance(c[-1], tuple) and c[-1][0] == "choice":
+            _, cond, other = c.pop()
         name = c[0]
         count = c[1] if len(c) > 1 else None
-        return ast.StackEntry(place, str(name), count, self._tok_loc(name))
+        return ast.StackEntry(place, str(name), count, self._tok_loc(name), cond, other)
 
     def count(self, meta, c):
         return c[0]
+
+    def choice(self, meta, c):
+        return ("choice", c[0], str(c[1]))
 
     # -- expressions
     def if_expr(self, meta, c):

@@ -49,6 +49,8 @@ def print_type(t: ast.TypeSpec) -> str:
         return "{" + ", ".join(f'"{c}"' for c in t.choices) + "}"
     if t.or_bool:
         return "bool | " + (f"int[{t.lo}..{t.hi}]" if t.lo is not None else "int")
+    if t.or_list:
+        return (f"int[{t.lo}..{t.hi}]" if t.lo is not None else "int") + " | list"
     if t.kind == "int" and t.lo is not None:
         return f"int[{t.lo}..{t.hi}]"
     return t.kind
@@ -64,7 +66,8 @@ def print_quantity(q: ast.Quantity) -> str:
 def print_stack_entry(e: ast.StackEntry) -> str:
     place = f"{e.place} " if e.place is not None else ""
     count = f" * {_wrap(e.count, _ATOM)}" if e.count is not None else ""
-    return f"{place}{e.block}{count}"
+    choice = f" if {_wrap(e.cond, _OR)} else {e.other}" if getattr(e, "cond", None) is not None else ""
+    return f"{place}{e.block}{count}{choice}"
 
 
 def print_expr(node: ast.Expr) -> str:

@@ -17,11 +17,18 @@ from . import ast
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 BUILTIN_FUNCS = {"ceil": 1, "floor": 1, "min": None, "max": None, "log2": 1, "abs": 1,
-                 "layers_sum": 1, "layers_max": 1, "layers_last": 1}
+                 "layers_sum": 1, "layers_max": 1, "layers_last": 1,
+                 "is_list": 1, "len": 1, "at": 2}
+#: functions on the list values of ``int | list`` options: whether a value is a list, its length,
+#: and its element at a 0-based index
+LIST_FUNCS = ("is_list", "len", "at")
 #: reductions over the layers of the stage being evaluated (schedule blocks only): the argument
 #: is evaluated once per layer group, in that layer's block with its recompute mode and chunk
 AGGREGATES = ("layers_sum", "layers_max", "layers_last")
 SCHEDULE_NAMES = ("stage", "chunk")  # bound by the interpreter inside schedule blocks
+#: bound while a stack entry's ``if`` choice is evaluated: the layer's 0-based index among the body
+#: layers (among the entry's own layers for a ``first``/``last`` entry)
+STACK_NAMES = ("layer_index",)
 LAYER_NAMES = ("mode",)  # bound inside an aggregate's argument: the layer's recompute mode
 #: quantities every layer block in the stack must define (possibly by inheritance)
 LAYER_QUANTITIES = ("params", "param_bytes", "grad_bytes", "optimizer_bytes", "act", "comm")

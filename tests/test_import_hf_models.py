@@ -1,0 +1,278 @@
+"""Real Hugging Face config.json files → memform: the parameter totals of 27 released models, and
+the dense.mf / moe.mf architecture keys (head_dim, q/k norms, q/k/v biases, sandwich norms,
+soft-capping, sliding windows, shared-expert width and gate, MoE layer patterns) one layer at a time.
+
+The fixtures are in tests/data/importers/hf/ (and the older ones in tests/data/importers/); their
+sources and the published totals are listed in tests/data/importers/hf/README.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import memform
+from memform.importers import Options, import_config
+
+DATA = Path(__file__).resolve().parent / "data" / "importers"
+HF = DATA / "hf"
+
+# Published totals. "safetensors" = the Hugging Face Hub's safetensors metadata (parameters.total) of the
+# model's repository, as recorded in debaditc/kvfit (scripts/build_registry.py: "exact params from HF
+# safetensors", src/kvfit/data/models.json) or in a public license audit table of HF Hub API
+# safetensors.total values ("KNOWN_MODELS", 2026-09-25); keras-hub presets give the Keras team's count.
+# adjust: what to add to memform's count to compare like with like (a checkpoint that stores what
+# memform shares); overrides: config keys changed before counting.
+V3_VH = 129280 * 7168  # DeepSeek-V3 vocab × hidden (config.json)
+MODELS = [
+    # fixture, published total, source, adjust, overrides
+    ("hf/llama-3.1-8b.config.json", 8_030_261_248, "safetensors, meta-llama/Llama-3.1-8B-Instruct (kvfit)", 0, {}),
+    ("llama3-8b.config.json", 8_030_261_248, "safetensors, meta-llama/Meta-Llama-3-8B-Instruct (kvfit)", 0, {}),
+    ("hf/llama-3.2-3b.config.json", 3_212_749_824, "safetensors, meta-llama/Llama-3.2-3B-Instruct (kvfit; tied)", 0, {}),
+    ("hf/llama-3.3-70b-instruct.trimmed.config.json", 70_553_706_496, "safetensors (kvfit)", 0, {}),
+    ("hf/qwen2.5-3b.config.json", 3_085_938_688, "safetensors, Qwen/Qwen2.5-3B-Instruct (KNOWN_MODELS)", 0, {}),
+    ("hf/qwen2.5-7b.config.json", 7_615_616_512, "safetensors, Qwen/Qwen2.5-7B-Instruct (kvfit)", 0, {}),
+    ("hf/qwen2.5-14b.config.json", 14_770_033_664, "llama.cpp general.parameter_count of Qwen2.5-14B GGUF", 0, {}),
+    ("hf/qwen2.5-72b-instruct.trimmed.config.json", 72_706_203_648, "safetensors (kvfit)", 0, {}),
+    # the Qwen3-0.6B checkpoint stores lm_head.weight although the head is tied: + v·h
+    ("hf/qwen3-0.6b-base.config.json", 751_632_384, "safetensors, Qwen/Qwen3-0.6B (KNOWN_MODELS), stored head",
+     151936 * 1024, {}),
+    ("hf/qwen3-4b.config.json", 4_022_468_096, "safetensors, Qwen/Qwen3-4B (KNOWN_MODELS)", 0, {}),
+    ("hf/qwen3-8b.config.json", 8_190_735_360, "safetensors, Qwen/Qwen3-8B (kvfit)", 0, {}),
+    ("hf/qwen3-32b.config.json", 32_762_123_264, "safetensors, Qwen/Qwen3-32B (kvfit; keras-hub qwen3_32b_en)", 0, {}),
+    ("hf/qwen3-30b-a3b.config.json", 30_532_122_624, "safetensors, Qwen/Qwen3-30B-A3B (kvfit)", 0, {}),
+    ("hf/qwen3-235b-a22b.trimmed.config.json", 235_093_634_560, "safetensors (kvfit)", 0, {}),
+    ("hf/gemma-2-2b-it.config.json", 2_614_341_888, "safetensors, google/gemma-2-2b-it (KNOWN_MODELS)", 0, {}),
+    ("hf/gemma-2-9b-it.trimmed.config.json", 9_241_705_984, "safetensors (kvfit)", 0, {}),
+    ("hf/gemma-2-27b-it.trimmed.config.json", 27_227_128_320, "safetensors (kvfit)", 0, {}),
+    ("hf/mistral-7b-v0.1.trimmed.config.json", 7_241_732_096, "safetensors (kvfit)", 0, {}),
+    ("hf/mistral-nemo-instruct-2407.trimmed.config.json", 12_247_782_400, "safetensors (kvfit)", 0, {}),
+    ("hf/phi-3-mini-4k-instruct.trimmed.config.json", 3_821_079_552, "safetensors (kvfit)", 0, {}),
+    ("hf/phi-4.trimmed.config.json", 14_659_507_200, "safetensors (kvfit)", 0, {}),
+    ("mixtral-8x7b.config.json", 46_702_792_704, "keras-hub mixtral_8_7b_en preset params", 0, {}),
+    # DeepSeek-V3 §1 / Table: 671B total parameters for the main model (MTP excluded)
+    ("deepseek-v3.config.json", 671e9, "arXiv:2412.19437 abstract: 671B (3 significant figures)", 0,
+     {"model.mtp_layers": 0}),
+    # with the MTP module: the checkpoint has its own embedding and head copies (+2·v·h) and ~41M FP8
+    # block scales (one fp32 per 128×128 block, 0.006 %) that memform does not count
+    ("deepseek-v3.config.json", 684_531_386_000, "safetensors, deepseek-ai/DeepSeek-V3 (kvfit)", 2 * V3_VH, {}),
+    ("deepseek-v2-lite.config.json", 15_706_484_224, "deepseek-ai/DeepSeek-V2-Lite total in a public model table; "
+     "arXiv:2405.04434: 15.7B", 0, {}),
+    ("qwen2-vl-7b.config.json", 8_291_375_616, "public table of model parameter counts: qwen/qwen2-vl-7b-instruct (LM + ViT)", 0, {}),
+    ("gpt2.config.json", 124_439_808, "keras-hub gpt2_base_en preset params (HF card: 124M)", 0, {}),
+]
+
+
+def import_hf(path: Path):
+    return import_config("hf", path, Options())
+
+
+def total_params(draft, overrides=None) -> int:
+    """memform's parameter count at tp = pp = ep = 1: the sum of the stages' param_count (public API)."""
+    est = memform.estimate(draft.config(), overrides=overrides or {})
+    assert len(est.stages) == 1
+    return sum(stage.param_count for stage in est.stages)
+
+
+@pytest.mark.parametrize("fixture, published, source, adjust, overrides", MODELS,
+                         ids=[f"{m[0].split('/')[-1].split('.config')[0]}{'-' + '-'.join(m[4]) if m[4] else ''}"
+                              for m in MODELS])
+def test_total_parameters_match_the_published_count(fixture, published, source, adjust, overrides):
+    draft = import_hf(DATA / fixture)
+    assert draft.load_error is None
+    ours = total_params(draft, overrides) + adjust
+    assert abs(ours - published) <= 1e-3 * published, f"{fixture}: {ours:,} vs {published:,.0f} ({source})"
+    if isinstance(published, int) and fixture != "deepseek-v3.config.json":
+        # an exact count of the checkpoint's tensors is matched exactly (0.1 % would hide a missing
+        # bias or norm); DeepSeek-V3's checkpoint adds FP8 block scales, its paper total is rounded
+        assert ours == published
+
+
+def test_the_table_has_twenty_models_or_more():
+    assert len({m[0] for m in MODELS}) >= 20
+
+
+@pytest.mark.parametrize("fixture", sorted(p.name for p in HF.glob("*.json") if ".trimmed." not in p.name))
+def test_released_configs_import_without_warnings(fixture):
+    """Every field of these full config.json files is mapped or known not to move memory."""
+    assert import_hf(HF / fixture).warnings == []
+
+
+# ---- the importer's mapping -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("fixture, expected", [
+    # Qwen3-32B: 64 heads × head_dim 128 = 8192 != hidden 5120; q_norm/k_norm = RMSNorm(head_dim)
+    ("qwen3-32b.config.json", {"head_dim": 128, "qk_norm": True, "bias": False}),
+    # Qwen2.5: transformers Qwen2Attention has q/k/v biases and none on o_proj or the MLP
+    ("qwen2.5-7b.config.json", {"bias": False, "qkv_bias": True}),
+    # Gemma-2: head_dim 256 (8 × 256 != 2304), sandwich norms, tanh caps 30 and 50, window 4096, tied
+    ("gemma-2-2b-it.config.json", {"head_dim": 256, "post_norms": True, "logit_softcap": True,
+                                   "attn_softcap": True, "sliding_window": 4096, "tied_embeddings": True,
+                                   "activation": "swiglu"}),
+    # Llama-3.1: head_dim 128 = 4096 / 32, nothing to write
+    ("llama-3.1-8b.config.json", {"head_dim": None, "qk_norm": None, "qkv_bias": None, "post_norms": None}),
+    # Qwen2.5 configs carry sliding_window but use_sliding_window false
+    ("qwen2.5-3b.config.json", {"sliding_window": None}),
+])
+def test_hf_architecture_fields(fixture, expected):
+    model = import_hf(HF / fixture).config()["model"]
+    assert {k: model.get(k) for k in expected} == expected
+
+
+def qwen_moe(**extra) -> dict:
+    # Qwen/Qwen1.5-MoE-A2.7B config.json fields (60 experts of 1408, top-4, shared expert 5632)
+    return {"model_type": "qwen2_moe", "hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 16,
+            "num_hidden_layers": 24, "intermediate_size": 5632, "moe_intermediate_size": 1408,
+            "shared_expert_intermediate_size": 5632, "num_experts": 60, "num_experts_per_tok": 4,
+            "vocab_size": 151936, "max_position_embeddings": 8192, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+            "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False, **extra}
+
+
+def write_json(tmp_path: Path, data: dict) -> Path:
+    import json
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("extra, pattern", [
+    ({}, None),  # every layer MoE: nothing written
+    # transformers Qwen2MoeDecoderLayer: MoE when (layer_idx + 1) % decoder_sparse_step == 0 and
+    # layer_idx not in mlp_only_layers -- layers 1, 3, 5, ... with step 2
+    ({"decoder_sparse_step": 2}, [(i + 1) % 2 == 0 for i in range(24)]),
+    ({"mlp_only_layers": [0, 5]}, [i not in (0, 5) for i in range(24)]),
+])
+def test_qwen_moe_layer_pattern(tmp_path, extra, pattern):
+    draft = import_hf(write_json(tmp_path, qwen_moe(**extra)))
+    model = draft.config()["model"]
+    assert model.get("moe_layer_freq") == (None if pattern is None else [int(x) for x in pattern])
+    assert (model["shared_expert_ffn_hidden_size"], model["shared_expert_gate"]) == (5632, True)
+    assert draft.warnings == []
+    # per layer (hand count from transformers modeling_qwen2_moe.py, see test_layer_params below):
+    # MoE layer 570,560,512; dense Qwen2MoeMLP(intermediate_size 5632) layer 16,783,360 + 34,603,008 + 4096
+    moe_layers = 24 if pattern is None else sum(pattern)
+    expected = moe_layers * 570_560_512 + (24 - moe_layers) * 51_390_464 + 2 * 151936 * 2048 + 2048
+    assert total_params(draft, {"model.seq_length": 4096}) == expected
+
+
+def test_qwen15_moe_total_is_the_published_one(tmp_path):
+    # Qwen/Qwen1.5-MoE-A2.7B: 14.3B total (model card, 3 significant figures)
+    n = total_params(import_hf(write_json(tmp_path, qwen_moe())), {"model.seq_length": 4096})
+    assert abs(n - 14.3e9) <= 5e-3 * 14.3e9 and n == 14_315_784_192
+
+
+def test_deepseek_moe_layer_freq_is_absolute(tmp_path):
+    # transformers DeepseekV3DecoderLayer: MoE when layer_idx >= first_k_dense_replace and
+    # layer_idx % moe_layer_freq == 0 -- written as it is (moe.mf uses the same rule)
+    import json
+    data = json.loads((DATA / "deepseek-v2-lite.config.json").read_text())
+    draft = import_hf(write_json(tmp_path, {**data, "moe_layer_freq": 2}))
+    assert draft.config()["model"]["moe_layer_freq"] == 2
+    est = memform.estimate(draft.config())
+    blocks = [(g.block, g.count_value) for g in est.partition.chunks[0][0].groups if "decoder" in g.block]
+    # layer 0 dense (first_k_dense 1), then 1 dense (1 % 2), 2 MoE, 3 dense, ...
+    assert blocks[:4] == [("decoder", 2), ("moe_decoder", 1), ("decoder", 1), ("moe_decoder", 1)]
+    assert sum(c for b, c in blocks if b == "moe_decoder") == len(range(2, 27, 2))
+
+
+# ---- the new dense.mf / moe.mf keys, one layer at a time ------------------------------------------
+
+def layer_of(cfg: dict, block: str = "decoder"):
+    est = memform.estimate(cfg)
+    for group in est.stages[0].layers:
+        if group.block == block:
+            return group.per_layer_values
+    raise AssertionError(f"no {block} layer")
+
+
+def dense(**model) -> dict:
+    base = {"hidden_size": 4096, "num_heads": 32, "num_kv_heads": 8, "ffn_hidden_size": 14336, "num_layers": 2,
+            "vocab_size": 32000, "seq_length": 1024, "activation": "swiglu", "norm": "rmsnorm", "bias": False,
+            "dropout": False, "position_embedding": "rope"}
+    return {"model": {**base, **model}, "formulas": ["dense.mf"]}
+
+
+@pytest.mark.parametrize("model, per_layer", [
+    # Qwen3-32B (transformers modeling_qwen3.py Qwen3Attention): q_proj 5120×8192, k/v_proj 5120×1024,
+    # o_proj 8192×5120 = 94,371,840; q_norm + k_norm RMSNorm(128) = 256; Qwen3MLP 3·5120·25600 =
+    # 393,216,000; input/post_attention RMSNorm 2·5120 = 10,240
+    ({"hidden_size": 5120, "num_heads": 64, "num_kv_heads": 8, "head_dim": 128, "ffn_hidden_size": 25600,
+      "qk_norm": True}, 487_598_336),
+    # OLMo-2-1124-7B (modeling_olmo2.py Olmo2Attention): 4·4096² = 67,108,864; q_norm RMSNorm(32·128) +
+    # k_norm RMSNorm(32·128) = 8,192; MLP 3·4096·11008 = 135,266,304; two RMSNorms 8,192
+    ({"hidden_size": 4096, "num_heads": 32, "num_kv_heads": 32, "ffn_hidden_size": 11008, "qk_norm": True,
+      "qk_norm_scope": "full"}, 202_391_552),
+    # Qwen2.5-7B (modeling_qwen2.py Qwen2Attention: q/k/v bias=True, o_proj bias=False): 2·3584² +
+    # 2·3584·512 = 29,360,128; biases 3584 + 2·512 = 4,608; MLP 3·3584·18944 = 203,685,888; norms 7,168
+    ({"hidden_size": 3584, "num_heads": 28, "num_kv_heads": 4, "ffn_hidden_size": 18944, "qkv_bias": True},
+     233_057_792),
+    # Gemma-2-9B (modeling_gemma2.py): q_proj 3584×4096, k/v 3584×2048, o_proj 4096×3584 = 44,040,192;
+    # Gemma2MLP 3·3584·14336 = 154,140,672; four RMSNorms (input, post_attention, pre/post_feedforward) 14,336
+    ({"hidden_size": 3584, "num_heads": 16, "num_kv_heads": 8, "head_dim": 256, "ffn_hidden_size": 14336,
+      "post_norms": True, "logit_softcap": True, "attn_softcap": True, "sliding_window": 4096}, 198_195_200),
+    # Llama-style, for reference: 2·4096² + 2·4096·1024 + 3·4096·14336 + 2·4096
+    ({}, 218_112_000),
+])
+def test_layer_params(model, per_layer):
+    assert layer_of(dense(**model))["param_count"] == per_layer
+
+
+def test_olmo2_7b_total():
+    # OLMo-2-1124-7B (OLMo 2 report, arXiv:2501.00656 Table: 32 layers, d 4096, 32 heads, MLP 11008,
+    # vocab 100352, untied): 32 layers of 202,391,552 (test_layer_params) + 2·100352·4096 + final norm
+    # = 7,298,617,344, the safetensors total of allenai/OLMo-2-1124-7B-Instruct (KNOWN_MODELS)
+    cfg = dense(hidden_size=4096, num_heads=32, num_kv_heads=32, ffn_hidden_size=11008, num_layers=32,
+                vocab_size=100352, qk_norm=True, qk_norm_scope="full")
+    assert sum(s.param_count for s in memform.estimate(cfg).stages) == 7_298_617_344
+
+
+S, B, BYTES = 1024, 1, 2  # seq_length, micro-batch, bf16 activations (dense() defaults)
+
+
+@pytest.mark.parametrize("key, value, flash, delta", [
+    # q/k norms save their inputs: Q (a·d_h) and K (g·d_h) per token, 2 bytes (Korthikanti §4.1 accounting)
+    ("qk_norm", True, True, BYTES * S * B * (32 * 128 + 8 * 128)),
+    # eager soft-capping: tanh saves its a·s² output (derivatives.yaml tanh_backward uses result)
+    ("attn_softcap", True, False, BYTES * 32 * S * S * B),
+    ("attn_softcap", True, True, 0),                                   # flash caps inside the kernel
+    ("sliding_window", 4096, False, 0),                                # eager still builds a·s² scores
+    ("sliding_window", 4096, True, 0),
+    ("post_norms", True, True, 2 * BYTES * S * B * 4096),             # two more norm inputs, h each
+    # head_dim 256 with 32 heads: Q and o_proj's input are 8192 wide (+4096 each), K, V 2048 (+1024 each)
+    ("head_dim", 256, True, BYTES * S * B * (4096 + 4096 + 2 * 1024)),
+])
+def test_layer_activations(key, value, flash, delta):
+    base = dense(flash_attention=flash)
+    changed = dense(flash_attention=flash, **{key: value})
+    assert layer_of(changed)["activations"] - layer_of(base)["activations"] == delta
+
+
+def test_final_softcap_keeps_the_tanh_output():
+    # Gemma2ForCausalLM: logits / cap -> tanh -> * cap; tanh keeps its s·b·v output (bf16)
+    base, capped = dense(), dense(logit_softcap=True)
+    diff = layer_of(capped, "output")["activations"] - layer_of(base, "output")["activations"]
+    assert diff == BYTES * S * B * 32000
+
+
+def test_shared_expert_gate_params_and_activations():
+    # Qwen1.5-MoE-A2.7B layer (modeling_qwen2_moe.py Qwen2MoeSparseMoeBlock): attention 4·2048² + q/k/v
+    # biases 3·2048 = 16,783,360; 60 experts × 3·2048·1408 = 519,045,120; gate 60·2048 = 122,880;
+    # shared_expert 3·2048·5632 = 34,603,008 + shared_expert_gate 2048; two RMSNorms 4,096
+    model = {"hidden_size": 2048, "num_heads": 16, "num_kv_heads": 16, "ffn_hidden_size": 5632, "num_layers": 2,
+             "vocab_size": 151936, "seq_length": 1024, "activation": "swiglu", "norm": "rmsnorm", "bias": False,
+             "qkv_bias": True, "dropout": False, "flash_attention": True, "position_embedding": "rope",
+             "num_experts": 60, "moe_top_k": 4, "moe_ffn_hidden_size": 1408, "num_shared_experts": 4,
+             "shared_expert_ffn_hidden_size": 5632, "shared_expert_gate": True}
+    # the eager PyTorch profile (the Megatron one redefines shared_experts.act for its own SharedExpertMLP)
+    torch = {"framework": "torch", "precision": {"params": "bf16", "activations": "bf16"}}
+    gated = layer_of({"model": model, "formulas": ["moe.mf"], "training": torch}, "moe_decoder")
+    assert gated["param_count"] == 570_560_512
+    plain = layer_of({"model": {**model, "shared_expert_gate": False}, "formulas": ["moe.mf"], "training": torch},
+                     "moe_decoder")
+    assert gated["param_count"] - plain["param_count"] == 2048
+    # sigmoid(gate) · shared_out saves both factors: h + 1 per token at 2 bytes
+    assert gated["activations"] - plain["activations"] == BYTES * S * B * (2048 + 1)
+    # the width alone sizes the shared part: 4 experts of 1408 = one of 5632
+    wide = layer_of({"model": {**model, "num_shared_experts": 1}, "formulas": ["moe.mf"]}, "moe_decoder")
+    assert wide["param_count"] == gated["param_count"]
