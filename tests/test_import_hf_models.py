@@ -264,12 +264,10 @@ def test_shared_expert_gate_params_and_activations():
              "qkv_bias": True, "dropout": False, "flash_attention": True, "position_embedding": "rope",
              "num_experts": 60, "moe_top_k": 4, "moe_ffn_hidden_size": 1408, "num_shared_experts": 4,
              "shared_expert_ffn_hidden_size": 5632, "shared_expert_gate": True}
-    # the eager PyTorch profile (the Megatron one redefines shared_experts.act for its own SharedExpertMLP)
-    torch = {"framework": "torch", "precision": {"params": "bf16", "activations": "bf16"}}
-    gated = layer_of({"model": model, "formulas": ["moe.mf"], "training": torch}, "moe_decoder")
+    # the default (megatron) profile: bf16 parameters and activations
+    gated = layer_of({"model": model, "formulas": ["moe.mf"]}, "moe_decoder")
     assert gated["param_count"] == 570_560_512
-    plain = layer_of({"model": {**model, "shared_expert_gate": False}, "formulas": ["moe.mf"], "training": torch},
-                     "moe_decoder")
+    plain = layer_of({"model": {**model, "shared_expert_gate": False}, "formulas": ["moe.mf"]}, "moe_decoder")
     assert gated["param_count"] - plain["param_count"] == 2048
     # sigmoid(gate) · shared_out saves both factors: h + 1 per token at 2 bytes
     assert gated["activations"] - plain["activations"] == BYTES * S * B * (2048 + 1)
