@@ -5,6 +5,8 @@
     python bench/validate.py --quick      # the subset the test suite runs
     python bench/validate.py --amp        # PyTorch AMP (fp32 model, bf16 autocast) vs the hf-trainer profile
     python bench/validate.py --fsdp2      # FSDP2 (fully_shard, 2-4 CPU ranks over gloo) vs the fsdp2 profile
+    python bench/validate.py --distributed   # DDP, ZeRO-1, FSDP2, DTensor TP/SP, EP, CP and torch's
+                                          # pipeline schedules on 2-4 gloo ranks, every rank vs memform
     python bench/validate.py --explain    # also list, per case, which ops' outputs forward left alive
                                           # and which were live at the measured peak
 
@@ -32,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fsdp2", action="store_true",
                     help="FSDP2 training steps (fully_shard on a CPU mesh, 2 and 4 ranks over gloo, as torchtitan "
                          "wraps the model) against training.framework: fsdp2 (with --quick: the tests' subset)")
+    ap.add_argument("--distributed", action="store_true",
+                    help="multi-process torch.distributed steps (gloo ranks on loopback: ddp, zero1, fsdp, tp, tp+sp, "
+                         "ep, cp, 1f1b, gpipe, interleaved, zbv, dualpipev), every rank against memform's estimate "
+                         "(training.framework: torch; with --quick: the tests' subset)")
     ap.add_argument("--only", metavar="TEXT", help="run only cases whose label contains TEXT (e.g. moe, fp32)")
     ap.add_argument("--explain", action="store_true",
                     help="print, per creating op, the bytes alive after forward and those live at the measured peak")
@@ -44,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.fsdp2:
         return _fsdp2(args)
+    if args.distributed:
+        return _distributed(args)
     from memform.validation.compare import THRESHOLDS, compare, format_table
     from memform.validation.sweep import amp_sweep, full_sweep, quick_amp_sweep, quick_sweep
 
@@ -95,6 +103,34 @@ def _fsdp2(args: argparse.Namespace) -> int:
     print(fsdp2.format_table(rows))
     return _summary(rows, elapsed, fsdp2.THRESHOLDS, lambda r: r.case.label(), args.json,
                     f", peak at most {fsdp2.PEAK_UNDER:.0%} under")
+
+
+def _distributed(args: argparse.Namespace) -> int:
+    """``--distributed``: memform.validation.distributed's cases, one row per rank (= stage)."""
+    from memform.validation import distributed
+
+    cases = distributed.quick_sweep() if args.quick else distributed.sweep()
+    if args.only:
+        cases = [c for c in cases if args.only in c.label()]
+    start = time.perf_counter()
+    rows, not_run = distributed.run(cases)
+    elapsed = time.perf_counter() - start
+    if args.explain:
+        for r in rows:
+            for key, value in r.notes.items():
+                print(f"{r.case.label()} rank {r.rank} {key}: {value}")
+    print(distributed.format_table(rows, not_run))
+    failed = [r for r in rows if r.failures()]
+    for r in failed:
+        print(f"OVER {r.case.label()} rank {r.rank}: " + ", ".join(f"{c} {r.error(c):+.2%}" for c in r.failures()))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"rows": [r.to_dict() for r in rows],
+                       "not_run": [{"case": c.label(), "why": why} for c, why in not_run]}, fh, indent=1)
+    print(distributed.summary(rows, not_run, elapsed=elapsed))
+    # a case that cannot run on this build (listed with its reason) is not a failure; one that broke is
+    broken = [c for c, _ in not_run if c.kind not in distributed.UNSUPPORTED]
+    return 1 if failed or broken else 0
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ STRUCTURAL: tuple[Key, ...] = (
     Key("formulas", None, ["dense.mf"], "formula files, in order; later files override earlier ones"),
     Key("training.framework", None, "megatron",
         "framework profile: what the training framework really allocates (megatron, deepspeed, fsdp2, "
-        "mindspore, hf-trainer: formulas/frameworks/NAME.mf, loaded after the config's formula files), "
+        "mindspore, hf-trainer, torch: formulas/frameworks/NAME.mf, loaded after the config's formula files), "
         "or the path of your own profile .mf file"),
     Key("parallel.pp", _INT, 1, "pipeline-parallel stages", True),
     Key("parallel.vpp", _INT, 1, "virtual pipeline chunks per stage (interleaved schedules)", True),

@@ -1,0 +1,154 @@
+"""memform's parallel terms against multi-process PyTorch steps (memform.validation.distributed).
+
+The quick subset (one process group of 2 gloo ranks: ddp, zero1, tp+sp, ep, 1f1b, zbv) runs by default; the
+whole sweep of ``bench/validate.py --distributed`` is marked ``slow``. Expected numbers in the table-driven
+tests are derived here from torch's own source (cited per row), independently of the formula files.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+import memform
+
+from cli_helpers import ROOT
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch.distributed.pipelining")
+
+from memform.validation import distributed as D  # noqa: E402
+
+DEEP = replace(D.BASE, L=4)
+P = D.BASE
+X = 4 * P.s * P.b * P.h          # one micro-batch of the fp32 residual stream, s·b·h·4 bytes
+
+
+def _stage(case: D.Case, i: int):
+    return memform.estimate(case.config()).stages[i]
+
+
+# ---- the torch profile's static terms, from torch's source --------------------------------------------
+# DDP: reducer.cpp initialize_buckets allocates one flat bucket copy of every gradient (gradient_as_bucket_view
+# false), so fp32 .grad + bucket = 8 bytes per parameter; ZeroRedundancyOptimizer shards AdamW's two fp32
+# moments (8 B) over the ranks and keeps DDP's buckets; FSDP is tested in test_framework_fsdp2.py.
+@pytest.mark.parametrize("kind, world, grads_per_param, optim_per_param", [
+    ("ddp", 2, 8, 8),        # torch/nn/parallel/distributed.py + reducer.cpp; torch/optim/adamw.py
+    ("ddp", 4, 8, 8),
+    ("zero1", 2, 8, 4),      # torch/distributed/optim/zero_redundancy_optimizer.py: 1/world of the states
+    ("zero1", 4, 8, 2),
+])
+def test_ddp_and_zero1_static_bytes(kind, world, grads_per_param, optim_per_param):
+    st = _stage(D.Case(kind, world=world), 0)
+    n = st.values["params"] // 4     # fp32 parameters
+    assert st.values["grads"] == grads_per_param * n
+    assert st.values["optimizer"] == optim_per_param * n
+
+
+# torch.distributed.pipelining: stage.py _create_act_recv_info / _create_grad_recv_info allocate one receive
+# buffer per micro-batch for the stage's input and one for its output's gradient, kept across steps: a middle
+# stage holds 2m, the first and the last m, of s·b·h·4 bytes each (one chunk per rank for 1F1B/GPipe).
+@pytest.mark.parametrize("kind, world, m, buffers", [
+    ("1f1b", 2, 4, [4, 4]),
+    ("1f1b", 4, 8, [8, 16, 16, 8]),
+    ("gpipe", 2, 6, [6, 6]),
+    # ScheduleInterleaved1F1B: rank r holds stages r and r + p; only stage 0 receives no input and stage
+    # 2p - 1 no gradient; _PipelineScheduleRuntime waits for its sends at the end of the step, so as many
+    # send buffers (every output and input gradient sent) are held by then
+    ("interleaved", 2, 4, [2 * 12, 2 * 12]),
+    # ScheduleZBVZeroBubble: rank r holds stages r and 2p - 1 - r (V), the first and last both on rank 0; at
+    # the V's turn rank p - 1 passes stage p - 1's output to its own stage p without an isend (measured)
+    ("zbv", 2, 4, [2 * 8, 2 * 16 - 4]),
+])
+def test_pipeline_receive_buffers(kind, world, m, buffers):
+    case = D.Case(kind, world=world, m=m, point=DEEP if world == 2 else replace(P, L=8 if kind != "1f1b" else 4),
+                  vp=2 if kind == "interleaved" else 1)
+    for i, n in enumerate(buffers):
+        assert _stage(case, i).runtime["torch_p2p"] == n * X, (kind, i)
+
+
+# In-flight micro-batches (chunk passes) at the first backward, from the schedule generators in
+# torch/distributed/pipelining/schedules.py: Schedule1F1B warmup_chunks = min(m, p - i); ScheduleGPipe all m;
+# ScheduleZBVZeroBubble 2(p - r) - 1 F0, r (F1, F0) pairs, then one F1: chunk 0 holds 2p - 1 - r, chunk 1 r + 1.
+@pytest.mark.parametrize("kind, p, m, expected", [
+    ("1f1b", 4, 8, {(0, 0): 4, (1, 0): 3, (2, 0): 2, (3, 0): 1}),
+    ("gpipe", 2, 4, {(0, 0): 4, (1, 0): 4}),
+    ("zbv", 2, 4, {(0, 0): 3, (0, 1): 1, (1, 0): 2, (1, 1): 2}),
+    ("zbv", 4, 8, {(0, 0): 7, (0, 1): 1, (3, 0): 4, (3, 1): 4}),
+])
+def test_torch_schedule_inflight(kind, p, m, expected):
+    case = D.Case(kind, world=p, m=m, point=replace(P, L=2 * p))
+    est = memform.estimate(case.config())
+    got = {}
+    for (stage, chunk) in expected:
+        groups = [g for g in est.stages[stage].layers if g.chunk == chunk]
+        got[(stage, chunk)] = int(groups[0].inflight_value)
+    assert got == expected
+
+
+def test_context_parallel_is_reported_not_run():
+    rows, not_run = D.run([D.Case("cp")])
+    assert rows == [] and [c.kind for c, _ in not_run] == ["cp"]
+    assert "_scaled_dot_product_flash_attention_for_cpu" in not_run[0][1]
+
+
+# ---- real steps --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def quick_rows():
+    rows, not_run = D.run(D.quick_sweep())
+    assert not not_run, not_run
+    return rows
+
+
+def test_quick_sweep_has_every_rank(quick_rows):
+    seen = {(r.case.kind, r.rank) for r in quick_rows}
+    assert seen == {(c.kind, r) for c in D.quick_sweep() for r in range(c.world)}
+
+
+@pytest.mark.parametrize("category", D.CATEGORIES)
+def test_quick_sweep_within_thresholds(quick_rows, category):
+    over = [(r.case.label(), r.rank, f"{r.error(category):+.1%}") for r in quick_rows
+            if abs(r.error(category)) > D.THRESHOLDS[category]]
+    assert not over, over
+
+
+def test_measured_comm_buffers_are_nonzero_where_the_strategy_has_them(quick_rows):
+    # the comparison is not 0 = 0: DTensor's collectives, the all-to-all and the pipeline's buffers are seen
+    for r in quick_rows:
+        if r.case.kind in ("tp+sp", "ep", "1f1b", "zbv"):
+            assert r.measured["comm"] > 0, (r.case.label(), r.rank)
+
+
+def test_bench_validate_distributed_cli():
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "validate.py"), "--distributed", "--quick", "--only", "ddp"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("1 cases, 2 rank rows") and "0 rows over threshold" in last
+
+
+# ---- the whole sweep ---------------------------------------------------------------------------------
+#: rows measured over their threshold, with the reason (bench/validate.py --distributed prints them): the
+#: test fails when one of them comes back within its threshold (strict) or another row goes over
+_ZB_W = ("ScheduleZBVZeroBubble's cooldown on rank r runs r (I0, I1) input-gradient passes before any of their "
+         "weight passes (schedules.py _calculate_single_rank_operations, cooldown_n1 = rank): each deferred W "
+         "holds its saved inputs and output gradients (+1006 KiB over warm-up on rank 3 at p = 4); memform's "
+         "moments (warm-up, first backward) do not model deferred W passes: memform is under")
+KNOWN_OVER: dict[tuple[str, int], str] = {
+    ("zbv p4 m8 v2 L8 h64 s32 b2", 3): _ZB_W,
+}
+
+
+@pytest.mark.slow
+def test_full_sweep():
+    rows, not_run = D.run(D.sweep())
+    assert [c.kind for c, _ in not_run] == ["cp"]
+    over = {(r.case.label(), r.rank): r.failures() for r in rows if r.failures()}
+    assert set(over) == set(KNOWN_OVER), over
+    # and only in the activation peak
+    assert all(cats == ["activations_peak"] for cats in over.values()), over
