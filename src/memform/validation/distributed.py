@@ -20,7 +20,8 @@ allocates its receive buffers), then a traced one, and measures, with the harnes
 - params, grads (``.grad``; DDP: + its bucket buffers), optimizer (the state tensors after the step);
 - activations: the activation-side bytes live at the end of warm-up -- after forward (no pipeline), or
   when the rank's first backward starts (pipeline);
-- activations_peak: their largest sum over the step;
+- activations_peak: their largest sum over the step (pipeline: ``--explain`` prints the bytes after every
+  schedule action, ``timeline``, and the action the peak follows, ``peak_after``);
 - comm: the communication buffers: the largest layer's all-to-all dispatch + combine outputs (ep: they
   are also the activations the expert and the weighting keep), DTensor collectives' outputs that forward
   did not keep (tp, tp+sp: an all-gathered input a GEMM keeps is an activation), the pipeline's receive
@@ -152,7 +153,9 @@ def sweep() -> list[Case]:
         cases.append(Case(kind, world=2, point=deep, vp=2))
     cases += [Case("1f1b", world=4, point=deep), Case("gpipe", world=4, point=deep),
               Case("1f1b", world=2, m=6, point=deep), Case("interleaved", world=4, point=deep8, vp=2),
-              Case("zbv", world=4, point=deep8), Case("dualpipev", world=4, point=deep8)]
+              Case("zbv", world=4, point=deep8), Case("dualpipev", world=4, point=deep8),
+              # the zero-bubble cooldown (deferred W passes) with two decoders per piece, and at an odd p
+              Case("zbv", world=2, point=deep8), Case("zbv", world=3, point=replace(BASE, L=6))]
     return cases
 
 
@@ -708,14 +711,24 @@ def _measure_pipeline(case: Case, rank: int, world: int):  # noqa: ANN202
     static = _storages([*params, *[b for mod in local for b in mod.buffers()], ids, labels, *_opt_states(opt),
                         *persistent])
     trace = Trace(static)
-    for st in stages:   # the end of warm-up: when the rank's first backward starts
-        for name in ("backward_one_chunk",):  # (ZB: the input-gradient pass I)
+    # every action the schedule runs on this rank, with the sample after it (notes["timeline"]); the end of
+    # warm-up is when the rank's first backward starts (zero-bubble schedules: the input-gradient pass I)
+    actions: list[tuple[str, int]] = []
+    for st in stages:
+        for name, code in (("forward_one_chunk", "F"), ("backward_one_chunk", "B"),
+                           ("backward_weight_one_chunk", "W")):
             orig = getattr(st, name)
 
-            def wrapped(*a, _orig=orig, **k):  # noqa: ANN001, ANN202
+            def wrapped(mb, *a, _orig=orig, _code=code, _stage=st.stage_index, **k):  # noqa: ANN001, ANN202
+                if _code == "B":
+                    trace.sample()
+                    trace.mark("warmup")
+                    if not k.get("full_backward", True):
+                        _code = "I"
+                out = _orig(mb, *a, **k)
                 trace.sample()
-                trace.mark("warmup")
-                return _orig(*a, **k)
+                actions.append((f"{_code}{_stage}.{mb}", len(trace.samples) - 1))
+                return out
 
             setattr(st, name, wrapped)
     runtime = isinstance(sched, schedules._PipelineScheduleRuntime)
@@ -748,7 +761,11 @@ def _measure_pipeline(case: Case, rank: int, world: int):  # noqa: ANN202
     measured = {"params": _nbytes(params), "grads": _nbytes(grads), "optimizer": 0,
                 "activations": activations, "activations_peak": peak, "comm": persistent_bytes + comm_peak}
     notes = {"peak_by_op": trace.by_op(at, act), "warmup_by_op": trace.by_op(warm, act),
-             "recv_buffer_bytes": persistent_bytes, "input_grad_peak": comm_peak}
+             "recv_buffer_bytes": persistent_bytes, "input_grad_peak": comm_peak,
+             # activation bytes live after each action (stage index . micro-batch; I/W: zero-bubble split),
+             # and the action after which the peak was sampled
+             "timeline": [(a, trace.at(i, act)) for a, i in actions],
+             "peak_after": next((a for a, i in actions if i >= at), "end")}
     opt.step()
     measured["optimizer"] = _nbytes(_opt_states(opt))
     return measured, notes
