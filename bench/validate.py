@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         points = quick_sweep() if args.quick else full_sweep()
     if args.only:
         points = [p for p in points if args.only in p.label()]
+        if not points:
+            return _no_match(args.only)
     start = time.perf_counter()
     rows = []
     for p in points:
@@ -71,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - start
     print(format_table(rows))
     return _summary(rows, elapsed, THRESHOLDS, lambda r: r.point.label(), args.json)
+
+
+def _no_match(text: str) -> int:
+    """``--only TEXT`` that selects nothing is a usage error, not a pass with zero cases."""
+    print(f"validate: --only {text!r} matches no case (run without --only to see the case labels)", file=sys.stderr)
+    return 2
 
 
 def _summary(rows, elapsed: float, thresholds: dict, label, json_path: str | None, extra: str = "") -> int:
@@ -93,6 +101,8 @@ def _fsdp2(args: argparse.Namespace) -> int:
     cases = fsdp2.quick_sweep() if args.quick else fsdp2.sweep()
     if args.only:
         cases = [c for c in cases if args.only in c.label()]
+        if not cases:
+            return _no_match(args.only)
     start = time.perf_counter()
     rows = fsdp2.run(cases)
     elapsed = time.perf_counter() - start
@@ -112,6 +122,8 @@ def _distributed(args: argparse.Namespace) -> int:
     cases = distributed.quick_sweep() if args.quick else distributed.sweep()
     if args.only:
         cases = [c for c in cases if args.only in c.label()]
+        if not cases:
+            return _no_match(args.only)
     start = time.perf_counter()
     rows, not_run = distributed.run(cases)
     elapsed = time.perf_counter() - start

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import replace
 
 import torch
@@ -92,7 +94,11 @@ class ExpertParallelMoE(nn.Module):
 
         out = x.new_empty((sum(out_rows), x.shape[-1]))
         self.buffers.append(out)
-        return all_to_all_single(out, x, out_rows, in_rows, group=self.group)
+        # the autograd-aware collective writing into a buffer we allocate (and so can measure); torch 2.13
+        # marks it deprecated in favour of _functional_collectives, whose output torch allocates itself
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return all_to_all_single(out, x, out_rows, in_rows, group=self.group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
