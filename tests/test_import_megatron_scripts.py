@@ -541,7 +541,7 @@ def test_a_file_of_argument_arrays_alone(tmp_path: Path) -> None:
                  "REST=( --num-attention-heads 4 --seq-length 8 --vocab-size 128 )\n")
     draft = imported(path)
     assert draft.get("model.num_layers") == 2
-    assert draft.warnings == ["no command runs a *.py script; took the arguments of the arrays MODEL, REST"]
+    assert draft.warnings == ["no command runs a *.py script; took the arguments of the variables MODEL, REST"]
 
 
 def test_a_bad_value_names_the_line_it_was_written_on(tmp_path: Path) -> None:
@@ -558,3 +558,43 @@ def test_an_unknown_world_size_leaves_the_launcher_count(tmp_path: Path) -> None
     draft = imported(path)
     assert draft.get("parallel.devices") == 4
     assert any(w.startswith("line 1: --world-size is $WORLD_SIZE") for w in draft.warnings)
+
+
+# ---- attention shape flags (Megatron-Core TransformerConfig) -----------------------------------
+# kv_channels is the head size (default hidden / heads) and sizes the query projection (kv_channels ×
+# heads): Qwen3-30B-A3B's Megatron recipe has 32 heads × 128 over a 2048 hidden size; add_qkv_bias puts a
+# bias on linear_qkv only (bias = add_bias_linear or add_qkv_bias); qk_layernorm adds per-head q/k norms
+ATTENTION_BASE = ("--num-layers 2 --hidden-size 2048 --num-attention-heads 32 --seq-length 64 "
+                  "--vocab-size 128 --disable-bias-linear ")
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ("--kv-channels 128", {"model.head_dim": 128}),
+    ("--kv-channels 64", {"model.head_dim": None}),        # = 2048 / 32: nothing to say
+    ("--add-qkv-bias", {"model.qkv_bias": True, "model.bias": False}),
+    ("--qk-layernorm", {"model.qk_norm": True}),
+])
+def test_attention_shape_flags(tmp_path: Path, extra: str, expected: dict) -> None:
+    draft = imported(write(tmp_path, "a.args", ATTENTION_BASE + extra))
+    assert {k: draft.get(k) for k in expected} == expected
+    assert draft.load_error is None
+
+
+def test_head_dim_sizes_the_attention_weights(tmp_path: Path) -> None:
+    # per layer: q 2048×4096, k and v 2048×4096 (MHA: 32 query groups), o 4096×2048 = 4·2048·4096
+    wide = memform.estimate(imported(write(tmp_path, "w.args", ATTENTION_BASE + "--kv-channels 128")).config())
+    plain = memform.estimate(imported(write(tmp_path, "p.args", ATTENTION_BASE)).config())
+    assert wide.stages[0].param_count - plain.stages[0].param_count == 2 * 4 * 2048 * (4096 - 2048)
+
+
+# A script that only defines its arguments in a string variable, for another script to pass on
+# (the shape of NVIDIA's RL example recipes: ENV_DEPENDENT="--micro-batch-size $MBS ..."), with an
+# environment variable among the words that memform does not need
+def test_arguments_in_a_string_variable(tmp_path: Path) -> None:
+    path = write(tmp_path, "recipe.sh", 'TP=${TP:-2}\nMBS=${MBS:-1}\nARGS="\\\n--micro-batch-size $MBS \\\n'
+                 '--langrl-env-config $ENV_CONFIG \\\n--tensor-model-parallel-size $TP \\\n'
+                 + ATTENTION_BASE.replace(" --", " \\\n--") + '"\n')
+    draft = imported(path)
+    assert draft.get("parallel.tp") == 2 and draft.get("model.num_layers") == 2
+    assert any("variables ARGS" in w for w in draft.warnings)
+    assert any("$ENV_CONFIG" in w for w in draft.warnings)

@@ -39,12 +39,12 @@ IGNORED_PREFIXES = (
     "moe-pad-expert", "attention-softmax-in-fp32", "accumulate-allreduce-grads-in-fp32",
     "bias-gelu-fusion", "bias-swiglu-fusion", "bias-dropout-fusion", "masked-softmax-fusion",
     "apply-", "timing-", "mock-data", "use-checkpoint", "finetune", "pretrained-checkpoint",
-    "cross-entropy", "gradient-accumulation-fusion", "async-", "manual-gc", "profile", "qk-layernorm",
+    "cross-entropy", "gradient-accumulation-fusion", "async-", "manual-gc", "profile",
     "init-", "override-", "tp-comm-", "ddp-", "check-weight-hash", "calculate-per-token-loss",
     "loss-scale", "initial-loss-scale", "min-loss-scale", "hysteresis", "fp16-lr", "use-cpu-initialization",
     "legacy-", "exp-avg", "rampup-batch-size", "dataloader-type", "reset-", "eod-mask-loss",
     "short-seq-prob", "mmap-", "object-storage", "num-dataset-builder-threads", "deterministic-mode",
-    "empty-unused-memory", "use-dist-ckpt", "auto-detect-ckpt-format", "add-qkv-bias",
+    "empty-unused-memory", "use-dist-ckpt", "auto-detect-ckpt-format",
     "rotary-percent", "use-rope-scaling", "disable-bf16-reduced-precision-matmul", "add-position-embedding",
     "world-size", "multi-latent-attention", "nproc", "nnodes", "node-rank", "master-", "rdzv",
     "use-legacy-models", "mtp-loss-scaling-factor", "enable-experimental", "tokenizer-type",
@@ -143,11 +143,16 @@ def read_sources(paths: list[Path]) -> Source:
         if devices is not None:
             source.devices = devices
     if not source.args:
-        # no launcher and no plain arguments anywhere: files that only define the argument arrays
-        arrays = [(name, value) for name, value in shell.vars.items() if isinstance(value, list)
-                  and value and value[0].text.startswith("--")]
+        # no launcher and no plain arguments anywhere: files that only define the arguments, in arrays
+        # (GPT_ARGS=( --num-layers 96 ... )) or in strings (ARGS="--num-layers 96 ...") that another
+        # script passes on -- taken in the order they were defined
+        def holds_arguments(value: Word | list[Word]) -> bool:
+            first = value[0] if isinstance(value, list) and value else value
+            return isinstance(first, Word) and first.text.lstrip().startswith("--")
+        arrays = [(name, value if isinstance(value, list) else [value]) for name, value in shell.vars.items()
+                  if holds_arguments(value)]
         if arrays:
-            source.warn(f"no command runs a *.py script; took the arguments of the arrays "
+            source.warn(f"no command runs a *.py script; took the arguments of the variables "
                         f"{', '.join(name for name, _ in arrays)}")
             words = [w for _, value in arrays for piece in value for w in _resplit(piece)]
             source.args, _, lines = _options(words)
@@ -190,10 +195,30 @@ def _read_one(path: Path, shell: Shell) -> tuple[dict[str, Any], int | None, lis
 
 
 def _resplit(word: Word) -> list[Word]:
-    """An array element as the words an unquoted ``${ARR[@]}`` would make of it."""
-    if not word.known:
-        return [word]
-    return [Word(t, word.line) for t in word.text.split()]
+    """An array element (or a string variable) as the words an unquoted ``${ARR[@]}`` / ``$ARGS`` would
+    make of it: known text splits on whitespace; an unknown piece stays one word with its references
+    (``--config $ENV_CONFIG --seq-length 8192`` gives four words, the second unknown)."""
+    if word.known:
+        return [Word(t, word.line) for t in word.text.split()]
+    fields: list[tuple[str, tuple]] = []
+    current: tuple[str, tuple] | None = None
+    for text, refs in word.pieces():
+        if refs:  # an unexpanded reference: glued to the field it stands in
+            current = (current[0] + text, current[1] + tuple(refs)) if current else (text, tuple(refs))
+            continue
+        chunks = re.split(r"(\s+)", text)
+        for chunk in chunks:
+            if not chunk:
+                continue
+            if chunk.isspace():
+                if current is not None:
+                    fields.append(current)
+                current = None
+            else:
+                current = (current[0] + chunk, current[1]) if current else (chunk, ())
+    if current is not None:
+        fields.append(current)
+    return [Word(t, word.line, refs) for t, refs in fields]
 
 
 def _read_plain(path: Path, text: str) -> tuple[dict[str, Any], int | None, list[str], dict[str, int]]:
@@ -381,10 +406,17 @@ def convert(path: Path | list[Path], draft: Draft, given: set[str] | Mapping[str
               "--untie-embeddings-and-output-weights" if f.has("untie-embeddings-and-output-weights")
               else "Megatron ties them unless --untie-embeddings-and-output-weights")
     _positions(f, draft)
+    # Megatron-Core TransformerConfig: kv_channels (the head size, default hidden / heads) sizes the query
+    # projection (kv_channels × heads) and K/V (kv_channels × query groups): model.head_dim
     kv_channels = f.integer("kv-channels", None)
     if kv_channels is not None and kv_channels * a != h and not f.boolean("multi-latent-attention", False):
-        draft.warn(f"--kv-channels {kv_channels} × heads {a} != hidden size {h}: memform's attention uses "
-                   f"hidden_size / num_heads")
+        draft.set("model.head_dim", kv_channels, f"--kv-channels ({kv_channels} × {a} heads != hidden {h})")
+    # add_qkv_bias: a bias on the QKV projection only (TransformerConfig; linear_qkv bias = add_bias_linear
+    # or add_qkv_bias); qk_layernorm: q/k norms of the head size, per head (attention.py q_layernorm)
+    if f.boolean("add-qkv-bias", False):
+        draft.set("model.qkv_bias", True, "--add-qkv-bias")
+    if f.boolean("qk-layernorm", False):
+        draft.set("model.qk_norm", True, "--qk-layernorm (per head, Megatron-Core)")
     _moe(f, draft)
     _mla(f, draft)
     mtp = f.integer("mtp-num-layers", 0, minimum=0)
