@@ -18,6 +18,7 @@ import yaml
 
 from memform import cli
 from memform.errors import EXIT_USER_ERROR
+from cli_helpers import memform_command
 
 HERE = Path(__file__).resolve().parent / "bad_inputs"
 CASES = yaml.safe_load((HERE / "cases.yaml").read_text(encoding="utf-8"))
@@ -55,7 +56,7 @@ def test_bad_input_in_process(case, capsys, monkeypatch):
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.get("script")], ids=_id)
 def test_bad_input_through_console_script(case):
-    r = subprocess.run(["memform", *_args(case)], cwd=HERE, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([*memform_command(), *_args(case)], cwd=HERE, capture_output=True, text=True, timeout=120)
     assert r.returncode == EXIT_USER_ERROR, r.stderr
     assert case["fragment"] in r.stderr, r.stderr
     assert "Traceback" not in r.stderr

@@ -24,6 +24,7 @@ from memform import api
 from memform.engine.config import known_keys
 from memform.engine.interpreter import CATEGORIES
 from memform.errors import MemformError
+from cli_helpers import memform_command
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -321,7 +322,7 @@ def test_new_architecture_via_cli(tmp_path):
     import yaml
     cfg = tmp_path / "gptj.yaml"
     cfg.write_text(yaml.safe_dump(_gptj_config(tmp_path, pp=2)))
-    out = subprocess.run(["memform", "estimate", str(cfg), "--json"], capture_output=True, text=True, check=True)
+    out = subprocess.run([*memform_command(), "estimate", str(cfg), "--json"], capture_output=True, text=True, check=True)
     data = json.loads(out.stdout)
     assert [st_["layers"] for st_ in data["stages"]] == [[["1xwte", "14xparallel_block"]],
                                                           [["14xparallel_block", "1xlm_head"]]]
@@ -345,7 +346,7 @@ def test_bundled_configs_estimate_and_fit(config):
     (["--set", "parallel.cp=3"], "parallel.cp must divide model.seq_length"),
 ])
 def test_cli_rejects_inconsistent_model_kinds(overrides, needle):
-    out = subprocess.run(["memform", "estimate", str(CONFIGS / "llama3-8b.yaml"), *overrides],
+    out = subprocess.run([*memform_command(), "estimate", str(CONFIGS / "llama3-8b.yaml"), *overrides],
                          capture_output=True, text=True)
     assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr
 

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from memform.api import estimate, estimate_model, load_model, rebind
 from memform.errors import MemformError
+from cli_helpers import memform_command
 
 NUMERIC = frozenset()
 
@@ -344,12 +345,12 @@ def test_layers_reductions_only_in_schedules(tmp_path: Path):
 def test_cli_json_reports_the_peak_moment(tmp_path: Path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps(config(parallel__vpp=2, parallel__pp_schedule="zero-bubble-v")))
-    out = subprocess.run(["memform", "estimate", str(path), "--json"], capture_output=True, text=True)
+    out = subprocess.run([*memform_command(), "estimate", str(path), "--json"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     stages = json.loads(out.stdout)["stages"]
     assert {s["peak_moment"] for s in stages} <= {"warmup", "backward"}
     assert all(s["breakdown"]["activations"] == max(s["moments"].values()) for s in stages)
-    bad = subprocess.run(["memform", "estimate", str(path), "--set", "training.recompute=[full]"],
+    bad = subprocess.run([*memform_command(), "estimate", str(path), "--set", "training.recompute=[full]"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "training.recompute" in bad.stderr and "Traceback" not in bad.stderr
 

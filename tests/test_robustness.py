@@ -16,6 +16,7 @@ import pytest
 import sympy
 
 import memform
+from cli_helpers import memform_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
     ["configs/deepseek-v2-lite.yaml", "--json", "--set", "parallel.pp=3", "--set", "parallel.vpp=3"],
 ], ids=["moe-mla-interleaved"])
 def test_json_is_byte_identical_across_hash_seeds(args):
-    procs = [subprocess.Popen(["memform", "estimate", *args], cwd=ROOT, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([*memform_command(), "estimate", *args], cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, env={**os.environ, "PYTHONHASHSEED": seed})
              for seed in ("0", "1", "4242")]
     outs = [p.communicate(timeout=180) for p in procs]
@@ -118,7 +119,7 @@ def test_irrational_formula_values_are_exact_and_prompt(tmp_path):
 
 def test_error_messages_are_identical_across_hash_seeds():
     """Errors too: a cycle is reported from the same starting point under every hash seed."""
-    procs = [subprocess.Popen(["memform", "check", "tests/bad_inputs/cyclic_let_override.mf"], cwd=ROOT,
+    procs = [subprocess.Popen([*memform_command(), "check", "tests/bad_inputs/cyclic_let_override.mf"], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env={**os.environ, "PYTHONHASHSEED": seed}) for seed in ("0", "1", "4242")]
     outs = [p.communicate(timeout=120) for p in procs]
