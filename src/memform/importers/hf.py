@@ -3,7 +3,10 @@
 A ``config.json`` describes the architecture only; the parallel strategy and batch are left
 to the shared defaults (written as commented defaults). Field names follow the transformers
 configuration classes of the model families below (``LlamaConfig``, ``MixtralConfig``,
-``Qwen2MoeConfig``, ``DeepseekV3Config``, ``GPT2Config``, ...).
+``Qwen2MoeConfig``, ``DeepseekV3Config``, ``GPT2Config``, ``GptOssConfig``, ``Glm4MoeConfig``,
+``GPTNeoXConfig``, ``GraniteConfig``, ...) and THUDM's ``ChatGLMConfig`` (num_layers, multi_query_group_num,
+kv_channels, padded_vocab_size). Architectures memform cannot size (hybrid Mamba / linear attention, parallel
+blocks other than GPT-NeoX's, DBRX, OLMo-1) stop the import with the field and what is missing.
 """
 
 from __future__ import annotations
@@ -38,6 +41,15 @@ IGNORED = frozenset({
     "sliding_window_size", "layer_types", "attention_chunk_size", "no_rope_layers", "no_rope_layer_interval",
     "attn_temperature_tuning", "floor_scale", "attn_scale", "use_mrope", "original_max_position_embeddings",
     "moe_layers", "interleave_moe_layer_step", "router_bias", "head_dim", "hidden_activation",
+    # THUDM ChatGLM / GLM-4 (modeling_chatglm.py) switches that change no tensor: rope base and layout, the
+    # residual taken before or after the norm, kernel choices, the q/k scaling, classifier dropout
+    "rope_ratio", "original_rope", "apply_query_key_layer_scaling", "attention_softmax_in_fp32",
+    "bias_dropout_fusion", "apply_residual_connection_post_layernorm", "classifier_dropout",
+    "multi_query_attention", "layernorm_epsilon", "rmsnorm", "post_layer_norm", "fp32_residual_connection",
+    "add_qkv_bias", "add_bias_linear", "use_bias", "norm_type", "norm_epsilon",
+    # MiniCPM (modeling_minicpm.py) scales the embedding, residual branches and logits by constants;
+    # InternLM2 names its attention kernel; neither moves a tensor
+    "scale_emb", "dim_model_base", "scale_depth", "attn_implementation",
 })
 
 #: transformers model types whose MLP is gated even though the activation is GeLU (GeGLU keeps
@@ -55,12 +67,57 @@ QKV_BIAS_ONLY = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "qwen
 #: q/k RMSNorms after the projections: per head (transformers Qwen3Attention, Gemma3Attention:
 #: RMSNorm(head_dim)) or over the whole projection (Olmo2Attention: RMSNorm(num_heads · head_dim))
 QK_NORM_HEAD = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_vl_text", "qwen3_vl_moe_text"})
-QK_NORM_FULL = frozenset({"olmo2"})
+QK_NORM_FULL = frozenset({"olmo2", "olmo3", "olmoe"})  # OlmoeAttention: q_norm RMSNorm(h), k_norm RMSNorm(g·d_h)
 #: sandwich norms: post_attention_layernorm and post_feedforward_layernorm after the sublayers besides
 #: the two pre-norms (transformers Gemma2DecoderLayer, Gemma3DecoderLayer)
 POST_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text"})
+#: model types whose attention_bias puts biases on q_proj, k_proj, v_proj only (transformers GlmAttention,
+#: Glm4MoeAttention: q/k/v bias=config.attention_bias, o_proj bias=False; the MLPs have none)
+ATTENTION_BIAS_IS_QKV = frozenset({"glm", "glm4", "glm4_moe"})
+#: model types whose q_norm / k_norm, when use_qk_norm is true, are RMSNorm(head_dim) with weights
+#: (transformers Glm4MoeAttention); Llama-4's use_qk_norm is a weightless L2 norm instead
+USE_QK_NORM_WEIGHTED = frozenset({"glm4_moe"})
+#: model types whose router Linear has a trained bias (GptOssTopKRouter: nn.Linear(h, E, bias=True)).
+#: DeepSeek-V3 / Kimi-K2 / GLM-4.5's e_score_correction_bias is a buffer (register_buffer: no gradient, no
+#: optimizer state); checkpoints store it, memform does not count it as a parameter.
+ROUTER_BIAS = frozenset({"gpt_oss"})
+#: layer kinds of ``layer_types`` that are softmax attention (everything memform's attention block models)
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
+#: architectures memform cannot size yet: the field (or model type) that says so, and what is not modelled.
+#: The importer stops with this message rather than write a config whose count would be wrong.
+UNSUPPORTED_FLAGS = {
+    # transformers FalconDecoderLayer: attention and MLP both read the block input and are summed
+    "parallel_attn": "Falcon's parallel attention + MLP block (transformers FalconDecoderLayer) is not mapped "
+                     "(no published Falcon total was at hand to check it; dense.mf's model.parallel_block: "
+                     "one_norm describes the block, write the config by hand to use it)",
+    "new_decoder_architecture": "Falcon's new decoder architecture (ln_attn and ln_mlp feeding parallel "
+                                "attention and MLP, fused grouped QKV) is not mapped",
+}
+UNSUPPORTED_TYPES = {
+    "phi": "Phi-1/2 (transformers PhiDecoderLayer: a one-norm parallel block, and a biased lm_head memform "
+           "does not count) is not mapped",
+    "gptj": "GPT-J (transformers GPTJBlock: a one-norm parallel block, and a biased lm_head memform does not "
+            "count) is not mapped",
+    "cohere": "Cohere's parallel block with bias-free LayerNorms (transformers CohereDecoderLayer) is not "
+              "modelled",
+    "cohere2": "Cohere-2's parallel block with bias-free LayerNorms (transformers Cohere2DecoderLayer) is not "
+               "modelled",
+    "dbrx": "DBRX (nested attn_config / ffn_config, fused Wqkv with clip_qkv, bias-free LayerNorms) is not "
+            "mapped",
+    "falcon": None,  # only with parallel_attn / new_decoder_architecture (UNSUPPORTED_FLAGS)
+    "RefinedWeb": "Falcon-40B's original RefinedWeb decoder (parallel attention and MLP) is not modelled",
+    "RefinedWebModel": "Falcon-7B's original RefinedWebModel decoder (parallel attention and MLP) is not modelled",
+    "olmo": "OLMo-1's non-parametric LayerNorms (transformers OlmoLayerNorm: no weight, no bias) are not "
+            "modelled",
+    "nemotron_h": "hybrid Mamba-2 / attention layers (hybrid_override_pattern) are not modelled",
+    "granitemoehybrid": "hybrid Mamba-2 / attention layers (layer_types) are not modelled",
+    "qwen3_next": "Gated DeltaNet linear-attention layers (layer_types linear_attention) are not modelled",
+    "mamba": "state-space (Mamba) layers are not modelled", "mamba2": "state-space (Mamba-2) layers are not modelled",
+    "rwkv": "RWKV recurrent layers are not modelled",
+}
 DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
-                  "hidden_dropout_prob", "attention_probs_dropout_prob", "dropout")
+                  "hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "residual_dropout",
+                  "embedding_dropout")
 EXPERT_FIELDS = ("num_local_experts", "n_routed_experts", "num_experts")
 MLA_FIELDS = ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 
@@ -93,29 +150,51 @@ def convert(path: Path, draft: Draft, given: set[str]) -> None:
     if name:
         draft.set("name", name.rstrip("/").split("/")[-1], "from _name_or_path")
 
+    _unsupported(cfg, model_type)
     ints = cfg.integer
-    _, h = cfg.first(("hidden_size", "n_embd", "d_model"), ints)
+    hk, h = cfg.first(("hidden_size", "n_embd", "d_model"), ints)
+    _same(cfg, hk, h, ("hidden_size", "n_embd", "d_model"))
     if h is None:
         raise cfg.missing("hidden_size")
-    _, a = cfg.first(("num_attention_heads", "n_head"), ints)
+    ak, a = cfg.first(("num_attention_heads", "n_head", "n_heads"), ints)
+    _same(cfg, ak, a, ("num_attention_heads", "n_head", "n_heads"))
     if a is None:
         raise cfg.missing("num_attention_heads")
-    _, layers = cfg.first(("num_hidden_layers", "n_layer"), ints)
+    # THUDM ChatGLM configs name it num_layers (configuration_chatglm.py); GLM-4 copies also num_hidden_layers
+    lk, layers = cfg.first(("num_hidden_layers", "n_layer", "num_layers", "n_layers"), ints)
+    _same(cfg, lk, layers, ("num_hidden_layers", "n_layer", "num_layers", "n_layers"))
     if layers is None:
         raise cfg.missing("num_hidden_layers")
     draft.set("model.hidden_size", h)
     draft.set("model.num_heads", a, "num_attention_heads")
     if cfg.has("num_key_value_heads"):
         draft.set("model.num_kv_heads", cfg.integer("num_key_value_heads"), "num_key_value_heads")
+        _same(cfg, "num_key_value_heads", cfg.integer("num_key_value_heads"), ("num_kv_heads",))
+    elif cfg.has("multi_query_group_num") and cfg.raw("multi_query_attention", False) is True:
+        # modeling_chatglm.py SelfAttention: with multi_query_attention, K and V have multi_query_group_num heads
+        draft.set("model.num_kv_heads", cfg.integer("multi_query_group_num"),
+                  "multi_query_group_num (multi_query_attention true)")
+    elif cfg.has("num_kv_heads"):  # transformers FalconConfig
+        draft.set("model.num_kv_heads", cfg.integer("num_kv_heads"), "num_kv_heads")
+        cfg.used.add("multi_query")
+    elif cfg.raw("multi_query", False) is True:  # FalconConfig / GPTBigCodeConfig: one K/V head
+        draft.set("model.num_kv_heads", 1, "multi_query true: one key/value head")
     else:
+        cfg.used.update(("multi_query", "multi_query_group_num"))  # ChatGLM without multi_query_attention: MHA
         draft.set("model.num_kv_heads", a, "no num_key_value_heads: multi-head attention")
     draft.set("model.num_layers", layers, "num_hidden_layers")
-    ffn_key, ffn = cfg.first(("intermediate_size", "n_inner", "ffn_dim"), ints)
+    ffn_key, ffn = cfg.first(("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size"), ints)
+    _same(cfg, ffn_key, ffn, ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size"))
     if ffn is None:
         draft.default("model.ffn_hidden_size", 4 * h, "4 × hidden_size (no intermediate_size)")
     else:
         draft.set("model.ffn_hidden_size", ffn, ffn_key or "")
-    draft.set("model.vocab_size", cfg.integer("vocab_size"))
+    if cfg.has("padded_vocab_size"):
+        # modeling_chatglm.py Embedding and output_layer are padded_vocab_size rows
+        draft.set("model.vocab_size", cfg.integer("padded_vocab_size"), "padded_vocab_size (the embedding's rows)")
+        cfg.used.add("vocab_size")
+    else:
+        draft.set("model.vocab_size", cfg.integer("vocab_size"))
     seq_key, seq = cfg.first(("max_position_embeddings", "n_positions", "seq_length"), ints)
     if seq is not None:
         draft.set("model.seq_length", seq, f"{seq_key}; training often uses a shorter sequence: lower it if so")
@@ -126,6 +205,10 @@ def convert(path: Path, draft: Draft, given: set[str]) -> None:
     _norm(cfg, draft)
     _flags(cfg, draft, model_type)
     head_dim = cfg.integer("head_dim", None)
+    if head_dim is None and cfg.has("kv_channels"):
+        head_dim = cfg.integer("kv_channels")  # modeling_chatglm.py: projection_size = kv_channels × heads
+    elif head_dim is not None:
+        _same(cfg, "head_dim", head_dim, ("kv_channels",))
     if head_dim is not None and head_dim * a != h and not cfg.has("kv_lora_rank"):
         draft.set("model.head_dim", head_dim, f"head_dim (× {a} heads = {head_dim * a}, not hidden_size {h})")
     elif head_dim is None and h % a and not cfg.has("kv_lora_rank"):
@@ -143,6 +226,50 @@ def convert(path: Path, draft: Draft, given: set[str]) -> None:
     draft.warn_unused(cfg, ignored)
     if cfg is not top:
         draft.warn_unused(top, ignored)
+    if cfg.raw("post_layer_norm", True) is False:
+        draft.warn("field 'post_layer_norm' is false: the model has no final norm, memform still counts one "
+                   "(hidden_size parameters)")
+    if cfg.raw("fp32_residual_connection", False) is True:
+        draft.warn("field 'fp32_residual_connection' is true: the fp32 residual stream is not modelled "
+                   "(memform keeps it at the activation dtype)")
+    quant = cfg.raw("quantization_config", None)
+    if isinstance(quant, dict) and quant.get("quant_method"):
+        draft.warn(f"field 'quantization_config': the checkpoint is stored as {quant.get('quant_method')}; memform "
+                   f"sizes training with the profile's parameter dtype (its scales are not counted)")
+
+
+def _same(cfg: Fields, key: str | None, value, aliases: tuple[str, ...]) -> None:
+    """Other spellings of the field ``key`` read (GLM-4 configs carry num_layers and num_hidden_layers, gpt-oss
+    experts_per_token and num_experts_per_tok): they must agree, else the file is ambiguous."""
+    for other in aliases:
+        if other != key and cfg.has(other):
+            if key is not None and cfg.raw(other) != value:
+                raise cfg.error(other, f"is {cfg.raw(other)!r} but '{cfg.name(key)}' is {value!r}: the file "
+                                f"disagrees with itself")
+            cfg.used.add(other)
+
+
+def _unsupported(cfg: Fields, model_type: str) -> None:
+    """Stop on architectures memform cannot size (UNSUPPORTED_*), naming the field and what is missing."""
+    for key, what in UNSUPPORTED_FLAGS.items():
+        if cfg.raw(key, False) is True:
+            raise cfg.error(key, f"is true: {what}")
+    if cfg.raw("use_parallel_residual", False) is True and model_type != "gpt_neox":
+        # StableLmDecoderLayer shares one input_layernorm, others differ again: only GPT-NeoX's is mapped
+        raise cfg.error("use_parallel_residual", f"is true: the parallel block of model_type {model_type!r} is not "
+                        f"mapped (memform maps GPT-NeoX's x + attn(ln1(x)) + mlp(ln2(x)))")
+    what = UNSUPPORTED_TYPES.get(model_type)
+    if what:
+        raise MemformError(f"{cfg.file}: model_type {model_type!r}: {what}; memform cannot size this model yet")
+    kinds = cfg.raw("layer_types", [])
+    if isinstance(kinds, list):
+        other = sorted({k for k in kinds if isinstance(k, str)} - ATTENTION_LAYER_TYPES)
+        if other:
+            raise cfg.error("layer_types", f"has {', '.join(other)} layers: memform models softmax-attention "
+                            f"decoders only")
+    if cfg.has("hybrid_override_pattern"):
+        raise cfg.error("hybrid_override_pattern", "describes hybrid Mamba / attention layers, which memform "
+                        "does not model")
 
 
 def _activation(cfg: Fields, draft: Draft, model_type: str) -> None:
@@ -164,11 +291,24 @@ def _activation(cfg: Fields, draft: Draft, model_type: str) -> None:
 
 
 def _norm(cfg: Fields, draft: Draft) -> None:
+    if cfg.has("rmsnorm"):  # modeling_chatglm.py: RMSNorm if config.rmsnorm else LayerNorm
+        rms = cfg.boolean("rmsnorm")
+        draft.set("model.norm", "rmsnorm" if rms else "layernorm", f"rmsnorm {str(rms).lower()}")
+        return
+    if cfg.has("norm_type"):  # transformers Starcoder2Config: norm_type layer_norm (the only one it builds)
+        kind = cfg.string("norm_type")
+        if kind.lower() in ("layer_norm", "layernorm"):
+            draft.set("model.norm", "layernorm", f"norm_type {kind}")
+            return
+        if kind.lower() in ("rms_norm", "rmsnorm"):
+            draft.set("model.norm", "rmsnorm", f"norm_type {kind}")
+            return
+        raise cfg.error("norm_type", f"is {kind!r}: memform models layer_norm and rms_norm")
     key, _ = cfg.first(("rms_norm_eps",), cfg.number)
     if key:
         draft.set("model.norm", "rmsnorm", "rms_norm_eps present")
         return
-    key, _ = cfg.first(("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"), cfg.number)
+    key, _ = cfg.first(("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "layernorm_epsilon"), cfg.number)
     if key:
         draft.set("model.norm", "layernorm", f"{key} present")
     else:
@@ -176,8 +316,30 @@ def _norm(cfg: Fields, draft: Draft) -> None:
 
 
 def _flags(cfg: Fields, draft: Draft, model_type: str) -> None:
-    biases = [k for k in ("attention_bias", "mlp_bias", "bias") if cfg.has(k)]
-    if model_type in QKV_BIAS_ONLY:
+    biases = [k for k in ("attention_bias", "mlp_bias", "bias", "use_bias") if cfg.has(k)]
+    if cfg.has("add_qkv_bias") or cfg.has("add_bias_linear"):
+        # modeling_chatglm.py: query_key_value bias = add_bias_linear or add_qkv_bias; dense (o_proj) and the
+        # MLP's dense_h_to_4h / dense_4h_to_h bias = add_bias_linear
+        linear = cfg.boolean("add_bias_linear", False)
+        draft.set("model.bias", linear, "add_bias_linear (o_proj and MLP biases)")
+        draft.set("model.qkv_bias", linear or cfg.boolean("add_qkv_bias", False), "add_qkv_bias / add_bias_linear")
+        cfg.used.update(("attention_bias", "mlp_bias", "bias"))
+    elif model_type in ATTENTION_BIAS_IS_QKV:
+        attn = cfg.boolean("attention_bias", False)
+        cfg.used.update(("mlp_bias", "bias"))
+        draft.set("model.bias", False, f"{model_type}: no o_proj or MLP biases (transformers GlmAttention)")
+        draft.set("model.qkv_bias", attn, "attention_bias (q_proj, k_proj, v_proj only)")
+    elif model_type == "gpt_oss":
+        # transformers GptOssAttention: q/k/v/o_proj bias=config.attention_bias (GptOssConfig default true);
+        # GptOssExperts: gate_up_proj_bias and down_proj_bias always
+        attn = cfg.boolean("attention_bias", True)
+        draft.set("model.bias", True, "gpt_oss: the experts' gate_up and down projections have biases")
+        draft.set("model.qkv_bias", attn, "attention_bias (GptOssConfig default true)")
+        if not attn:
+            draft.warn("gpt_oss with attention_bias false: o_proj's bias (hidden_size per layer) is still "
+                       "counted (memform gives o_proj the MLP's bias setting)")
+        cfg.used.update(("mlp_bias", "bias"))
+    elif model_type in QKV_BIAS_ONLY:
         cfg.used.update(("attention_bias", "mlp_bias", "bias"))
         draft.set("model.bias", False, f"{model_type}: no o_proj or MLP biases (transformers Qwen2Attention)")
         draft.set("model.qkv_bias", True, f"{model_type}: q_proj, k_proj, v_proj have biases")
@@ -190,6 +352,7 @@ def _flags(cfg: Fields, draft: Draft, model_type: str) -> None:
                        "counted (memform gives o_proj the MLP's bias setting)")
     elif biases:
         draft.set("model.bias", any(cfg.boolean(k) for k in biases), " / ".join(biases))
+        cfg.used.update(("attention_bias", "mlp_bias", "bias", "use_bias"))
     else:
         cfg.used.update(("attention_bias", "mlp_bias", "bias"))
         biased = model_type in BIASED_BY_DEFAULT
@@ -229,7 +392,18 @@ def _architecture(cfg: Fields, draft: Draft, model_type: str) -> None:
     elif cfg.has("qk_layernorm") and cfg.boolean("qk_layernorm"):
         draft.set("model.qk_norm", True, "qk_layernorm")
     if cfg.has("use_qk_norm") and cfg.boolean("use_qk_norm"):
-        draft.warn("field 'use_qk_norm': Llama-4's q/k L2 norm has no weights; its saved inputs are not counted")
+        if model_type in USE_QK_NORM_WEIGHTED:
+            draft.set("model.qk_norm", True, f"use_qk_norm: {model_type} q_norm / k_norm = RMSNorm(head_dim)")
+        else:
+            draft.warn("field 'use_qk_norm': Llama-4's q/k L2 norm has no weights; its saved inputs are not counted")
+    if model_type == "gpt_oss":
+        draft.set("model.attention_sinks", True, "gpt_oss: one learned sink logit per head (GptOssAttention.sinks)")
+    if model_type == "gpt_neox":
+        # transformers GPTNeoXLayer: use_parallel_residual (GPTNeoXConfig default true) -> x + attn(ln1(x)) +
+        # mlp(ln2(x)); false -> the sequential pre-norm block
+        cfg.used.add("use_parallel_residual")
+        if cfg.raw("use_parallel_residual", True) is not False:
+            draft.set("model.parallel_block", "two_norms", "use_parallel_residual: x + attn(ln1(x)) + mlp(ln2(x))")
     if model_type in POST_NORMS:
         draft.set("model.post_norms", True, f"{model_type}: post-attention and post-feedforward norms")
     for key, name in (("final_logit_softcapping", "model.logit_softcap"),
@@ -286,9 +460,12 @@ def _moe(cfg: Fields, draft: Draft, model_type: str = "") -> None:
     if not experts or experts <= 1:
         return
     draft.set("model.num_experts", experts, key)
+    if model_type in ROUTER_BIAS:
+        draft.set("model.router_bias", True, f"{model_type}: the router's Linear has a bias (GptOssTopKRouter)")
     if not cfg.has("num_experts_per_tok"):
         raise cfg.missing("num_experts_per_tok", f" ({key} = {experts} makes this a mixture of experts)")
     draft.set("model.moe_top_k", cfg.integer("num_experts_per_tok"), "num_experts_per_tok")
+    _same(cfg, "num_experts_per_tok", cfg.integer("num_experts_per_tok"), ("experts_per_token",))
     expert_ffn = cfg.integer("moe_intermediate_size", None)
     if expert_ffn is None:
         expert_ffn = draft.get("model.ffn_hidden_size")
@@ -308,7 +485,15 @@ def _moe(cfg: Fields, draft: Draft, model_type: str = "") -> None:
                   f"below is what sizes it)")
         draft.set("model.shared_expert_ffn_hidden_size", width, "shared_expert_intermediate_size")
         draft.set("model.shared_expert_gate", True, "shared_expert_gate: sigmoid gate hidden_size -> 1")
+    elif cfg.has("shared_intermediate_size") and cfg.integer("shared_intermediate_size", minimum=0):
+        # transformers GraniteMoeSharedMoE: a shared MLP of shared_intermediate_size (input_linear h -> 2·width,
+        # output_linear width -> h), added to the routed output without a gate
+        width = cfg.integer("shared_intermediate_size", minimum=0)
+        draft.set("model.num_shared_experts", -(-width // expert_ffn),
+                  f"shared_intermediate_size {width} / expert size {expert_ffn}, rounded up (the width below sizes it)")
+        draft.set("model.shared_expert_ffn_hidden_size", width, "shared_intermediate_size (GraniteMoeShared)")
     else:
+        cfg.used.add("shared_intermediate_size")
         draft.set("model.num_shared_experts", 0, "no shared experts")
     first_dense = cfg.integer("first_k_dense_replace", 0, minimum=0)
     if first_dense:
