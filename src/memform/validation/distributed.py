@@ -38,17 +38,13 @@ stage 0. Needs the ``validate`` extra (CPU PyTorch).
 from __future__ import annotations
 
 import gc
-import json
 import math
-import os
-import socket
-import tempfile
 import traceback
 import weakref
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any, Callable
 
+from . import ranks
 from .compare import Point
 
 #: largest |relative error| per category (issue 13): static 2 %, activations and their peak 10 %, comm 25 %
@@ -249,21 +245,9 @@ def run(cases: list[Case]) -> tuple[list[Row], list[tuple[Case, str]]]:
     return rows, failed
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(world: int, cases: list[Case]) -> list[list[dict[str, Any]]]:
     """Run ``cases`` in one process group of ``world`` ranks; per case, per rank, the worker's result."""
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory(prefix="memform-dist-") as tmp:
-        payload = [asdict(c) for c in cases]
-        mp.spawn(_worker, args=(world, payload, _free_port(), tmp), nprocs=world, join=True)
-        per_rank = [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(world)]
-    return [[per_rank[r][i] for r in range(world)] for i in range(len(cases))]
+    return ranks.spawn(world, _measure_item, [asdict(c) for c in cases], prefix="memform-dist-")
 
 
 def _case_from(d: dict[str, Any]) -> Case:
@@ -272,29 +256,16 @@ def _case_from(d: dict[str, Any]) -> Case:
     return Case(**d)
 
 
-def _worker(rank: int, world: int, payload: list[dict[str, Any]], port: int, out_dir: str) -> None:
-    import torch
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _measure_item(d: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    """One case on this rank (:func:`.ranks.spawn` runs it in each rank's process); a case that fails is
+    reported with its error, and the other cases still run."""
+    case = _case_from(d)
     try:
-        results = []
-        for d in payload:
-            gc.collect()
-            case = _case_from(d)
-            try:
-                measured, notes = MEASURE[case.kind](case, rank, world)
-                results.append({"measured": measured, "notes": notes})
-            except Exception as exc:  # noqa: BLE001 - reported per case, the other cases still run
-                results.append({"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
-                                "trace": traceback.format_exc()[-2000:]})
-            dist.barrier()
-        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(results))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        measured, notes = MEASURE[case.kind](case, rank, world)
+        return {"measured": measured, "notes": notes}
+    except Exception as exc:  # noqa: BLE001 - reported per case
+        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
+                "trace": traceback.format_exc()[-2000:]}
 
 
 # ---- the measurement (runs in each rank's process) -------------------------------------------------

@@ -33,17 +33,12 @@ The memform side is :meth:`Case.config`: the same model with ``training.framewor
 from __future__ import annotations
 
 import copy
-import gc
-import json
 import math
-import os
-import socket
-import tempfile
 import weakref
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
+from . import ranks
 from .compare import Point
 
 #: the compared categories and the largest |relative error| each may show: the static ones and the
@@ -168,23 +163,9 @@ def run(cases: list[Case]) -> list[Row]:
     return rows
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(world: int, cases: list[Case]) -> list[tuple[list[dict[str, int]], dict[str, dict[str, int]]]]:
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory(prefix="memform-fsdp2-") as tmp:
-        payload = [asdict(c) for c in cases]
-        mp.spawn(_worker, args=(world, payload, _free_port(), tmp), nprocs=world, join=True)
-        per_rank = [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(world)]
-    out = []
-    for i in range(len(cases)):
-        out.append(([per_rank[r][i]["measured"] for r in range(world)], per_rank[0][i]["by_op"]))
-    return out
+    results = ranks.spawn(world, _measure_item, [asdict(c) for c in cases], prefix="memform-fsdp2-")
+    return [([r["measured"] for r in per_rank], per_rank[0]["by_op"]) for per_rank in results]
 
 
 def _case_from(d: dict[str, Any]) -> Case:
@@ -193,23 +174,10 @@ def _case_from(d: dict[str, Any]) -> Case:
     return Case(**d)
 
 
-def _worker(rank: int, world: int, payload: list[dict[str, Any]], port: int, out_dir: str) -> None:
-    import torch
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        results = []
-        for d in payload:
-            gc.collect()  # the previous case's model (FSDP's hooks hold it in reference cycles) is gone
-            measured, by_op = _measure(_case_from(d), rank, world)
-            results.append({"measured": measured, "by_op": by_op})
-        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(results))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def _measure_item(d: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    """One case on this rank (:func:`.ranks.spawn` runs it in each rank's process)."""
+    measured, by_op = _measure(_case_from(d), rank, world)
+    return {"measured": measured, "by_op": by_op}
 
 
 # ---- the measurement (runs in each rank's process) -------------------------------------------------
