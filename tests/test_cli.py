@@ -19,8 +19,10 @@ def test_estimate_table():
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("llama2-7b: 1f1b schedule, pp=2")
-    assert "activations" in lines[1] and "fits" in lines[1]
-    assert len([l for l in lines if l.strip()[:1].isdigit()]) == 2  # one row per stage
+    # second header line: the run's shape and the model's size (issue 16); then the table
+    assert lines[1].startswith("  tp=2 dp=2 pp=2") and "parameters" in lines[1]
+    assert "activations" in lines[2] and "fits" in lines[2]
+    assert len([l for l in lines[2:] if l.strip()[:1].isdigit()]) == 2  # one row per stage
     assert lines[-1].startswith("peak: stage 0")
 
 

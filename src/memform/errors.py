@@ -24,7 +24,9 @@ class Loc:
     col: int = 0
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.col}" if self.col else f"{self.file}:{self.line}"
+        from .resources import display_path  # the one place printed locations are named
+        shown = display_path(self.file)
+        return f"{shown}:{self.line}:{self.col}" if self.col else f"{shown}:{self.line}"
 
 
 class MemformError(Exception):

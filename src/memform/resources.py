@@ -32,3 +32,45 @@ def formulas_dir() -> Path:
 
 def templates_dir() -> Path:
     return _PACKAGE / "report" / "templates"
+
+
+BUNDLED_PREFIX = "formulas"
+
+
+def display_path(file: str | Path) -> str:
+    """How a formula file is named in every printed location (``file:line:col``): a bundled file as
+    ``formulas/dense.mf`` wherever it is installed, a user's file relative to the working
+    directory when it lies under it, else as given. :func:`resolve_display_path` inverts it."""
+    return _display_path(str(file), str(Path.cwd()))
+
+
+@lru_cache(maxsize=1024)
+def _display_path(file: str, cwd: str) -> str:
+    path = Path(file)
+    try:
+        full = path.resolve()
+    except (OSError, RuntimeError):
+        return file
+    try:
+        bundled = formulas_dir()
+    except FileNotFoundError:
+        bundled = None
+    if bundled is not None and full.is_relative_to(bundled):
+        return f"{BUNDLED_PREFIX}/{full.relative_to(bundled).as_posix()}"
+    if path.is_absolute() and full.is_relative_to(Path(cwd)):
+        return full.relative_to(Path(cwd)).as_posix()
+    return file
+
+
+def resolve_display_path(shown: str | Path) -> Path:
+    """The file a :func:`display_path` name stands for (bundled ``formulas/...`` when no such file
+    exists relative to the working directory)."""
+    path = Path(shown)
+    if path.is_absolute() or path.exists():
+        return path
+    parts = path.parts
+    if parts and parts[0] == BUNDLED_PREFIX:
+        candidate = formulas_dir().joinpath(*parts[1:])
+        if candidate.exists():
+            return candidate
+    return path

@@ -5,12 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 GIB = 2 ** 30
-_UNITS = (("TiB", 2 ** 40), ("GiB", GIB), ("MiB", 2 ** 20), ("KiB", 2 ** 10))
+_UNITS = (("EiB", 2 ** 60), ("PiB", 2 ** 50), ("TiB", 2 ** 40), ("GiB", GIB), ("MiB", 2 ** 20),
+          ("KiB", 2 ** 10))
+#: from 1024 EiB on there is no binary unit left: bytes in scientific notation
+_SCIENTIFIC = 2 ** 70
 
 
 def human_bytes(n: Any) -> str:
-    """Bytes in binary units, e.g. ``56.95 GiB`` (no unit below 1 KiB)."""
+    """Bytes in binary units, e.g. ``56.95 GiB`` (no unit below 1 KiB; ``2.01e+23 B`` from 1024 EiB)."""
     n = float(n)
+    if abs(n) >= _SCIENTIFIC:
+        return f"{n:.2e} B"
     for unit, size in _UNITS:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
@@ -23,3 +28,17 @@ def signed_bytes(n: Any) -> str:
     if n == 0:
         return "0 B"
     return ("+" if n > 0 else "-") + human_bytes(abs(n))
+
+
+_COUNTS = (("T", 10 ** 12), ("B", 10 ** 9), ("M", 10 ** 6), ("K", 10 ** 3))
+
+
+def human_count(n: Any) -> str:
+    """A count in decimal units, e.g. ``8.03 B`` for 8,030,261,248 parameters (``1.23e+21`` from 10^18)."""
+    n = float(n)
+    if abs(n) >= 10 ** 18:
+        return f"{n:.2e}"
+    for unit, size in _COUNTS:
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)}"

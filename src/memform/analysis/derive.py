@@ -24,7 +24,7 @@ import sympy
 from ..engine.evaluator import Evaluator
 from ..engine.interpreter import STATIC, StageResult
 from ..engine.model import Estimate, Model, estimate_model
-from ..engine.symbolic import tidy
+from ..engine.symbolic import assumption_lines, tidy
 from ..errors import MemformError
 from ..lang import ast
 from ..lang.checker import walk
@@ -145,7 +145,7 @@ def render_text(d: Derivation, stages: Iterable[int]) -> str:
         out.append(f"  M        = {_text(f.total)}")
     if d.assumptions:
         out.append("")
-        out.append("valid where: " + ", ".join(d.assumptions))
+        out.extend(assumption_lines(d.assumptions))
     return "\n".join(out) + "\n"
 
 
@@ -170,7 +170,7 @@ def render_latex(d: Derivation, stages: Iterable[int]) -> str:
     body = "\n".join(lines)
     text = "\\begin{aligned}\n" + body + "\n\\end{aligned}\n"
     if d.assumptions:
-        text += "% valid where: " + ", ".join(d.assumptions) + "\n"
+        text += "".join(f"% {line}\n" for line in assumption_lines(d.assumptions))
     return text
 
 

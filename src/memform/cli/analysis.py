@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from ..errors import MemformError
+from ..engine.symbolic import assumption_lines
 from ..units import human_bytes
 
 
@@ -161,7 +162,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
             print(f"  d peak / d {x} at {sol.value}: {human_bytes(float(sol.derivative))} per unit "
                   f"({sympy.sstr(sol.derivative)} bytes)")
         if sol.assumptions:
-            print(f"  closed form valid where: {', '.join(sol.assumptions)}")
+            for line in assumption_lines(sol.assumptions, "  closed form valid where:", "    "):
+                print(line)
     for n in sol.notes:
         print(f"  note: {n}")
     return 0
@@ -197,7 +199,8 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
             print(f"{r.stage:5d}  {human_bytes(float(r.value)) + ' / unit':>22}  {step:>22}  "
                   f"{sympy.sstr(r.derivative, order='grlex')}")
         if assumptions:
-            print(f"valid where: {', '.join(assumptions)}")
+            for line in assumption_lines(assumptions):
+                print(line)
         print()
     return 0
 

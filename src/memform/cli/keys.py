@@ -61,8 +61,11 @@ def cmd_keys(args: argparse.Namespace) -> int:
             print(f"| `{r.path}` | {r.type.replace('|', '/')} | `{r.default}` | {r.doc} |")
         return 0
     width = max(len(r.path) for r in rows)
+    type_width = max(len(r.type) for r in rows)
+    default_width = max(len(r.default) for r in rows)
     for r in rows:
-        print(f"{r.path:<{width}}  {r.type:<22} default {r.default:<18} {r.doc}  ({r.where})")
+        print(f"{r.path:<{width}}  {r.type:<{type_width}}  default {r.default:<{default_width}}  {r.doc}  "
+              f"({r.where})")
     return 0
 
 

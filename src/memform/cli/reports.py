@@ -51,12 +51,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _format(fmt: str | None, output: str | None, default: str, allowed: tuple[str, ...]) -> str:
+    """The output format: ``--format``, else ``-o``'s suffix (an unknown suffix is an error rather
+    than a file of another format under that name), else ``default``."""
     if fmt is not None:
         return fmt
     if output and output != "-":
-        guess = _SUFFIX_FORMAT.get(Path(output).suffix.lower())
+        suffix = Path(output).suffix.lower()
+        guess = _SUFFIX_FORMAT.get(suffix)
         if guess in allowed:
             return guess
+        known = ", ".join(s for s, f in _SUFFIX_FORMAT.items() if f in allowed)
+        shown = f"suffix {suffix!r}" if suffix else "no suffix"
+        raise MemformError(f"-o {output}: {shown} is not a supported output format; use one of {known} "
+                           f"(or name the format with --format)")
     return default
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -69,12 +70,41 @@ STRUCTURAL: tuple[Key, ...] = (
 _STRUCTURAL = {k.path: k for k in STRUCTURAL}
 
 
+class ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2 exponent numbers: ``1e30`` and ``3E-5`` are numbers, not
+    strings (YAML 1.1, which PyYAML follows, wants a dot in the mantissa: ``1.0e+30``). A whole
+    mantissa with a non-negative exponent (``1e30``, ``4e3``) is the exact integer it writes."""
+
+
+_SCIENTIFIC_TAG = "tag:memform:scientific"
+ConfigLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+ConfigLoader.add_implicit_resolver(
+    _SCIENTIFIC_TAG, re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def _scientific(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int | float:
+    text = loader.construct_scalar(node).replace("_", "")
+    mantissa, exponent = re.split("[eE]", text)
+    if "." not in mantissa and not exponent.startswith("-") and len(exponent.lstrip("+")) <= 4:
+        return int(mantissa) * 10 ** int(exponent)
+    return float(text)
+
+
+ConfigLoader.add_constructor(_SCIENTIFIC_TAG, _scientific)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML text as memform reads every config and ``--set`` value (see :class:`ConfigLoader`)."""
+    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_yaml(path: str | Path, what: str = "file") -> Any:
     """A user's YAML file, parsed; syntax errors name file:line:col, pathological input is refused."""
     p = Path(path)
     text = read_text(p, what)
     try:
-        data = yaml.safe_load(text)
+        data = parse_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{p}:{mark.line + 1}:{mark.column + 1}: " if mark else f"{p}: "
@@ -108,7 +138,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not key or any(not part for part in key.split(".")):
         raise MemformError(f"--set has an empty key in {text!r}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = parse_yaml(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
     except (RecursionError, ValueError) as exc:

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -58,6 +59,16 @@ class Estimate:
     capacity_bytes: int
     model: Model = field(repr=False)
 
+    @cached_property
+    def parameters(self) -> dict[str, int]:
+        """The model's own parameter count (``total``, ``expert``, ``dense``): see :func:`parameter_counts`."""
+        return parameter_counts(self.model)
+
+    @cached_property
+    def setup(self) -> dict[str, Any]:
+        """The run's shape as the formulas see it: see :func:`setup_of`."""
+        return setup_of(self.model)
+
     @property
     def peak_stage(self) -> int:
         return max(range(len(self.stages)), key=lambda i: (self.stages[i].peak_bytes, -i))
@@ -81,6 +92,8 @@ class Estimate:
             "peak_stage": self.peak_stage,
             "fits": self.fits,
             "assumptions": list(self.assumptions),
+            "setup": dict(self.setup),
+            "parameters": dict(self.parameters),
             "stages": [{
                 "stage": s.stage,
                 "layers": [[f"{g.count_value}x{g.block}" + (f"({g.mode})" if g.mode != "none" else "")
@@ -288,3 +301,60 @@ def estimate_model(model: Model, *, resolve: bool = True, keep: frozenset[str] |
     interp = Interpreter(model.program, ev, model.structure.schedule)
     stages = [interp.stage(i, part, model.structure.capacity_bytes) for i in range(model.structure.pp)]
     return Estimate(model.structure.name, stages, part, list(ev.assumptions), model.structure.capacity_bytes, model)
+
+
+#: the sharding degrees set to 1 to count a model's own parameters (every stage, unsharded)
+UNSHARDED = {"parallel.tp": 1, "parallel.ep": 1, "parallel.expert_tp": 1, "parallel.cp": 1}
+#: a MoE layer's routed-expert parameters (``formulas/moe.mf``); the rest of its parameters are dense
+EXPERT_QUANTITY = "expert_params"
+
+
+def parameter_counts(model: Model) -> dict[str, int]:
+    """The model's own parameter count, before TP/PP/EP/CP sharding: every stack entry's
+    per-layer ``params`` quantity evaluated with those degrees set to 1, times its layer count
+    (the pipeline split only moves layers, so it needs no undoing). ``expert`` counts the
+    blocks' ``expert_params`` (routed experts; 0 for a dense model) and ``dense`` the rest."""
+    overrides = {k: v for k, v in UNSHARDED.items() if any(b.path == k for b in model.program.bindings.values())}
+    flat = rebind(model, overrides, check=False) if overrides else model
+    ev = flat.evaluator(keep=frozenset())
+    total = expert = sympy.Integer(0)
+    for item in stack_items(flat, ev):
+        if item.count_value == 0:
+            continue
+        q = flat.program.pick(item.block, "params", "none")
+        total += item.count_value * ev.number(ev.as_expr(ev.quantity(item.block, "params", "none"), q.loc),
+                                              q.loc, f"{item.block}.params")
+        if flat.program.find_quantity(item.block, EXPERT_QUANTITY) is not None:
+            qe = flat.program.pick(item.block, EXPERT_QUANTITY, "none")
+            expert += item.count_value * ev.number(
+                ev.as_expr(ev.quantity(item.block, EXPERT_QUANTITY, "none"), qe.loc), qe.loc,
+                f"{item.block}.{EXPERT_QUANTITY}")
+    total_i, expert_i = int(sympy.ceiling(total)), int(sympy.ceiling(expert))
+    return {"total": total_i, "expert": expert_i, "dense": total_i - expert_i}
+
+
+#: the run's shape shown in every header: label -> config key (those the formulas bind)
+SETUP_KEYS = {"tp": "parallel.tp", "dp": "parallel.dp", "pp": "parallel.pp", "vpp": "parallel.vpp",
+              "cp": "parallel.cp", "ep": "parallel.ep", "micro_batch_size": "training.micro_batch_size",
+              "num_micro_batches": "training.num_micro_batches", "seq_length": "model.seq_length"}
+
+
+def setup_of(model: Model) -> dict[str, Any]:
+    """Parallel degrees, micro-batching and sequence length as bound (a key the formulas do not
+    bind is left out, e.g. ``ep`` for a dense model), plus ``devices`` = dp × tp × pp × cp
+    (the product ``parallel.devices`` is checked against; expert parallelism works inside dp)."""
+    paths = {b.path: name for name, b in model.program.bindings.items()}
+    out: dict[str, Any] = {}
+    for label, path in SETUP_KEYS.items():
+        if path in paths:
+            out[label] = _plain_number(model.bound.value_of(paths[path]))
+    degrees = [out.get(k, 1) for k in ("dp", "tp", "pp", "cp")]
+    if all(k in out for k in ("dp", "tp", "pp")) and all(isinstance(v, int) for v in degrees):
+        out["devices"] = degrees[0] * degrees[1] * degrees[2] * degrees[3]
+    return out
+
+
+def _plain_number(v: Any) -> Any:
+    if isinstance(v, sympy.Basic) and v.is_number:
+        return int(v) if v.is_integer else float(v)
+    return v

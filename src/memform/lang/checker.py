@@ -10,6 +10,7 @@ from typing import Iterator
 
 from ..errors import MemformError, did_you_mean
 from . import ast
+from .printer import print_expr
 from .program import (
     AGGREGATES,
     BUILTIN_FUNCS,
@@ -73,6 +74,26 @@ def walk_scoped(node: ast.Expr, in_layers: bool = False) -> Iterator[tuple[ast.E
         yield from walk_scoped(c, in_layers)
 
 
+def literal_value(node: ast.Expr):
+    """The value of an expression built only from number literals (``0``, ``2 - 2``, ``-(0 * 3)``),
+    as an exact sympy number; None when it names anything else."""
+    import sympy
+    if isinstance(node, ast.Num):
+        try:
+            return sympy.nsimplify(sympy.sympify(node.text), rational=True)
+        except (sympy.SympifyError, TypeError, ValueError):
+            return None
+    if isinstance(node, ast.Neg):
+        v = literal_value(node.operand)
+        return None if v is None else -v
+    if isinstance(node, ast.BinOp) and node.op in ("+", "-", "*"):
+        a, b = literal_value(node.left), literal_value(node.right)
+        if a is None or b is None:
+            return None
+        return a + b if node.op == "+" else a - b if node.op == "-" else a * b
+    return None
+
+
 # A dependency node: ("global", name) or ("q", block, quantity, mode)
 Node = tuple
 
@@ -124,6 +145,11 @@ class _Checker:
                     if name not in prog.bindings:
                         raise MemformError(f"'where' can only give a config-bound symbol or option another value; "
                                            f"'{name}' is not one{did_you_mean(name, prog.bindings)}", node.loc)
+            elif isinstance(node, ast.BinOp) and node.op in ("/", "%") and literal_value(node.right) == 0:
+                what = "division" if node.op == "/" else "remainder"
+                shown = ("a literal zero" if isinstance(node.right, ast.Num)
+                         else f"zero ('{print_expr(node.right)}' is 0)")
+                raise MemformError(f"{what} by {shown}", node.right.loc)
             elif isinstance(node, ast.Call) and node.func in AGGREGATES:
                 if where not in ("schedule", "runtime"):
                     raise MemformError(f"{node.func}() reduces over the layers of a pipeline stage and can only be "

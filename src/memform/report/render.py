@@ -22,11 +22,11 @@ import sympy
 
 from ..engine.interpreter import CATEGORIES, MODEL, QUANTITY_OF, STATIC, LayerReport, StageResult, to_bytes
 from ..engine.model import Estimate
-from ..engine.symbolic import closed_form_latex, closed_form_text, tidy
+from ..engine.symbolic import assumption_lines, closed_form_latex, closed_form_text, ordered_assumptions, tidy
 from ..errors import MemformError
 from ..lang.program import Program
-from ..resources import templates_dir
-from ..units import human_bytes, signed_bytes
+from ..resources import resolve_display_path, templates_dir
+from ..units import human_bytes, human_count, signed_bytes
 from .chart import CAPACITY_COLOR, CATEGORY_COLORS, CATEGORY_LABELS, PEAK_COLOR, axis_for
 
 if TYPE_CHECKING:
@@ -241,7 +241,7 @@ def _source_line(loc: str) -> str:
     """The first line of the formula at ``file:line:col`` (empty when the file is unreadable)."""
     parts = loc.rsplit(":", 2)
     try:
-        lines = Path(parts[0]).read_text(encoding="utf-8").splitlines()
+        lines = resolve_display_path(parts[0]).read_text(encoding="utf-8").splitlines()
         return lines[int(parts[1]) - 1].strip()
     except (OSError, UnicodeDecodeError, ValueError, IndexError):
         return ""
@@ -288,6 +288,28 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def setup_line(est: Estimate) -> str:
+    """The run's shape and the model's size on one line, e.g. ``tp=8 dp=4 pp=4 cp=1, micro-batch 1 ×
+    16 micro-batches, seq 8192, 128 devices; 70.55 B parameters (70553706496)``."""
+    st = est.setup
+    degrees = " ".join(f"{k}={st[k]}" for k in ("tp", "dp", "pp", "vpp", "cp", "ep") if k in st)
+    parts = [degrees] if degrees else []
+    if "micro_batch_size" in st:
+        batching = f"micro-batch {st['micro_batch_size']}"
+        if "num_micro_batches" in st:
+            batching += f" x {st['num_micro_batches']} micro-batches"
+        parts.append(batching)
+    if "seq_length" in st:
+        parts.append(f"seq {st['seq_length']}")
+    if "devices" in st:
+        parts.append(f"{st['devices']} devices")
+    p = est.parameters
+    params = f"{human_count(p['total'])} parameters ({p['total']:,})"
+    if p["expert"]:
+        params += f": {human_count(p['expert'])} expert, {human_count(p['dense'])} dense"
+    return ", ".join(parts) + "; " + params
+
+
 def context(est: Estimate) -> dict[str, Any]:
     """What every template sees (documented in the README, section "Reports")."""
     model = est.model
@@ -329,6 +351,9 @@ def context(est: Estimate) -> dict[str, Any]:
         "breakdowns": [dict(s.values) for s in est.stages],
         "partition": est.partition,
         "assumptions": est.assumptions,
+        "setup": Lazy(lambda: est.setup),
+        "parameters": Lazy(lambda: est.parameters),
+        "setup_line": LazyText(lambda: setup_line(est)),
         "symbols": symbols,
         "options": options,
         "axis": axis_for(est.capacity_bytes, est.peak_bytes),
@@ -360,8 +385,28 @@ class Lazy(Mapping):
         return len(self._get())
 
 
+class LazyText:
+    """A string computed when a template prints it (the parameter count re-evaluates the stack)."""
+
+    def __init__(self, make: Callable[[], str]):
+        self._make = make
+        self._value: str | None = None
+
+    def __str__(self) -> str:
+        if self._value is None:
+            self._value = self._make()
+        return self._value
+
+    def __html__(self) -> str:
+        from markupsafe import escape
+        return str(escape(str(self)))
+
+
 def _add_filters(env: jinja2.Environment) -> jinja2.Environment:
     env.filters["bytes"] = human_bytes
+    env.filters["count"] = human_count
+    env.filters["assumption_lines"] = assumption_lines
+    env.filters["ordered_assumptions"] = ordered_assumptions
     env.filters["signed_bytes"] = signed_bytes
     env.filters["percent"] = percent
     env.filters["closed_form"] = closed_form_text
