@@ -40,12 +40,12 @@ from __future__ import annotations
 import gc
 import math
 import traceback
-import weakref
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
 from . import ranks
 from .compare import Point
+from .samples import StorageSamples
 
 #: largest |relative error| per category (issue 13): static 2 %, activations and their peak 10 %, comm 25 %
 THRESHOLDS: dict[str, float] = {"params": 0.02, "grads": 0.02, "optimizer": 0.02, "activations": 0.10,
@@ -271,119 +271,30 @@ def _measure_item(d: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
 # ---- the measurement (runs in each rank's process) -------------------------------------------------
 
 
-class Trace:
-    """A dispatch mode sampling, after every ATen op, the live bytes of each storage made while active.
-
-    Like :class:`.fsdp2._Samples` it re-reads each storage's size at every sample. A DTensor's wrapper
-    storage reports the global size without holding memory: its local tensor's storage is recorded
-    instead. Storages are tagged ``comm`` when a collective returns them (c10d / functional collectives)
-    or when :meth:`tag` says so; ``grad`` by :meth:`tag` (the parameter gradients autograd accumulates).
+class Trace(StorageSamples):
+    """A dispatch mode sampling, after every ATen op, the live bytes of each storage made while active
+    (:class:`.samples.StorageSamples`). A DTensor's wrapper storage reports the global size without
+    holding memory: its local tensor's storage is recorded instead. Storages are tagged ``comm`` when a
+    collective returns them (c10d / functional collectives) or when :meth:`tag` says so; ``grad`` by
+    :meth:`tag` (the parameter gradients autograd accumulates). :meth:`mark` names a sample index.
     """
 
     COMM_OPS = ("all_gather", "reduce_scatter", "all_reduce", "allreduce", "alltoall", "all_to_all",
                 "broadcast", "_allgather_base", "_reduce_scatter_base", "wait_tensor")
+    unwrap_dtensor = True
 
     def __init__(self, ignore) -> None:  # noqa: ANN001
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        outer = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-                out = func(*args, **(kwargs or {}))
-                outer._record(out, str(func.overloadpacket.__name__))
-                return out
-
-        self.mode = Mode()
-        self._ignored = {id(st): st for st in ignore}
-        self.refs: dict[int, weakref.ref] = {}
-        self.serial_of: dict[int, int] = {}
-        self.op_of: dict[int, str] = {}
-        self.tags: dict[int, str] = {}
-        self.samples: list[tuple[tuple[int, int], ...]] = []
+        super().__init__(ignore)
         self.marks: dict[str, int] = {}
-        self._next = 0
 
-    def _record(self, out, op: str) -> None:  # noqa: ANN001
-        import torch
-        from torch.utils._pytree import tree_leaves
-
-        comm = any(k in op for k in self.COMM_OPS)
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor):
-                continue
-            if hasattr(t, "_local_tensor"):
-                t = t._local_tensor
-            if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.device.type == "meta":
-                continue
-            st = t.untyped_storage()
-            key = id(st)
-            if key in self._ignored:
-                continue
-            serial = self.serial_of.get(key)
-            ref = self.refs.get(serial) if serial is not None else None
-            if ref is not None and ref() is st:
-                continue
-            serial = self._next
-            self._next += 1
-            self.refs[serial] = weakref.ref(st)
-            self.serial_of[key] = serial
-            self.op_of[serial] = op
-            if comm:
-                self.tags[serial] = "comm"
-        self.sample()
-
-    def sample(self) -> None:
-        live = []
-        for serial, ref in list(self.refs.items()):
-            st = ref()
-            if st is None:
-                del self.refs[serial]
-                continue
-            n = st.nbytes()
-            if n:
-                live.append((serial, n))
-        self.samples.append(tuple(live))
-
-    def serials(self, tensors) -> set[int]:  # noqa: ANN001
-        out = set()
-        for t in tensors:
-            if t is None:
-                continue
-            if hasattr(t, "_local_tensor"):
-                t = t._local_tensor
-            st = t.untyped_storage()
-            serial = self.serial_of.get(id(st))
-            ref = self.refs.get(serial) if serial is not None else None
-            if ref is not None and ref() is st:
-                out.add(serial)
-        return out
-
-    def tag(self, tensors, what: str) -> None:  # noqa: ANN001
-        for s in self.serials(tensors):
-            self.tags[s] = what
+    def _classify(self, op: str) -> str | None:
+        return "comm" if any(k in op for k in self.COMM_OPS) else None
 
     def mark(self, name: str) -> None:
         self.marks.setdefault(name, len(self.samples))
 
-    def at(self, i: int, keep: Callable[[int], bool]) -> int:
-        return sum(n for s, n in self.samples[i] if keep(s)) if 0 <= i < len(self.samples) else 0
-
-    def peak(self, keep: Callable[[int], bool], start: int = 0) -> tuple[int, int]:
-        best, where = 0, -1
-        for i in range(start, len(self.samples)):
-            total = sum(n for s, n in self.samples[i] if keep(s))
-            if total > best:
-                best, where = total, i
-        return best, where
-
-    def by_op(self, i: int, keep: Callable[[int], bool]) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for s, n in self.samples[i] if 0 <= i < len(self.samples) else ():
-            if keep(s):
-                k = self.tags.get(s, "") + ":" + self.op_of[s]
-                out[k] = out.get(k, 0) + n
-        return dict(sorted(out.items(), key=lambda kv: -kv[1])[:12])
+    def by_op(self, i: int, keep: Callable[[int], bool], limit: int | None = 12) -> dict[str, int]:
+        return super().by_op(i, keep, limit)
 
 
 def _model(case: Case, cfg: dict[str, Any] | None = None):  # noqa: ANN202

@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import copy
 import math
-import weakref
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from . import ranks
 from .compare import Point
+from .samples import StorageSamples
 
 #: the compared categories and the largest |relative error| each may show: the static ones and the
 #: activations as in :data:`.compare.THRESHOLDS`; FSDP2's buffers (memform's comm) 10 %
@@ -258,119 +258,36 @@ VIEW_OPS = frozenset({"split", "split_with_sizes", "chunk", "view", "as_strided"
                       "unbind", "_unsafe_view", "alias", "t", "transpose", "expand", "reshape"})
 
 
-class _Samples:
-    """Per-op samples of the live bytes of every storage created while active (a dispatch mode).
-
-    Unlike :class:`~.timeline.StorageTimeline` it re-reads each storage's size at every sample: FSDP frees
-    and re-allocates unsharded parameters by resizing their storages, which no dispatcher op reports.
-    Storages made inside FSDP's ``record_function("FSDP::...")`` regions (all-gather outputs, unsharded
-    parameters, reduce-scatter buffers) are tagged as FSDP's; :meth:`mark` tags others (the unsharded
-    gradients autograd accumulates).
+class _Samples(StorageSamples):
+    """:class:`.samples.StorageSamples` for FSDP2: storages made inside FSDP's
+    ``record_function("FSDP::...")`` regions (all-gather outputs, unsharded parameters, reduce-scatter
+    buffers) are tagged ``fsdp``; :meth:`tag` tags others (the unsharded gradients autograd accumulates).
+    A view op returning a storage never seen tags it ``backend``: allocated outside the dispatcher, by the
+    collective backend (gloo's reduce-scatter all-reduces a flat copy of its input, then splits it; NCCL
+    writes into FSDP's output buffer): not FSDP2's memory.
     """
 
     def __init__(self, ignore) -> None:  # noqa: ANN001
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        outer = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-                name = str(func.overloadpacket.__name__)
-                if name == "_record_function_enter_new":
-                    outer._regions.append(str(args[0]).startswith("FSDP::") if args else False)
-                out = func(*args, **(kwargs or {}))
-                if name == "_record_function_exit" and outer._regions:
-                    outer._regions.pop()
-                outer._record(out, name)
-                return out
-
-        self.mode = Mode()
-        self._ignored = {id(st): st for st in ignore}
+        super().__init__(ignore)
         self._regions: list[bool] = []
-        self.refs: dict[int, weakref.ref] = {}     # serial -> storage
-        self.serial_of: dict[int, int] = {}         # id(storage) -> serial (while alive)
-        self.op_of: dict[int, str] = {}
-        self.fsdp: set[int] = set()                 # serials of FSDP's buffers
-        self.backend: set[int] = set()              # serials of the collective backend's scratch
-        self.samples: list[tuple[tuple[int, int], ...]] = []
-        self._next = 0
 
-    def _record(self, out, op: str) -> None:  # noqa: ANN001
-        import torch
-        from torch.utils._pytree import tree_leaves
-
-        in_fsdp = any(self._regions)
-        for t in tree_leaves(out):
-            if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.device.type == "meta":
-                continue
-            st = t.untyped_storage()
-            key = id(st)
-            if key in self._ignored:
-                continue
-            serial = self.serial_of.get(key)
-            ref = self.refs.get(serial) if serial is not None else None
-            if ref is not None and ref() is st:
-                continue
-            serial = self._next
-            self._next += 1
-            self.refs[serial] = weakref.ref(st)
-            self.serial_of[key] = serial
-            self.op_of[serial] = op
-            if op in VIEW_OPS:
-                # a view of a storage never seen: allocated outside the dispatcher, by the collective
-                # backend (gloo's reduce-scatter all-reduces a flat copy of its input, then splits it;
-                # NCCL writes into FSDP's output buffer): not FSDP2's memory
-                self.backend.add(serial)
-            elif in_fsdp:
-                self.fsdp.add(serial)
-        live = []
-        for serial, ref in list(self.refs.items()):
-            st = ref()
-            if st is None:
-                del self.refs[serial]
-                continue
-            n = st.nbytes()
-            if n:
-                live.append((serial, n))
-        self.samples.append(tuple(live))
-
-    def serials(self, storages) -> set[int]:  # noqa: ANN001
-        out = set()
-        for st in storages:
-            serial = self.serial_of.get(id(st))
-            ref = self.refs.get(serial) if serial is not None else None
-            if ref is not None and ref() is st:
-                out.add(serial)
+    def _dispatch(self, func, args, kwargs):  # noqa: ANN001, ANN202
+        name = str(func.overloadpacket.__name__)
+        if name == "_record_function_enter_new":
+            self._regions.append(str(args[0]).startswith("FSDP::") if args else False)
+        out = func(*args, **kwargs)
+        if name == "_record_function_exit" and self._regions:
+            self._regions.pop()
+        self._record(out, name)
         return out
 
-    def live_bytes(self, keep) -> int:  # noqa: ANN001
-        """Bytes of the tracked storages alive now that ``keep(serial)`` accepts."""
-        total = 0
-        for serial, ref in list(self.refs.items()):
-            st = ref()
-            if st is not None and keep(serial):
-                total += st.nbytes()
-        return total
+    def _classify(self, op: str) -> str | None:
+        if op in VIEW_OPS:
+            return "backend"
+        return "fsdp" if any(self._regions) else None
 
-    def mark(self, storages) -> None:  # noqa: ANN001
-        self.fsdp |= self.serials(storages)
-
-    def peak(self, keep) -> tuple[int, int]:  # noqa: ANN001
-        """The largest sum over the samples of the live storages ``keep(serial)`` accepts, and where."""
-        best, at = 0, -1
-        for i, sample in enumerate(self.samples):
-            total = sum(n for s, n in sample if keep(s))
-            if total > best:
-                best, at = total, i
-        return best, at
-
-    def by_op(self, at: int, keep) -> dict[str, int]:  # noqa: ANN001
-        out: dict[str, int] = {}
-        for s, n in self.samples[at] if at >= 0 else ():
-            if keep(s):
-                op = ("FSDP:" if s in self.fsdp else "") + self.op_of[s]
-                out[op] = out.get(op, 0) + n
-        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+    def _label(self, serial: int) -> str:
+        return ("FSDP:" if self.tags.get(serial) == "fsdp" else "") + self.op_of[serial]
 
 
 def _measure(case: Case, rank: int, world: int) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
@@ -416,21 +333,21 @@ def _measure(case: Case, rank: int, world: int) -> tuple[dict[str, int], dict[st
         # what forward created and left alive (as LiveStorages counts it, but of plain tensors only: a
         # DTensor wrapper's storage reports its global size without holding it), less FSDP's buffers
         # (on gloo a rank's last flat all-gather output can outlive FSDP's reference to it)
-        activations = sampler.live_bytes(lambda s: s not in kept_serials and s not in sampler.fsdp)
+        activations = sampler.live_bytes(lambda s: s not in kept_serials and sampler.tags.get(s) != "fsdp")
         # the unsharded gradients autograd accumulates into the unsharded parameters are FSDP's
         for fp in fsdp_params:
             hooks.append(fp._unsharded_param.register_post_accumulate_grad_hook(
-                lambda p: sampler.mark([p.grad.untyped_storage()])))
+                lambda p: sampler.tag([p.grad.untyped_storage()], "fsdp")))
         loss.backward()
     for hook in hooks:
         hook.remove()
     grads = storages_of(_local(p.grad) for p in params if p.grad is not None)
-    out = kept_serials | sampler.serials(grads) | sampler.backend  # params, grads; the backend's scratch
+    out = kept_serials | sampler.serials(grads) | sampler.tagged("backend")  # params, grads; the backend's scratch
     peak, at = sampler.peak(lambda s: s not in out)
-    act_peak, _ = sampler.peak(lambda s: s not in out and s not in sampler.fsdp)
-    fsdp_peak, fsdp_at = sampler.peak(lambda s: s not in out and s in sampler.fsdp)
+    act_peak, _ = sampler.peak(lambda s: s not in out and sampler.tags.get(s) != "fsdp")
+    fsdp_peak, fsdp_at = sampler.peak(lambda s: s not in out and sampler.tags.get(s) == "fsdp")
     by_op = {"peak": sampler.by_op(at, lambda s: s not in out),
-             "comm": sampler.by_op(fsdp_at, lambda s: s not in out and s in sampler.fsdp)}
+             "comm": sampler.by_op(fsdp_at, lambda s: s not in out and sampler.tags.get(s) == "fsdp")}
     opt.step()
     states = [_local(t) for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
     measured = {"params": storage_bytes(shards) + kept_bytes, "grads": sum(st.nbytes() for st in grads),
