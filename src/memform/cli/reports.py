@@ -34,18 +34,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dpi", type=int, default=150, help="resolution of PNG output (default 150)")
     p.set_defaults(func=cmd_plot)
 
-    p = sub.add_parser("compare", help="two configs (or two --set variants of one) side by side, per stage")
-    p.add_argument("config", help="config A")
-    p.add_argument("config_b", nargs="?", default=None, help="config B (default: config A, with --set-b changes)")
+    p = sub.add_parser("compare", help="several configs, variants of one, or a sweep, side by side per stage",
+                       description="Estimate every variant and show them per stage side by side, with each "
+                                   "variant's bytes minus the first's (the baseline). Variants, lettered A, B, "
+                                   "C, ...: every CONFIG, then every --variant (the first config with those "
+                                   "overrides); --vary then makes one variant per value of each of them "
+                                   "(several --vary: every combination). A variant that fails is shown with "
+                                   "its error; exit status 2 only when every variant fails.")
+    p.add_argument("configs", nargs="+", metavar="CONFIG", help="one or more configs (each is a variant)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a key on both sides (repeatable)")
-    p.add_argument("--set-a", action="append", default=[], metavar="KEY=VALUE", help="override on side A only")
-    p.add_argument("--set-b", action="append", default=[], metavar="KEY=VALUE", help="override on side B only")
+                   help="override a key in every variant (repeatable)")
+    p.add_argument("--variant", dest="variants", action="append", default=[], metavar="'KEY=VALUE,...'",
+                   help="add a variant: the first config with these comma-separated overrides (repeatable; "
+                        "list values in brackets, e.g. training.recompute=[full,none])")
+    p.add_argument("--set-a", action="append", default=[], metavar="KEY=VALUE",
+                   help="override in variant A only (repeatable)")
+    p.add_argument("--set-b", action="append", default=[], metavar="KEY=VALUE",
+                   help="override in variant B only; with one config and no --variant, B is that config again")
+    p.add_argument("--vary", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="sweep a key: one variant per value, for every variant above (repeatable: the "
+                        "cartesian product)")
     out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="machine-readable output (both estimates + deltas)")
+    out.add_argument("--json", action="store_true", help="machine-readable output (every estimate + deltas)")
     out.add_argument("--format", choices=("txt", "md", "html", "tex"), default=None,
                      help="output format (default: from -o's suffix, else txt for the terminal)")
-    p.add_argument("-o", "--output", default=None, metavar="FILE", help="write here instead of stdout")
+    p.add_argument("-o", "--output", default=None, metavar="FILE",
+                   help="write here instead of stdout; .png, .svg or .pdf draws the grouped per-stage chart "
+                        "(needs matplotlib)")
+    p.add_argument("--dpi", type=int, default=150, help="resolution of PNG output (default 150)")
     p.add_argument("--template", default=None, metavar="FILE.j2", help="render your own comparison template")
     p.set_defaults(func=cmd_compare)
 
@@ -101,10 +117,22 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from ..analysis.compare import compare
+    from ..report.plot import FORMATS as PICTURES
     from ..report.render import render_comparison
-    cmp = compare(args.config, args.config_b, overrides=args.overrides, set_a=args.set_a, set_b=args.set_b)
+    picture = (args.output and not args.json and args.format is None and args.template is None
+               and Path(args.output).suffix.lower().lstrip(".") in PICTURES)
+    if picture and args.dpi <= 0:
+        raise MemformError(f"--dpi must be positive, got {args.dpi}")
+    cmp = compare(*args.configs, overrides=args.overrides, set_a=args.set_a, set_b=args.set_b,
+                  variants=args.variants, vary=args.vary)
+    for v in cmp.failed if (args.json or (args.output and args.output != "-")) else []:
+        print(f"memform: variant {v.key} ({v.label}) failed: {v.error}", file=sys.stderr)
     if args.json:
         _emit(json.dumps(cmp.to_dict(), indent=2, sort_keys=True) + "\n", args.output)
+        return 0
+    if picture:
+        from ..report.plot import plot_comparison
+        print(f"wrote {plot_comparison(cmp, args.output, dpi=args.dpi)}", file=sys.stderr)
         return 0
     fmt = _format(args.format, args.output, "txt", ("txt", "md", "html", "tex"))
     _emit(render_comparison(cmp, fmt, args.template), args.output)
