@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ def memform_command() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "memform"]
 
 
-def run_memform(*args: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_memform(*args: str, cwd: Path = ROOT, timeout: int = 300,
+                env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **env_extra} if env_extra else None
     return subprocess.run(memform_command() + [str(a) for a in args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=env)

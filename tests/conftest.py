@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,11 @@ from hypothesis import settings
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+# compiled fast-path entries go to a fresh directory per test session (inherited by the CLI
+# subprocesses), never to the user's own cache
+if "MEMFORM_CACHE_DIR" not in os.environ:
+    os.environ["MEMFORM_CACHE_DIR"] = tempfile.mkdtemp(prefix="memform-test-cache-")
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"

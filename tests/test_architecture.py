@@ -20,7 +20,7 @@ SRC = Path(memform.__file__).resolve().parent
 ALLOWED = {
     "lang": {"errors", "resources"},
     "engine": {"lang", "errors", "resources", "units"},
-    "analysis": {"engine", "lang", "errors", "units"},
+    "analysis": {"engine", "lang", "errors", "resources", "units"},
     "report": {"engine", "analysis", "lang", "errors", "resources", "units", "__init__"},  # __version__
     "importers": {"engine", "lang", "errors", "resources"},
     "validation": {"engine", "api", "errors", "units", "__init__"},

@@ -37,9 +37,16 @@ def test_estimate_json_shape_and_overrides():
         assert set(s["breakdown"]) == {"params", "grads", "optimizer", "activations", "comm", "runtime"}
         assert s["peak_bytes"] == s["static_bytes"] + s["dynamic_bytes"] + s["runtime_bytes"] \
             == sum(s["breakdown"].values())
-        assert isinstance(s["symbolic"], str) and s["symbolic"]
+        assert "symbolic" not in s  # numbers only: closed forms are asked for with --symbolic
         assert isinstance(s["fits"], bool)
     assert out["peak_bytes"] == max(s["peak_bytes"] for s in out["stages"])
+    with_forms = json.loads(run("estimate", "configs/gpt3-175b.yaml", "--json", "--symbolic", "--set",
+                                "parallel.tp=4", "--set", "training.recompute=full").stdout)
+    assert {k: v for k, v in with_forms.items() if k != "assumptions"} != out  # the closed forms were added
+    assert isinstance(with_forms["assumptions"], list)
+    for s, plain in zip(with_forms["stages"], out["stages"]):
+        assert isinstance(s["symbolic"], str) and s["symbolic"]
+        assert {k: v for k, v in s.items() if k != "symbolic"} == plain
     # tp=4 halves nothing but the TP-sharded part: params per stage must grow vs tp=8
     base = json.loads(run("estimate", "configs/gpt3-175b.yaml", "--json").stdout)
     assert out["stages"][1]["breakdown"]["params"] > base["stages"][1]["breakdown"]["params"]

@@ -79,7 +79,7 @@ def test_one_trillion_parameters_at_one_million_tokens_on_100k_devices_is_exact(
     assert stage.values["comm"] == 2 * S * H
     assert stage.peak_bytes == sum(stage.values.values())
     # the closed form, evaluated exactly at the config, gives the same integer
-    closed = sympy.sympify(est.to_dict()["stages"][1]["symbolic"])
+    closed = sympy.sympify(est.to_dict(symbolic=True)["stages"][1]["symbolic"])
     values = {sympy.Symbol(s.name): v for s, v in est.model.bound.values.items()}
     assert sympy.ceiling(closed.xreplace(values)) == stage.peak_bytes
 

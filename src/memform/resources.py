@@ -10,6 +10,9 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+#: memform's version (``memform.__version__``; here so that any module can read it without a cycle)
+VERSION = "0.1.0"
+
 _PACKAGE = Path(__file__).resolve().parent
 
 
@@ -74,3 +77,18 @@ def resolve_display_path(shown: str | Path) -> Path:
         if candidate.exists():
             return candidate
     return path
+
+
+def resolve_formula_path(name: str, relative_to: Path | None) -> Path:
+    """A formula file named in an include or a config: next to the referrer, else bundled."""
+    p = Path(name)
+    if p.is_absolute():
+        return p
+    candidates = []
+    if relative_to is not None:
+        candidates.append(relative_to / p)
+    candidates.append(formulas_dir() / p)
+    for c in candidates:
+        if c.is_file():
+            return c
+    return candidates[0]

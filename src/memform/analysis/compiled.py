@@ -14,23 +14,27 @@ The result equals what :func:`memform.estimate_model` gives for each candidate, 
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import sympy
 
+from ..engine.config import NUMERIC_KEYS, apply_overrides, formula_files  # noqa: F401 (NUMERIC_KEYS re-exported)
 from ..engine.evaluator import Ctx
 from ..engine.interpreter import CATEGORIES
 from ..engine.model import Model, estimate_model, rebind
 from ..errors import MemformError
-from .exact import ExactFunction, NotExact, compile_exact
+from ..resources import resolve_formula_path
+from .exact import ExactFunction, NotExact, compile_exact, load_exact
+from .cachestore import digest, entry_path, read_entry, structure_key, write_entry
 
-#: config keys a search or a solver may vary numerically (when the formula files bind them)
-NUMERIC_KEYS = ("parallel.dp", "parallel.tp", "parallel.cp", "parallel.ep",
-                "training.micro_batch_size", "training.num_micro_batches")
 
 
 @dataclass
@@ -122,6 +126,18 @@ class CompiledModel:
         return cls(model, tuple(keys), tuple(symbols), len(exprs), exprs, requires, fn,
                    time.perf_counter() - start)
 
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any], seconds: float = 0.0) -> "CompiledModel":
+        """A compiled structure from its stored form (no closed forms: ``model``/``exprs`` None)."""
+        fn = load_exact(body["inputs"], body["source"])
+        return cls(None, tuple(body["keys"]), (), body["stages"], None, [(m, None) for m in body["requires"]],
+                   fn, seconds)
+
+    def body(self) -> dict[str, Any]:
+        """What :meth:`from_body` needs, JSON-ready (for the cache and for worker processes)."""
+        return {"keys": list(self.keys), "inputs": list(self.function.inputs), "source": self.function.source,
+                "stages": self.stages, "requires": [m for m, _ in self.requires]}
+
     def __call__(self, columns: Mapping[str, Any]) -> Batch:
         cols = [np.asarray(columns[k]) for k in self.keys]
         n = len(cols[0]) if cols else 1
@@ -141,6 +157,101 @@ class CompiledModel:
                 reasons.append(message)
             valid &= ok
         return Batch(valid, reasons, values, self.stages)
+
+
+def compile_structures(model: Model, overrides: Sequence[Mapping[str, Any]], keys: Sequence[str], *,
+                       cache: bool = True, workers: int | None = None,
+                       progress: Callable[[int, int], None] | None = None) -> list["CompiledModel | MemformError"]:
+    """:meth:`CompiledModel.build` of ``rebind(model, o, check=False)`` for each ``o`` in
+    ``overrides``, or the :class:`MemformError` that structure raises.
+
+    Structures found in the on-disk cache of :mod:`memform.analysis.fastcache` (purpose
+    ``search``) need neither the rebind nor sympy; refused ones are cached with their message.
+    The rest are compiled in ``workers`` processes (default: one per CPU) when there are at
+    least :data:`PARALLEL_MIN` of them, else here.
+    """
+    out: list[Any] = [None] * len(overrides)
+    keys_of: list[str | None] = []
+    todo = []
+    for i, o in enumerate(overrides):
+        key = _search_key(model, o, keys) if cache else None
+        keys_of.append(key)
+        stored = None if key is None else read_entry(entry_path("search", key), key, lambda b: b)
+        if stored is not None and (stored[0] is None or list(stored[0]["keys"]) == list(keys)):
+            try:
+                out[i] = MemformError(stored[2]) if stored[0] is None else CompiledModel.from_body(stored[0])
+                continue
+            except (KeyError, TypeError, ValueError, SyntaxError):
+                pass  # a damaged body: compiled again below
+        todo.append(i)
+    done = len(overrides) - len(todo)
+    if progress:
+        progress(done, len(overrides))
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if len(todo) >= PARALLEL_MIN and workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("fork")  # the workers inherit the loaded model
+        with ProcessPoolExecutor(min(workers, len(todo)), mp_context=ctx, initializer=_worker_init,
+                                 initargs=(model, tuple(keys))) as pool:
+            results = pool.map(_worker_compile, [overrides[i] for i in todo], chunksize=1)
+            for i, result in zip(todo, results):
+                out[i] = _finish(result, keys_of[i])
+                done += 1
+                if progress:
+                    progress(done, len(overrides))
+    else:
+        for i in todo:
+            out[i] = _finish(_compile_one(model, overrides[i], tuple(keys)), keys_of[i])
+            done += 1
+            if progress:
+                progress(done, len(overrides))
+    return out
+
+
+#: fewer structures than this are compiled in this process (a pool's start-up costs ~0.1 s)
+PARALLEL_MIN = 8
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(model: Model, keys: tuple[str, ...]) -> None:
+    _WORKER["model"], _WORKER["keys"] = model, keys
+
+
+def _worker_compile(overrides: Mapping[str, Any]) -> tuple[Any, ...]:
+    return _compile_one(_WORKER["model"], overrides, _WORKER["keys"])
+
+
+def _compile_one(model: Model, overrides: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[Any, ...]:
+    """(body or None, error message or None, formula files with digests, seconds): picklable."""
+    start = time.perf_counter()
+    try:
+        smodel = rebind(model, overrides, check=False)
+        files = _files(smodel)
+        cm = CompiledModel.build(smodel, keys)
+    except MemformError as exc:
+        return None, exc.message, locals().get("files", []), time.perf_counter() - start
+    return cm.body(), None, files, time.perf_counter() - start
+
+
+def _finish(result: tuple[Any, ...], key: str | None) -> "CompiledModel | MemformError":
+    body, message, files, seconds = result
+    if key is not None and files:
+        write_entry(entry_path("search", key), key, files, body, message)
+    return MemformError(message) if body is None else CompiledModel.from_body(body, seconds)
+
+
+def _search_key(model: Model, overrides: Mapping[str, Any], keys: Sequence[str]) -> str | None:
+    data = apply_overrides(model.data, overrides)
+    base = model.source.parent if model.source else Path.cwd()
+    try:
+        files = [str(resolve_formula_path(f, base).resolve()) for f in formula_files(data)]
+    except MemformError:
+        return None
+    return structure_key(data, files, keys, "search")
+
+
+def _files(model: Model) -> list[list[str]]:
+    return [[p, digest(p) or ""] for p in model.program.paths]
 
 
 def _derived_symbols(model: Model, searched: frozenset[str]) -> dict[str, sympy.Expr]:

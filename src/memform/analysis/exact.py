@@ -19,6 +19,11 @@ that works on ``int64`` arrays:
 
 Anything that is not exact in rational arithmetic (``log`` of a searched symbol, fractional
 powers) raises :class:`NotExact` rather than giving a rounded answer.
+
+The same builder has a second backend, :func:`compile_js`: the decisions above (common
+denominators, sign tests, branch selection, rows that are bad) are made once, in the base class,
+and :class:`_JSBuilder` writes them as scalar JavaScript over ``BigInt`` (arbitrary precision, so
+without the overflow guard) for the what-if page (:mod:`memform.report.whatif`).
 """
 
 from __future__ import annotations
@@ -106,7 +111,7 @@ class _Builder:
             self.var_of[s] = name
             self.placeholder[name] = sympy.Symbol(name, integer=True, positive=True)
             self.positive.add(name)
-            self.lines.append(f"M_{name} = _maxabs({name})")
+            self._emit_input(name)
 
     def fresh(self, prefix: str = "v") -> str:
         self.count += 1
@@ -144,16 +149,7 @@ class _Builder:
             used = {gens[i].name for _, e in d_terms for i, k in enumerate(e) if k}
             surely_positive = all(k > 0 for k, _ in d_terms) and used <= self.positive
             if not surely_positive:
-                s = self.fresh("s")
-                self.emit(f"{s} = np.sign({dv})")
-                self.emit(f"bad |= ({s} == 0)")
-                self.emit(f"{s} = np.where({s} == 0, 1, {s})")
-                n2, d2 = self.fresh(), self.fresh()  # fresh names: nv/dv may be shared atoms
-                self.emit(f"{n2} = {nv} * {s}")
-                self.emit(f"M_{n2} = M_{nv}")
-                self.emit(f"{d2} = np.where({dv} == 0, 1, {dv} * {s})")
-                self.emit(f"M_{d2} = M_{dv}")
-                nv, dv = n2, d2
+                nv, dv = self._emit_positive_den(nv, dv)
             r = _Rat(nv, dv)
         self.memo[expr] = r
         return r
@@ -181,7 +177,7 @@ class _Builder:
         if expr.is_Rational:
             return repr(int(sympy.sign(expr)))
         if expr in self.memo:
-            code = _arr(self.memo[expr].num)
+            code = self._arr(self.memo[expr].num)
         else:
             gens, n_terms, d_terms = self._prepare(expr)
             used = {gens[i].name for _, e in d_terms for i, k in enumerate(e) if k}
@@ -189,9 +185,9 @@ class _Builder:
             if constant or (all(k > 0 for k, _ in d_terms) and used <= self.positive):
                 if all(k < 0 for k, _ in d_terms):
                     n_terms = [(-k, e) for k, e in n_terms]
-                code = _arr(self.poly(n_terms, gens))
+                code = self._arr(self.poly(n_terms, gens))
             else:
-                code = _arr(self.rational(expr).num)
+                code = self._arr(self.rational(expr).num)
         self.sign_memo[expr] = code
         return code
 
@@ -238,20 +234,13 @@ class _Builder:
             if r.den is None:
                 out = r
             else:
-                v = self.fresh()
-                op = f"-((-{r.num}) // {r.den})" if isinstance(a, sympy.ceiling) else f"{r.num} // {r.den}"
-                self.emit(f"{v} = {op}")
-                self.emit(f"M_{v} = M_{r.num} + 1.0")
-                out = _Rat(v, None)
+                out = _Rat(self._emit_round(r, ceiling=isinstance(a, sympy.ceiling)), None)
         elif isinstance(a, sympy.Mod):
             x, y = a.args
             out = self.rational(x - y * sympy.floor(x / y))
         elif isinstance(a, sympy.Abs):
             r = self.rational(a.args[0])
-            v = self.fresh()
-            self.emit(f"{v} = np.abs({r.num})")
-            self.emit(f"M_{v} = " + (f"M_{r.num}" if not _is_literal(r.num) else repr(_maxabs(int(r.num)))))
-            out = _Rat(v, r.den)
+            out = _Rat(self._emit_abs(r.num), r.den)
         elif isinstance(a, (sympy.Min, sympy.Max)):
             args = list(a.args)
             op = "<" if isinstance(a, sympy.Min) else ">"
@@ -262,10 +251,8 @@ class _Builder:
                     if i == j:
                         continue
                     diff = self.sign(x - y)
-                    parts.append(f"({diff} {op} 0)" if j < i else f"({diff} {op}= 0)")
-                c = self.fresh("c")
-                self.emit(f"{c} = " + " & ".join(parts))
-                conds.append(c)
+                    parts.append(self._compare(diff, op if j < i else op + "="))
+                conds.append(self._emit_condition(self._all(parts)))
             out = self._select(conds + ["True"], [self.rational(x) for x in args], exhaustive=True)
         elif isinstance(a, sympy.Piecewise):
             conds, values = [], []
@@ -285,18 +272,91 @@ class _Builder:
         return out
 
     def _select(self, conds: list[str], values: list[_Rat], *, exhaustive: bool) -> _Rat:
-        if exhaustive and len(conds) == 2 and conds[1] == "True":  # the common if/else: np.where
-            c, (a, b) = conds[0], values
-            num = self.fresh()
-            self.emit(f"{num} = np.where({c}, {a.num}, {b.num})")
-            self.emit(f"M_{num} = max({_bound(a.num)}, {_bound(b.num)}, 1.0)")
-            den = None
-            if a.den is not None or b.den is not None:
-                den = self.fresh()
-                self.emit(f"{den} = np.where({c}, {a.den or '1'}, {b.den or '1'})")
-                self.emit(f"M_{den} = max({_bound(a.den or '1')}, {_bound(b.den or '1')}, 1.0)")
-                self.positive.add(den)
-            return _Rat(num, den)
+        """The value of the first branch whose condition holds (``"True"``: always); rows where
+        none holds are bad unless ``exhaustive``."""
+        if exhaustive and len(conds) == 2 and conds[1] == "True":  # the common if/else
+            num, den = self._emit_if_else(conds[0], values[0], values[1])
+        else:
+            num, den = self._emit_select(conds, values, exhaustive=exhaustive)
+        if den is not None:
+            self.positive.add(den)
+        return _Rat(num, den)
+
+    # ------------------------------------------------------------ code emission (numpy backend)
+    # The methods above decide *what* to compute; the ones below write it in one target language.
+    # :class:`_JSBuilder` overrides them to write the same computation as scalar JavaScript BigInt code.
+    def _emit_input(self, name: str) -> None:
+        self.emit(f"M_{name} = _maxabs({name})")
+
+    def _arr(self, code: str) -> str:
+        return _arr(code)
+
+    def _emit_positive_den(self, nv: str, dv: str) -> tuple[str, str]:
+        """``nv / dv`` with the denominator's sign moved to the numerator; a zero denominator is bad."""
+        s = self.fresh("s")
+        self.emit(f"{s} = np.sign({dv})")
+        self.emit(f"bad |= ({s} == 0)")
+        self.emit(f"{s} = np.where({s} == 0, 1, {s})")
+        n2, d2 = self.fresh(), self.fresh()  # fresh names: nv/dv may be shared atoms
+        self.emit(f"{n2} = {nv} * {s}")
+        self.emit(f"M_{n2} = M_{nv}")
+        self.emit(f"{d2} = np.where({dv} == 0, 1, {dv} * {s})")
+        self.emit(f"M_{d2} = M_{dv}")
+        return n2, d2
+
+    def _emit_round(self, r: _Rat, *, ceiling: bool) -> str:
+        v = self.fresh()
+        op = f"-((-{r.num}) // {r.den})" if ceiling else f"{r.num} // {r.den}"
+        self.emit(f"{v} = {op}")
+        self.emit(f"M_{v} = M_{r.num} + 1.0")
+        return v
+
+    def _emit_abs(self, num: str) -> str:
+        v = self.fresh()
+        self.emit(f"{v} = np.abs({num})")
+        self.emit(f"M_{v} = " + (f"M_{num}" if not _is_literal(num) else repr(_maxabs(int(num)))))
+        return v
+
+    def _compare(self, sign_code: str, op: str) -> str:
+        return f"({sign_code} {op} 0)"
+
+    def _all(self, parts: list[str]) -> str:
+        return " & ".join(parts)
+
+    def _any(self, parts: list[str]) -> str:
+        return " | ".join(parts)
+
+    def _negate(self, code: str) -> str:
+        return f"(~{code})"
+
+    def _constant(self, value: bool) -> str:
+        return f"_full(n, {value})"
+
+    def _if_then_else(self, c: str, a: str, b: str) -> str:
+        return f"(({c} & {a}) | (~{c} & {b}))"
+
+    def _emit_condition(self, code: str) -> str:
+        c = self.fresh("c")
+        self.emit(f"{c} = {code}")
+        return c
+
+    def _emit_ceil_output(self, r: _Rat) -> str:
+        v = self.fresh("o")
+        self.emit(f"{v} = -((-{_arr(r.num)}) // {r.den})")
+        return v
+
+    def _emit_if_else(self, c: str, a: _Rat, b: _Rat) -> tuple[str, str | None]:
+        num = self.fresh()
+        self.emit(f"{num} = np.where({c}, {a.num}, {b.num})")
+        self.emit(f"M_{num} = max({_bound(a.num)}, {_bound(b.num)}, 1.0)")
+        den = None
+        if a.den is not None or b.den is not None:
+            den = self.fresh()
+            self.emit(f"{den} = np.where({c}, {a.den or '1'}, {b.den or '1'})")
+            self.emit(f"M_{den} = max({_bound(a.den or '1')}, {_bound(b.den or '1')}, 1.0)")
+        return num, den
+
+    def _emit_select(self, conds: list[str], values: list[_Rat], *, exhaustive: bool) -> tuple[str, str | None]:
         conds = ["_full(n, True)" if c == "True" else c for c in conds]
         if not exhaustive:
             self.emit(f"bad |= ~({' | '.join(conds)})")
@@ -309,32 +369,30 @@ class _Builder:
             self.emit(f"{den} = np.select([{', '.join(conds)}], "
                       f"[{', '.join(_arr(v.den or '1') for v in values)}], 1)")
             self.emit(f"M_{den} = max({', '.join(_bound(v.den or '1') for v in values)}, 1.0)")
-            self.positive.add(den)
-        return _Rat(num, den)
+        return num, den
 
     # ------------------------------------------------------------ conditions
     def boolean(self, cond: Any) -> str:
         if cond is True or isinstance(cond, BooleanTrue):
-            return "_full(n, True)"
+            return self._constant(True)
         if cond is False or isinstance(cond, BooleanFalse):
-            return "_full(n, False)"
+            return self._constant(False)
         if cond in self.bool_memo:
             return self.bool_memo[cond]
         if isinstance(cond, sympy.Rel) and type(cond) in _REL:
-            code = f"({self.sign(cond.lhs - cond.rhs)} {_REL[type(cond)]} 0)"
+            code = self._compare(self.sign(cond.lhs - cond.rhs), _REL[type(cond)])
         elif isinstance(cond, sympy.And):
-            code = "(" + " & ".join(self.boolean(c) for c in cond.args) + ")"
+            code = "(" + self._all([self.boolean(c) for c in cond.args]) + ")"
         elif isinstance(cond, sympy.Or):
-            code = "(" + " | ".join(self.boolean(c) for c in cond.args) + ")"
+            code = "(" + self._any([self.boolean(c) for c in cond.args]) + ")"
         elif isinstance(cond, sympy.Not):
-            code = f"(~{self.boolean(cond.args[0])})"
+            code = self._negate(self.boolean(cond.args[0]))
         elif isinstance(cond, ITE):  # sympy folds nested Piecewise conditions into if-then-else
             c, a, b = (self.boolean(x) for x in cond.args)
-            code = f"(({c} & {a}) | (~{c} & {b}))"
+            code = self._if_then_else(c, a, b)
         else:
             raise NotExact(f"cannot evaluate the condition {cond} exactly")
-        v = self.fresh("c")
-        self.emit(f"{v} = {code}")
+        v = self._emit_condition(code)
         self.bool_memo[cond] = v
         return v
 
@@ -420,28 +478,161 @@ def _outer_atoms(expr: sympy.Basic) -> list[sympy.Expr]:
     return found
 
 
-def compile_exact(exprs: Sequence[Any], inputs: Sequence[sympy.Symbol]) -> ExactFunction:
-    """Compile ``exprs`` (numbers → ceil to integers; conditions → bools) over ``inputs``.
-
-    Shared sub-expressions (the same ``Min(4, m)`` in every stage) are computed once.
-    """
-    b = _Builder(inputs)
+def _outputs(b: "_Builder", exprs: Sequence[Any]) -> list[str]:
+    """Code for each of ``exprs``: a condition's truth, or a number rounded up to an integer."""
     outs = []
     for e in exprs:
         if isinstance(e, bool) or (isinstance(e, Boolean) and not isinstance(e, sympy.Expr)):
             outs.append(b.boolean(e))
             continue
         r = b.rational(sympy.sympify(e))
-        if r.den is None:
-            outs.append(_arr(r.num))
-        else:
-            v = b.fresh("o")
-            b.emit(f"{v} = -((-{_arr(r.num)}) // {r.den})")
-            outs.append(v)
+        outs.append(b._arr(r.num) if r.den is None else b._emit_ceil_output(r))
+    return outs
+
+
+def compile_exact(exprs: Sequence[Any], inputs: Sequence[sympy.Symbol]) -> ExactFunction:
+    """Compile ``exprs`` (numbers → ceil to integers; conditions → bools) over ``inputs``.
+
+    Shared sub-expressions (the same ``Min(4, m)`` in every stage) are computed once.
+    """
+    b = _Builder(inputs)
+    outs = _outputs(b, exprs)
     args = ", ".join(["n"] + [b.var_of[s] for s in inputs])
     body = ["bad = np.zeros(n, dtype=bool)"] + b.lines + [f"return [{', '.join(outs)}], bad"]
     source = f"def _exact({args}):\n" + "\n".join("    " + line for line in body) + "\n"
+    return load_exact(tuple(s.name for s in inputs), source)
+
+
+def load_exact(inputs: Sequence[str], source: str) -> ExactFunction:
+    """The function of :func:`compile_exact`'s ``source`` (also as read back from the cache)."""
     namespace: dict[str, Any] = {"np": np, "_as_object": _as_object, "_maxabs": _maxabs, "_full": _full,
                                  "INT64_SAFE": INT64_SAFE}
     exec(compile(source, "<memform.analysis.exact>", "exec"), namespace)  # noqa: S102 - our own generated code
-    return ExactFunction(tuple(s.name for s in inputs), source, namespace["_exact"])
+    return ExactFunction(tuple(inputs), source, namespace["_exact"])
+
+
+# ---------------------------------------------------------------- JavaScript backend
+#: helpers the generated JavaScript calls (define them once, before the compiled functions):
+#: floor division of BigInts by a positive BigInt, and the sign of a BigInt
+JS_HELPERS = """\
+function _fdiv(a, b) { const q = a / b; return (a % b !== 0n && a < 0n) ? q - 1n : q; }
+function _sgn(x) { return x > 0n ? 1n : (x < 0n ? -1n : 0n); }
+"""
+
+_JS_REL = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "===", "!=": "!=="}
+
+
+def _js(code: str) -> str:
+    """A code string as JavaScript: integer literals become BigInt literals."""
+    if _is_literal(code):
+        return f"({code}n)" if code.startswith("-") else f"{code}n"
+    return code
+
+
+class _JSBuilder(_Builder):
+    """The same exact computation as :class:`_Builder`, written as scalar JavaScript.
+
+    Values are ``BigInt`` (arbitrary precision, so no overflow guard is needed), conditions
+    JavaScript booleans; the decisions (common denominators, sign tests, branch selection,
+    which rows are bad) are the base class's, so both backends compute the same numbers.
+    """
+
+    def _emit_input(self, name: str) -> None:
+        pass
+
+    def _arr(self, code: str) -> str:
+        return _js(code)
+
+    def _let(self, prefix: str, code: str) -> str:
+        v = self.fresh(prefix)
+        self.emit(f"const {v} = {code};")
+        return v
+
+    def poly(self, terms: list[tuple[int, tuple[int, ...]]], gens: list[sympy.Symbol]) -> str:
+        names = [g.name for g in gens]
+        if len(terms) == 1 and terms[0][0] == 1 and sum(terms[0][1]) == 1:
+            return names[terms[0][1].index(1)]
+        parts = []
+        for c, exps in terms:
+            factors = [f"{names[i]} ** {k}n" if k > 1 else names[i] for i, k in enumerate(exps) if k]
+            mag = abs(c)
+            body = "*".join(([f"{mag}n"] if mag != 1 or not factors else []) + factors)
+            parts.append(("-" if c < 0 else "+", body))
+        if not parts:
+            return self._let("v", "0n")
+        code = ("-" if parts[0][0] == "-" else "") + parts[0][1]
+        for sign, body in parts[1:]:
+            code += f" {sign} {body}"
+        return self._let("v", code)
+
+    def _emit_positive_den(self, nv: str, dv: str) -> tuple[str, str]:
+        s = self._let("s", f"_sgn({_js(dv)})")
+        self.emit(f"if ({s} === 0n) bad = true;")
+        n2 = self._let("v", f"{_js(nv)} * ({s} === 0n ? 1n : {s})")
+        d2 = self._let("v", f"{s} === 0n ? 1n : {_js(dv)} * {s}")
+        return n2, d2
+
+    def _emit_round(self, r: _Rat, *, ceiling: bool) -> str:
+        num, den = _js(r.num), _js(r.den)
+        return self._let("v", f"-_fdiv(-{num}, {den})" if ceiling else f"_fdiv({num}, {den})")
+
+    def _emit_abs(self, num: str) -> str:
+        x = _js(num)
+        return self._let("v", f"{x} < 0n ? -{x} : {x}")
+
+    def _compare(self, sign_code: str, op: str) -> str:
+        return f"({_js(sign_code)} {_JS_REL[op]} 0n)"
+
+    def _all(self, parts: list[str]) -> str:
+        return " && ".join(parts)
+
+    def _any(self, parts: list[str]) -> str:
+        return " || ".join(parts)
+
+    def _negate(self, code: str) -> str:
+        return f"(!{code})"
+
+    def _constant(self, value: bool) -> str:
+        return "true" if value else "false"
+
+    def _if_then_else(self, c: str, a: str, b: str) -> str:
+        return f"({c} ? {a} : {b})"
+
+    def _emit_condition(self, code: str) -> str:
+        return self._let("c", code)
+
+    def _emit_if_else(self, c: str, a: _Rat, b: _Rat) -> tuple[str, str | None]:
+        num = self._let("v", f"{c} ? {_js(a.num)} : {_js(b.num)}")
+        den = None
+        if a.den is not None or b.den is not None:
+            den = self._let("v", f"{c} ? {_js(a.den or '1')} : {_js(b.den or '1')}")
+        return num, den
+
+    def _emit_select(self, conds: list[str], values: list[_Rat], *, exhaustive: bool) -> tuple[str, str | None]:
+        conds = ["true" if c == "True" else c for c in conds]
+        if not exhaustive:
+            self.emit(f"if (!({' || '.join(conds)})) bad = true;")
+
+        def chain(parts: list[str], default: str) -> str:
+            return "".join(f"{c} ? {x} : " for c, x in zip(conds, parts)) + default
+
+        num = self._let("v", chain([_js(v.num) for v in values], "0n"))
+        den = None
+        if any(v.den is not None for v in values):
+            den = self._let("v", chain([_js(v.den or "1") for v in values], "1n"))
+        return num, den
+
+    def _emit_ceil_output(self, r: _Rat) -> str:
+        return self._let("o", f"-_fdiv(-{_js(r.num)}, {_js(r.den)})")
+
+
+def compile_js(exprs: Sequence[Any], inputs: Sequence[sympy.Symbol]) -> str:
+    """JavaScript source of a function computing what :func:`compile_exact` computes, for one
+    candidate: ``function (x0, x1, ...)`` over ``BigInt`` inputs (one per symbol of ``inputs``,
+    positive integers) returning ``[outputs, bad]``, each output a ``BigInt`` (a number rounded
+    up) or a boolean (a condition). It calls :data:`JS_HELPERS`, which must be defined."""
+    b = _JSBuilder(inputs)
+    outs = _outputs(b, exprs)
+    args = ", ".join(b.var_of[s] for s in inputs)
+    body = ["let bad = false;"] + b.lines + [f"return [[{', '.join(outs)}], bad];"]
+    return f"function ({args}) {{\n" + "\n".join("  " + line for line in body) + "\n}"

@@ -25,9 +25,9 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from ..engine.binding import get_path
-from ..engine.model import Model, rebind
+from ..engine.model import Model
 from ..errors import MemformError
-from .compiled import NUMERIC_KEYS, CompiledModel
+from .compiled import NUMERIC_KEYS, compile_structures
 
 #: columns of a result row, in output order
 FIELDS = ("dp", "tp", "pp", "vpp", "cp", "ep", "zero", "recompute", "schedule", "micro_batch_size",
@@ -192,8 +192,11 @@ def _numeric_grid(space: SearchSpace, pp: int, gbs: int | None, m_default: int) 
 
 
 def search(model: Model, space: SearchSpace, *,
-           progress: Callable[[int, int, SearchStats], None] | None = None) -> SearchResult:
-    """Evaluate the whole space; rows (unsorted) for every candidate that is valid and fits."""
+           progress: Callable[[int, int, SearchStats], None] | None = None, cache: bool = True) -> SearchResult:
+    """Evaluate the whole space; rows (unsorted) for every candidate that is valid and fits.
+
+    Each structure's compiled function comes from the on-disk cache when it is there
+    (``cache=False``: compile every one, store nothing)."""
     start = time.perf_counter()
     stats = SearchStats()
     keys = tuple(k for k in NUMERIC_KEYS if model.symbol_for_key(k) is not None)
@@ -205,9 +208,8 @@ def search(model: Model, space: SearchSpace, *,
     grids: dict[int, dict[str, np.ndarray]] = {}
     parts: dict[str, list[np.ndarray]] = {f: [] for f in FIELDS}
     body = body_layers(model)
-    for i, (pp, vpp, schedule, recompute, zero) in enumerate(structures):
-        if progress:
-            progress(i, len(structures), stats)
+    jobs = []
+    for pp, vpp, schedule, recompute, zero in structures:
         split = stage_split(model, body, pp, vpp)
         if split is None:
             _skip(stats, f"more pipeline stages than the {body} body layers")
@@ -223,14 +225,17 @@ def search(model: Model, space: SearchSpace, *,
         if not cols or not len(cols["parallel.dp"]):
             _skip(stats, "no numeric candidate fits the device count")
             continue
-        try:
-            smodel = rebind(model, overrides, check=False)
-            cm = CompiledModel.build(smodel, keys)
-        except MemformError as exc:
-            _skip(stats, _first_line(exc))
+        jobs.append((pp, vpp, schedule, recompute, zero, split, overrides))
+    t0 = time.perf_counter()
+    compiled = compile_structures(model, [j[-1] for j in jobs], keys, cache=cache,
+                                  progress=(lambda d, n: progress(d, n, stats)) if progress else None)
+    stats.compile_seconds = time.perf_counter() - t0  # wall clock, cache reads and worker processes included
+    for (pp, vpp, schedule, recompute, zero, split, _), cm in zip(jobs, compiled):
+        if isinstance(cm, MemformError):
+            _skip(stats, _first_line(cm))
             continue
+        cols = grids[pp]
         stats.structures += 1
-        stats.compile_seconds += cm.compile_seconds
         n = len(cols["parallel.dp"])
         stats.candidates += n
         t0 = time.perf_counter()

@@ -10,7 +10,6 @@ import sys
 from typing import Any
 
 from ..errors import MemformError
-from ..engine.symbolic import assumption_lines
 from ..units import human_bytes
 
 
@@ -63,6 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top", type=int, default=20, help="rows to print (0: all; default 20)")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     p.add_argument("--output", metavar="FILE", help="write the rows there instead of stdout")
+    p.add_argument("--no-cache", action="store_true",
+                   help="compile every structure afresh; do not read or write the on-disk cache")
     prog = p.add_mutually_exclusive_group()
     prog.add_argument("--progress", dest="progress", action="store_true", default=None,
                       help="progress bar on stderr (default: when stderr is a terminal)")
@@ -162,6 +163,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
             print(f"  d peak / d {x} at {sol.value}: {human_bytes(float(sol.derivative))} per unit "
                   f"({sympy.sstr(sol.derivative)} bytes)")
         if sol.assumptions:
+            from ..engine.symbolic import assumption_lines
             for line in assumption_lines(sol.assumptions, "  closed form valid where:", "    "):
                 print(line)
     for n in sol.notes:
@@ -199,6 +201,7 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
             print(f"{r.stage:5d}  {human_bytes(float(r.value)) + ' / unit':>22}  {step:>22}  "
                   f"{sympy.sstr(r.derivative, order='grlex')}")
         if assumptions:
+            from ..engine.symbolic import assumption_lines
             for line in assumption_lines(assumptions):
                 print(line)
         print()
@@ -217,7 +220,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                           micro_batch=args.micro_batch, exact_devices=args.exact_devices)
     sort_keys = [k.strip() for k in args.sort.split(",") if k.strip()]
     rank([], sort_keys)  # validate the fields before the (long) search
-    result = search(model, space, progress=StderrBar(args.progress))
+    result = search(model, space, progress=StderrBar(args.progress), cache=not args.no_cache)
     shown = result.ranked(sort_keys, None if args.top == 0 else args.top)
     total = len(result)
     st = result.stats

@@ -15,7 +15,8 @@ from .common import add_config_args
 
 #: modules that add sub-commands: each defines ``register(subparsers)`` and sets
 #: ``func=`` on its parser(s) (one module per feature keeps this file small)
-EXTENSIONS: list[str] = ["memform.cli.reports", "memform.cli.imports", "memform.cli.analysis", "memform.cli.keys"]
+EXTENSIONS: list[str] = ["memform.cli.reports", "memform.cli.imports", "memform.cli.analysis", "memform.cli.keys",
+                         "memform.cli.whatif"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,9 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("estimate", help="per-stage peak memory table")
     add_config_args(p)
     out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="machine-readable output")
-    out.add_argument("--symbolic", action="store_true", help="closed form of each stage's peak")
+    out.add_argument("--json", action="store_true",
+                     help="machine-readable numbers (with --symbolic: also closed forms and assumptions)")
     out.add_argument("--explain", type=int, metavar="STAGE", help="every layer's contribution on one stage")
+    p.add_argument("--symbolic", action="store_true", help="closed form of each stage's peak")
+    p.add_argument("--no-cache", action="store_true",
+                   help="do not read or write the on-disk cache of compiled structures")
     p.set_defaults(func=cmd_estimate)
 
     p = sub.add_parser("check", help="parse and validate formula files (the author's lint)")
@@ -44,19 +48,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from ..engine.model import estimate
-    from ..report.render import render
-    est = estimate(args.config, args.overrides)
+    """The table and ``--json`` numbers come from the compiled fast path when it applies (no sympy
+    on a cache hit); closed forms (``--symbolic``, ``--explain``) from the interpreter."""
+    if args.symbolic and args.explain is not None:
+        raise MemformError("--symbolic and --explain: choose one")
+    est = None
+    if not args.symbolic and args.explain is None:
+        from ..analysis.fastcache import fast_estimate
+        est = fast_estimate(args.config, args.overrides, cache=not args.no_cache)
+    if est is None:
+        from ..engine.model import estimate
+        est = estimate(args.config, args.overrides)
     if args.json:
-        print(json.dumps(est.to_dict(), indent=2, sort_keys=True))
-    elif args.symbolic:
-        sys.stdout.write(render("symbolic.txt.j2", est))
-    elif args.explain is not None:
-        if not 0 <= args.explain < len(est.stages):
+        print(json.dumps(est.to_dict(symbolic=args.symbolic), indent=2, sort_keys=True))
+    elif args.symbolic or args.explain is not None:
+        from ..report.render import render
+        if args.symbolic:
+            sys.stdout.write(render("symbolic.txt.j2", est))
+        elif not 0 <= args.explain < len(est.stages):
             raise MemformError(f"--explain: stage {args.explain} does not exist (stages 0..{len(est.stages) - 1})")
-        sys.stdout.write(render("explain.txt.j2", est, stage=est.stages[args.explain]))
+        else:
+            sys.stdout.write(render("explain.txt.j2", est, stage=est.stages[args.explain]))
     else:
-        sys.stdout.write(render("estimate.txt.j2", est))
+        from ..report.table import render_table
+        sys.stdout.write(render_table(est))
     return 0
 
 

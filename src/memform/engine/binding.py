@@ -9,6 +9,7 @@ with the key and the declaration that wanted it named.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Mapping
 
 import sympy
@@ -17,74 +18,21 @@ from ..errors import MemformError
 from ..lang import ast
 from ..lang.program import Program
 from .evaluator import Ctx, Evaluator
-
-#: bytes per element of the dtype names accepted in configs
-DTYPE_BYTES: dict[str, int] = {
-    "fp64": 8, "float64": 8, "fp32": 4, "float32": 4, "tf32": 4, "bf16": 2, "bfloat16": 2,
-    "fp16": 2, "float16": 2, "half": 2, "fp8": 1, "float8": 1, "int8": 1, "none": 0,
-}
-
-_MISSING = object()
-
-
-def get_path(tree: Mapping[str, Any], path: str, default: Any = _MISSING) -> Any:
-    node: Any = tree
-    for part in path.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
-def _type_name(v: Any) -> str:
-    if v is None:
-        return "null"
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            list: "a list", dict: "a mapping"}.get(type(v), type(v).__name__)
-
+from .values import _MISSING, DTYPE_BYTES, check_value, get_path  # noqa: F401 (get_path re-exported)
 
 def coerce(value: Any, spec: ast.TypeSpec, key: str, *, positive: bool = False) -> Any:
     """Check ``value`` (from YAML) against ``spec``; return bool, str or an exact sympy number."""
-    def bad(extra: str = "") -> MemformError:
-        return MemformError(f"config key '{key}' must be {spec.describe()}{' ' + extra if extra else ''}, "
-                            f"got {_type_name(value)} {value!r}")
+    return _exact(check_value(value, spec, key, positive=positive))
 
-    kind = spec.kind
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise bad()
-        return value
-    if kind == "enum":
-        if not isinstance(value, str) or value not in spec.choices:
-            raise bad()
-        return value
-    if kind == "dtype":
-        if isinstance(value, str) and value.lower() in DTYPE_BYTES:
-            return sympy.Integer(DTYPE_BYTES[value.lower()])
-        if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1, 2, 4, 8):
-            return sympy.Integer(value)
-        raise bad("(or a byte count 1, 2, 4, 8)")
-    if spec.or_bool and isinstance(value, bool):  # `bool | int`: true / false stay booleans
-        return value
-    if spec.or_list and isinstance(value, (list, tuple)):  # `int | list`: a tuple of exact integers
-        if not value or any(isinstance(x, bool) or not isinstance(x, int) for x in value):
-            raise bad("(a non-empty list of integers)")
-        return tuple(sympy.Integer(x) for x in value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise bad()
-    if kind == "int":
-        if isinstance(value, float):
-            raise bad()
-        number = sympy.Integer(value)
-        if spec.lo is not None and not (spec.lo <= value <= spec.hi):
-            raise bad()
-    else:
-        if value != value or value in (float("inf"), float("-inf")):
-            raise bad("(finite)")
-        number = sympy.Rational(repr(value)) if isinstance(value, float) else sympy.Integer(value)
-    if positive and number <= 0:
-        raise MemformError(f"config key '{key}' must be positive, got {value!r}")
-    return number
+
+def _exact(v: Any) -> Any:
+    if isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, tuple):
+        return tuple(sympy.Integer(x) for x in v)
+    if isinstance(v, Fraction):
+        return sympy.Rational(v.numerator, v.denominator)
+    return sympy.Integer(v)
 
 
 @dataclass

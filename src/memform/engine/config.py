@@ -19,7 +19,7 @@ import yaml
 
 from ..errors import MemformError, did_you_mean, read_text
 from ..lang import ast
-from .binding import coerce, get_path
+from .values import check_value, get_path
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,11 @@ class Key:
 
 
 _INT = ast.TypeSpec("int")
+#: numeric config keys a search or a solver varies, and the inputs of a compiled structure
+#: (:mod:`memform.analysis.fastcache`) where the config sets them
+NUMERIC_KEYS = ("parallel.dp", "parallel.tp", "parallel.cp", "parallel.ep",
+                "training.micro_batch_size", "training.num_micro_batches")
+
 #: keys read by the interpreter (partitioning, schedule choice, recompute, capacity)
 STRUCTURAL: tuple[Key, ...] = (
     Key("name", None, None, "model name shown in reports (default: the config file's stem)"),
@@ -118,14 +123,30 @@ def load_yaml(path: str | Path, what: str = "file") -> Any:
     return data
 
 
+#: parsed config files of this process: resolved path -> (mtime_ns, size, data); a planner or a
+#: notebook estimates the same file again and again, and parsing YAML is most of a warm estimate
+_READ: dict[str, tuple[int, int, dict[str, Any]]] = {}
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A config file as a mapping (a fresh copy: callers may change it)."""
     p = Path(path)
+    try:
+        st = p.stat()
+        stamp = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+    except OSError:
+        stamp = None
+    hit = _READ.get(stamp[0]) if stamp else None
+    if hit is not None and hit[:2] == stamp[1:]:
+        return copy.deepcopy(hit[2])
     data = load_yaml(p, "config file")
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise MemformError(f"{p}: a config must be a YAML mapping (model:, parallel:, training:, ...), "
                            f"got {type(data).__name__}")
+    if stamp:
+        _READ[stamp[0]] = (stamp[1], stamp[2], copy.deepcopy(data))
     return data
 
 
@@ -269,7 +290,7 @@ def structural_value(data: Mapping[str, Any], path: str) -> Any:
         return key.default
     if key.type is None:
         return raw
-    v = coerce(raw, key.type, path, positive=key.positive)
+    v = check_value(raw, key.type, path, positive=key.positive)
     return v if isinstance(v, str) else (int(v) if key.type.kind == "int" else v)
 
 

@@ -381,7 +381,9 @@ class Evaluator:
             return self.eval(node.then if cond else node.other, ctx)
         then = self.as_expr(self.eval(node.then, ctx), node.then.loc)
         other = self.as_expr(self.eval(node.other, ctx), node.other.loc)
-        return sympy.Piecewise((then, cond), (other, True))
+        if then == other:
+            return then
+        return sympy.Piecewise((then, _without_piecewise(cond)), (other, True), evaluate=False)
 
     def _e_Call(self, node: ast.Call, ctx: Ctx) -> Value:
         prog = self.program
@@ -405,8 +407,11 @@ class Evaluator:
         nums = [self._finite(self.as_expr(a, node.loc), node.loc) for a in args]
         f = node.func
         if f in ("min", "max"):
-            res = (sympy.Min if f == "min" else sympy.Max)(*nums)
-            if self.resolve and isinstance(res, (sympy.Min, sympy.Max)):
+            cls = sympy.Min if f == "min" else sympy.Max
+            if not self.resolve:
+                return lattice(cls, nums)
+            res = cls(*nums)
+            if isinstance(res, (sympy.Min, sympy.Max)):
                 vals = [self.number(a, node.loc, f"an argument of {f}()") for a in res.args]
                 pick = vals.index(min(vals) if f == "min" else max(vals))
                 chosen = res.args[pick]
@@ -468,6 +473,8 @@ class Evaluator:
         distinct = list(dict.fromkeys(v for _, v in vals))
         if len(distinct) == 1:
             return distinct[0]
+        if not self.resolve:
+            return lattice(sympy.Max, distinct)
         res = sympy.Max(*distinct)
         if self.resolve and isinstance(res, sympy.Max):
             nums = [self.number(a, node.loc, "an argument of layers_max()") for a in res.args]
@@ -542,3 +549,37 @@ def _bits(e: sympy.Basic, values: dict, memo: dict) -> float:
 
 def _show_bits(bits: float) -> str:
     return "inf" if math.isinf(bits) else str(int(bits))
+
+
+def _without_piecewise(cond: Any) -> Any:
+    """A condition over a ``Piecewise`` (``x > (a if c else b)``) as an if-then-else of plain conditions.
+
+    sympy's Piecewise constructor rewrites such a condition itself, through a set-theoretic
+    exhaustiveness check whose cost explodes with nesting (minutes for a chain of a few
+    framework-profile ifs); substituting each branch gives the same condition directly:
+    ``ITE(c, x > a, x > b)``.
+    """
+    if not (isinstance(cond, sympy.Basic) and cond.has(sympy.Piecewise)):
+        return cond
+    pw = next(iter(cond.atoms(sympy.Piecewise)))
+    if pw.args[-1].cond is not sympy.true:
+        return cond  # not exhaustive: left to sympy
+    out = _without_piecewise(cond.xreplace({pw: pw.args[-1].expr}))
+    for branch in reversed(pw.args[:-1]):
+        out = sympy.ITE(_without_piecewise(branch.cond), _without_piecewise(cond.xreplace({pw: branch.expr})), out)
+    return out
+
+
+def lattice(cls: type, args: list[sympy.Expr]) -> sympy.Expr:
+    """``Min``/``Max`` of ``args`` for a closed form that must hold everywhere (``resolve=False``).
+
+    sympy's own constructor compares every pair of arguments symbolically to drop the ones
+    that can never win; that is most of a structure's compile time and buys nothing, since the
+    exact compiler evaluates whatever arguments remain. Numbers are folded and duplicates
+    dropped; the rest is kept unevaluated.
+    """
+    numbers = [a for a in args if a.is_number]
+    out = list(dict.fromkeys(a for a in args if not a.is_number))
+    if numbers:
+        out.append(min(numbers) if cls is sympy.Min else max(numbers))
+    return out[0] if len(out) == 1 else cls(*out, evaluate=False)

@@ -24,17 +24,14 @@ import sympy
 
 from ..errors import MemformError
 from ..lang.program import HOST_QUANTITY, Program
-from .evaluator import Evaluator, LayerSlot
+from .evaluator import Evaluator, LayerSlot, lattice
 from .partition import Partition
+from .results import CATEGORIES, MODEL, STATIC, StageNumbers  # noqa: F401 (CATEGORIES, MODEL re-exported)
 
 #: Largest per-layer byte count (or in-flight count) accepted: far beyond any device, and small
 #: enough that stage sums stay below the float range reports and charts convert to.
 MAX_BYTES = 2 ** 256
 
-CATEGORIES = ("params", "grads", "optimizer", "activations", "comm", "runtime")
-STATIC = ("params", "grads", "optimizer")
-#: what the model itself holds (the runtime category is computed from their sum)
-MODEL = ("params", "grads", "optimizer", "activations", "comm")
 QUANTITY_OF = {"param_count": "params", "params": "param_bytes", "grads": "grad_bytes",
              "optimizer": "optimizer_bytes", "activations": "act", "comm": "comm"}
 
@@ -55,55 +52,25 @@ class LayerReport:
     per_layer: dict[str, sympy.Expr]          # param_count, params, grads, optimizer, activations, comm
     per_layer_values: dict[str, sympy.Expr]
     sources: dict[str, str]                   # quantity -> file:line of the formula used
+    host: sympy.Expr = sympy.Integer(0)       # per-layer host-memory bytes (offloaded states)
 
 
 @dataclass
-class StageResult:
-    stage: int
-    exprs: dict[str, sympy.Expr]
-    exact: dict[str, sympy.Expr]
-    values: dict[str, int]
-    param_count: int
+class StageResult(StageNumbers):
+    """A stage's numbers (:class:`StageNumbers`) with the closed forms and layer groups behind them."""
+
+    exprs: dict[str, sympy.Expr] = field(default_factory=dict)
+    exact: dict[str, sympy.Expr] = field(default_factory=dict)
     layers: list[LayerReport] = field(default_factory=list)
-    capacity_bytes: int = 0
-    #: the schedule moment that sets the activation peak ("warmup" when the schedule names none)
-    peak_moment: str = "warmup"
-    #: activation bytes at each moment of the schedule, in declaration order
-    moments: dict[str, int] = field(default_factory=dict)
-    #: bytes of this stage's layers held in host memory (offloaded parameters/optimizer states)
-    host_bytes: int = 0
     host_expr: sympy.Expr = sympy.Integer(0)
-    #: each runtime block's bytes on this stage (context, allocator reserve, safety buffer, ...)
-    runtime: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def static_bytes(self) -> int:
-        return sum(self.values[c] for c in STATIC)
-
-    @property
-    def dynamic_bytes(self) -> int:
-        return self.values["activations"] + self.values["comm"]
-
-    @property
-    def runtime_bytes(self) -> int:
-        return self.values["runtime"]
-
-    @property
-    def model_bytes(self) -> int:
-        """What the model holds, without the runtime's own bytes."""
-        return self.static_bytes + self.dynamic_bytes
-
-    @property
-    def peak_bytes(self) -> int:
-        return self.static_bytes + self.dynamic_bytes + self.runtime_bytes
+    #: closed forms behind ``param_count``, ``moments`` and ``runtime`` (compiled by the numeric fast path)
+    param_count_expr: sympy.Expr = sympy.Integer(0)
+    moment_exprs: dict[str, sympy.Expr] = field(default_factory=dict)
+    runtime_exprs: dict[str, sympy.Expr] = field(default_factory=dict)
 
     @property
     def total_expr(self) -> sympy.Expr:
         return sympy.Add(*(self.exprs[c] for c in CATEGORIES))
-
-    @property
-    def fits(self) -> bool:
-        return self.peak_bytes <= self.capacity_bytes
 
 
 def to_bytes(value: sympy.Expr) -> int:
@@ -180,17 +147,19 @@ class Interpreter:
                     comm_expr, comm_value = exprs["comm"], values["comm"]
                 comm_terms.append(exprs["comm"])
                 layers.append(LayerReport(index, chunk.index, g.block, g.mode, g.count, g.count_value,
-                                          g.first_layer, mf, mf_value, exprs, values, sources))
-        peak_moment, moments = self.moments(index, partition, sums, exact)
+                                          g.first_layer, mf, mf_value, exprs, values, sources, h_expr))
+        peak_moment, moments, moment_exprs = self.moments(index, partition, sums, exact)
         if not self.ev.resolve and len(set(comm_terms)) > 1:
-            comm_expr = sympy.Max(*set(comm_terms))
+            comm_expr = lattice(sympy.Max, list(dict.fromkeys(comm_terms)))
         sums["comm"] = comm_expr
         exact["comm"] = comm_value
-        sums["runtime"], exact["runtime"], runtime = self.runtime(index, sums, exact)
+        sums["runtime"], exact["runtime"], runtime, runtime_exprs = self.runtime(index, sums, exact)
         values_int = {c: to_bytes(exact[c]) for c in CATEGORIES}
-        return StageResult(index, {c: sums[c] for c in CATEGORIES}, {c: exact[c] for c in CATEGORIES},
-                           values_int, to_bytes(exact["param_count"]), layers, capacity_bytes,
-                           peak_moment, moments, to_bytes(host_value), host_expr, runtime)
+        return StageResult(index, values_int, to_bytes(exact["param_count"]), capacity_bytes, peak_moment,
+                           moments, to_bytes(host_value), runtime, exprs={c: sums[c] for c in CATEGORIES},
+                           exact={c: exact[c] for c in CATEGORIES}, layers=layers, host_expr=host_expr,
+                           param_count_expr=sums["param_count"], moment_exprs=moment_exprs,
+                           runtime_exprs=runtime_exprs)
 
     def host(self, block: str, mode: str) -> tuple[sympy.Expr, sympy.Expr]:
         """A layer's optional host-memory bytes (0 when its blocks define no ``host_bytes``)."""
@@ -205,7 +174,7 @@ class Interpreter:
         return self._host_cache[key]
 
     def runtime(self, index: int, sums: dict[str, sympy.Expr],
-                exact: dict[str, sympy.Expr]) -> tuple[sympy.Expr, sympy.Expr, dict[str, int]]:
+                exact: dict[str, sympy.Expr]) -> tuple[sympy.Expr, sympy.Expr, dict[str, int], dict[str, sympy.Expr]]:
         """Sum the runtime blocks at stage ``index``, with ``model_bytes`` bound to the stage's model bytes.
 
         The closed form uses the symbolic model bytes, the number the exact ones, so both stay
@@ -213,6 +182,7 @@ class Interpreter:
         """
         total_expr, total_value = sympy.Integer(0), sympy.Integer(0)
         parts: dict[str, int] = {}
+        exprs: dict[str, sympy.Expr] = {}
         model_expr = sympy.Add(*(sums[c] for c in MODEL))
         model_value = sympy.Add(*(exact[c] for c in MODEL))
         for name in self.program.runtimes():
@@ -225,10 +195,11 @@ class Interpreter:
             total_expr += e
             total_value += v
             parts[name] = to_bytes(v)
-        return total_expr, total_value, parts
+            exprs[name] = e
+        return total_expr, total_value, parts, exprs
 
     def moments(self, index: int, partition: Partition, sums: dict[str, sympy.Expr],
-                exact: dict[str, sympy.Expr]) -> tuple[str, dict[str, int]]:
+                exact: dict[str, sympy.Expr]) -> tuple[str, dict[str, int], dict[str, sympy.Expr]]:
         """Evaluate the schedule's moments at stage ``index``; the largest becomes the activations.
 
         Without declared moments the in-flight sum already in ``sums`` is the only one ("warmup").
@@ -239,7 +210,7 @@ class Interpreter:
             for c in partition.chunks[index] for g in c.groups)
         names = self.program.moments(self.schedule)
         if not names:
-            return "warmup", {"warmup": to_bytes(exact["activations"])}
+            return "warmup", {"warmup": to_bytes(exact["activations"])}, {"warmup": sums["activations"]}
         extra = (("stage", sympy.Integer(index)),)
         found: list[tuple[str, sympy.Expr, sympy.Expr]] = []
         for name in names:
@@ -252,6 +223,6 @@ class Interpreter:
         distinct = list(dict.fromkeys(e for _, e, _ in found))
         if self.ev.resolve and len(distinct) > 1:  # the closed form holds where this moment wins
             self.ev.assume(f"moment {name} is the largest at stage {index}")
-        sums["activations"] = expr if self.ev.resolve or len(distinct) == 1 else sympy.Max(*distinct)
+        sums["activations"] = expr if self.ev.resolve or len(distinct) == 1 else lattice(sympy.Max, distinct)
         exact["activations"] = value
-        return name, {n: to_bytes(v) for n, _, v in found}
+        return name, {n: to_bytes(v) for n, _, v in found}, {n: e for n, e, _ in found}

@@ -22,8 +22,9 @@ from .binding import Bound, bind, get_path
 from .config import (Structure, apply_overrides, check_keys, formula_files, known_keys, normalize, read_yaml,
                      structure)
 from .evaluator import Ctx, Evaluator
-from .interpreter import CATEGORIES, Interpreter, StageResult
+from .interpreter import Interpreter, StageResult
 from .partition import MAX_LAYERS, Partition, StackItem, build_partition
+from .results import EstimateNumbers, group_label, with_devices
 
 ConfigSource = str | Path | Mapping[str, Any]
 
@@ -49,7 +50,7 @@ class Model:
 
 
 @dataclass
-class Estimate:
+class Estimate(EstimateNumbers):
     """Per-stage results for one config (see :meth:`to_dict` for the JSON shape)."""
 
     name: str
@@ -70,48 +71,40 @@ class Estimate:
         return setup_of(self.model)
 
     @property
-    def peak_stage(self) -> int:
-        return max(range(len(self.stages)), key=lambda i: (self.stages[i].peak_bytes, -i))
+    def schedule(self) -> str:
+        return self.model.structure.schedule
 
     @property
-    def peak_bytes(self) -> int:
-        return self.stages[self.peak_stage].peak_bytes
+    def framework(self) -> str:
+        return self.model.structure.framework
 
     @property
-    def fits(self) -> bool:
-        return self.peak_bytes <= self.capacity_bytes
+    def pp(self) -> int:
+        return self.model.structure.pp
 
-    def to_dict(self) -> dict[str, Any]:
-        from .symbolic import closed_form_text
-        return {
-            "model": self.name,
-            "schedule": self.model.structure.schedule,
-            "framework": self.model.structure.framework,
-            "capacity_bytes": self.capacity_bytes,
-            "peak_bytes": self.peak_bytes,
-            "peak_stage": self.peak_stage,
-            "fits": self.fits,
-            "assumptions": list(self.assumptions),
-            "setup": dict(self.setup),
-            "parameters": dict(self.parameters),
-            "stages": [{
-                "stage": s.stage,
-                "layers": [[f"{g.count_value}x{g.block}" + (f"({g.mode})" if g.mode != "none" else "")
-                            for g in c.groups] for c in self.partition.chunks[s.stage]],
-                "param_count": s.param_count,
-                "peak_bytes": s.peak_bytes,
-                "static_bytes": s.static_bytes,
-                "dynamic_bytes": s.dynamic_bytes,
-                "runtime_bytes": s.runtime_bytes,
-                "runtime": dict(s.runtime),
-                "host_bytes": s.host_bytes,
-                "breakdown": {c: s.values[c] for c in CATEGORIES},
-                "peak_moment": s.peak_moment,
-                "moments": dict(s.moments),
-                "symbolic": closed_form_text(s.total_expr),
-                "fits": s.fits,
-            } for s in self.stages],
-        }
+    @property
+    def vpp(self) -> int:
+        return self.model.structure.vpp
+
+    @property
+    def recompute(self) -> str:
+        return self.model.structure.recompute
+
+    def stage_labels(self, stage: int) -> list[list[str]]:
+        return [[group_label(g.count_value, g.block, g.mode) for g in c.groups] for c in self.partition.chunks[stage]]
+
+    def terminal_label(self, stage: int) -> str:
+        return " ".join(f"{g.count_value}x{g.block}" for c in self.partition.chunks[stage] for g in c.groups)
+
+    def to_dict(self, symbolic: bool = False) -> dict[str, Any]:
+        """The ``--json`` shape; ``symbolic`` adds the assumptions and each stage's closed form."""
+        out = self.numbers_dict()
+        if symbolic:
+            from .symbolic import closed_form_text
+            out["assumptions"] = list(self.assumptions)
+            for row, s in zip(out["stages"], self.stages):
+                row["symbolic"] = closed_form_text(s.total_expr)
+        return out
 
 
 def load_model(config: ConfigSource, overrides: Mapping[str, Any] | list[str] | None = None) -> Model:
@@ -314,23 +307,32 @@ def parameter_counts(model: Model) -> dict[str, int]:
     per-layer ``params`` quantity evaluated with those degrees set to 1, times its layer count
     (the pipeline split only moves layers, so it needs no undoing). ``expert`` counts the
     blocks' ``expert_params`` (routed experts; 0 for a dense model) and ``dense`` the rest."""
+    total, expert = parameter_exprs(model, frozenset())
+    total_i, expert_i = int(sympy.ceiling(total)), int(sympy.ceiling(expert))
+    return {"total": total_i, "expert": expert_i, "dense": total_i - expert_i}
+
+
+def parameter_exprs(model: Model, keep: frozenset[str]) -> tuple[sympy.Expr, sympy.Expr]:
+    """Total and expert parameter counts as expressions in the ``keep`` symbols (exact numbers
+    when ``keep`` is empty); the degrees of :data:`UNSHARDED` are set to 1 first."""
     overrides = {k: v for k, v in UNSHARDED.items() if any(b.path == k for b in model.program.bindings.values())}
     flat = rebind(model, overrides, check=False) if overrides else model
-    ev = flat.evaluator(keep=frozenset())
+    fixed = {name for name, b in model.program.bindings.items() if b.path in overrides}
+    ev = flat.evaluator(resolve=False, keep=frozenset(keep - fixed))
     total = expert = sympy.Integer(0)
     for item in stack_items(flat, ev):
         if item.count_value == 0:
             continue
-        q = flat.program.pick(item.block, "params", "none")
-        total += item.count_value * ev.number(ev.as_expr(ev.quantity(item.block, "params", "none"), q.loc),
-                                              q.loc, f"{item.block}.params")
+        total += item.count_value * _layer_quantity(flat, ev, item.block, "params")
         if flat.program.find_quantity(item.block, EXPERT_QUANTITY) is not None:
-            qe = flat.program.pick(item.block, EXPERT_QUANTITY, "none")
-            expert += item.count_value * ev.number(
-                ev.as_expr(ev.quantity(item.block, EXPERT_QUANTITY, "none"), qe.loc), qe.loc,
-                f"{item.block}.{EXPERT_QUANTITY}")
-    total_i, expert_i = int(sympy.ceiling(total)), int(sympy.ceiling(expert))
-    return {"total": total_i, "expert": expert_i, "dense": total_i - expert_i}
+            expert += item.count_value * _layer_quantity(flat, ev, item.block, EXPERT_QUANTITY)
+    return total, expert
+
+
+def _layer_quantity(model: Model, ev: Evaluator, block: str, name: str) -> sympy.Expr:
+    q = model.program.pick(block, name, "none")
+    value = ev.as_expr(ev.quantity(block, name, "none"), q.loc)
+    return value if ev.keep else ev.number(value, q.loc, f"{block}.{name}")
 
 
 #: the run's shape shown in every header: label -> config key (those the formulas bind)
@@ -348,10 +350,7 @@ def setup_of(model: Model) -> dict[str, Any]:
     for label, path in SETUP_KEYS.items():
         if path in paths:
             out[label] = _plain_number(model.bound.value_of(paths[path]))
-    degrees = [out.get(k, 1) for k in ("dp", "tp", "pp", "cp")]
-    if all(k in out for k in ("dp", "tp", "pp")) and all(isinstance(v, int) for v in degrees):
-        out["devices"] = degrees[0] * degrees[1] * degrees[2] * degrees[3]
-    return out
+    return with_devices(out)
 
 
 def _plain_number(v: Any) -> Any:

@@ -17,18 +17,36 @@ May import: :mod:`memform.engine` (the final load check), :mod:`memform.lang`, :
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from ..errors import MemformError
-from . import deepspeed, formulas, hf, hyperparallel, megatron, mindformers, torchtitan
+from . import formulas
 from .draft import Draft, default_name
 
-IMPORTERS: dict[str, ModuleType] = {"hf": hf, "megatron": megatron, "mindformers": mindformers,
-                                    "hyperparallel": hyperparallel, "torchtitan": torchtitan,
-                                    "deepspeed": deepspeed}
+
+class _Importers(Mapping[str, ModuleType]):
+    """Format name -> its importer module, imported on first use (so that ``memform --help`` or
+    ``memform estimate`` does not load every importer's parser)."""
+
+    NAMES = ("hf", "megatron", "mindformers", "hyperparallel", "torchtitan", "deepspeed")
+
+    def __getitem__(self, name: str) -> ModuleType:
+        if name not in self.NAMES:
+            raise KeyError(name)
+        return importlib.import_module(f"{__name__}.{name}")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.NAMES)
+
+    def __len__(self) -> int:
+        return len(self.NAMES)
+
+
+IMPORTERS: Mapping[str, ModuleType] = _Importers()
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import Loc, MemformError
-from ..resources import formulas_dir
+from ..resources import resolve_formula_path  # noqa: F401 (re-exported)
 from . import ast
 from .checker import check_program
 from .parser import parse_file
@@ -23,21 +23,6 @@ def display_path(path: Path) -> Path:
         return path.resolve().relative_to(Path.cwd().resolve())
     except ValueError:
         return path
-
-
-def resolve_formula_path(name: str, relative_to: Path | None) -> Path:
-    """A formula file named in an include or a config: next to the referrer, else bundled."""
-    p = Path(name)
-    if p.is_absolute():
-        return p
-    candidates = []
-    if relative_to is not None:
-        candidates.append(relative_to / p)
-    candidates.append(formulas_dir() / p)
-    for c in candidates:
-        if c.is_file():
-            return c
-    return candidates[0]
 
 
 def _was_loaded(decl: ast.Include, referrer: Path, loaded: set[Path]) -> bool:
@@ -76,6 +61,7 @@ def load_program(paths: list[str | Path], *, check: bool = True) -> Program:
                 prog.add(decl)
         loaded.add(key)
         prog.files.append(str(display_path(path)))
+        prog.paths.append(str(key))
 
     for p in paths:
         visit(Path(p), [], None)

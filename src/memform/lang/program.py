@@ -75,6 +75,8 @@ class Program:
     """Every declaration visible after loading, with the last definition of each name winning."""
 
     files: list[str] = field(default_factory=list)
+    #: the same files, resolved (absolute), in load order (what the fast path's cache checks)
+    paths: list[str] = field(default_factory=list)
     bindings: dict[str, ast.Binding] = field(default_factory=dict)
     lets: dict[str, ast.Let] = field(default_factory=dict)
     defs: dict[str, ast.Def] = field(default_factory=dict)

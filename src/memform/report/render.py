@@ -28,6 +28,7 @@ from ..lang.program import Program
 from ..resources import resolve_display_path, templates_dir
 from ..units import human_bytes, human_count, signed_bytes
 from .chart import CAPACITY_COLOR, CATEGORY_COLORS, CATEGORY_LABELS, PEAK_COLOR, axis_for
+from .table import setup_line  # noqa: F401 (re-exported: plot, templates)
 
 if TYPE_CHECKING:
     from ..analysis.compare import Comparison
@@ -288,28 +289,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def setup_line(est: Estimate) -> str:
-    """The run's shape and the model's size on one line, e.g. ``tp=8 dp=4 pp=4 cp=1, micro-batch 1 ×
-    16 micro-batches, seq 8192, 128 devices; 70.55 B parameters (70553706496)``."""
-    st = est.setup
-    degrees = " ".join(f"{k}={st[k]}" for k in ("tp", "dp", "pp", "vpp", "cp", "ep") if k in st)
-    parts = [degrees] if degrees else []
-    if "micro_batch_size" in st:
-        batching = f"micro-batch {st['micro_batch_size']}"
-        if "num_micro_batches" in st:
-            batching += f" x {st['num_micro_batches']} micro-batches"
-        parts.append(batching)
-    if "seq_length" in st:
-        parts.append(f"seq {st['seq_length']}")
-    if "devices" in st:
-        parts.append(f"{st['devices']} devices")
-    p = est.parameters
-    params = f"{human_count(p['total'])} parameters ({p['total']:,})"
-    if p["expert"]:
-        params += f": {human_count(p['expert'])} expert, {human_count(p['dense'])} dense"
-    return ", ".join(parts) + "; " + params
-
-
 def context(est: Estimate) -> dict[str, Any]:
     """What every template sees (documented in the README, section "Reports")."""
     model = est.model
@@ -354,6 +333,7 @@ def context(est: Estimate) -> dict[str, Any]:
         "setup": Lazy(lambda: est.setup),
         "parameters": Lazy(lambda: est.parameters),
         "setup_line": LazyText(lambda: setup_line(est)),
+        "layer_labels": [est.terminal_label(s.stage) for s in est.stages],
         "symbols": symbols,
         "options": options,
         "axis": axis_for(est.capacity_bytes, est.peak_bytes),
@@ -496,25 +476,46 @@ def render_with(values: Mapping[str, Any], table: Mapping[str, str], fmt: str,
 
 
 def compare_context(cmp: "Comparison") -> dict[str, Any]:
-    """What comparison templates see: ``a``/``b`` (each a full report context plus ``label``),
-    ``diffs`` (per stage: ``stage``, ``a``/``b`` StageView or None, ``delta`` bytes B - A per
-    category and ``peak``, or None), ``config_diff`` and the shared chart/colour names."""
-    a = {**context(cmp.a.est), "label": cmp.a.label}
-    b = {**context(cmp.b.est), "label": cmp.b.label}
+    """What comparison templates see (README, "Reports"): ``variants`` (per variant a full report
+    context plus ``key``, ``label``, ``ok``, ``error``, ``index``, ``peak_delta`` vs the baseline;
+    a failed variant has only ``key``, ``label``, ``ok``, ``error``, ``index``, ``config``,
+    ``overrides``), ``shown`` (the variants that estimated), ``baseline``, ``diffs`` (per stage:
+    ``stage``, ``cells`` (per variant a StageView or None), ``deltas`` (per variant bytes minus the
+    baseline's per category and ``peak``, None for the baseline and where missing), and for the
+    first two variants ``a``/``b``/``delta`` B - A), ``config_keys`` (``key``, ``values``), the
+    two-variant ``a``, ``b``, ``config_diff``, ``peak_delta``, and the shared chart/colour names."""
+    peaks = cmp.peak_deltas
+    variants: list[dict[str, Any]] = []
+    for j, v in enumerate(cmp.variants):
+        common = {"key": v.key, "label": v.label, "ok": v.ok, "error": v.error, "index": j,
+                  "config": v.config_path, "overrides": list(v.overrides), "baseline": j == cmp.baseline}
+        if v.ok:
+            variants.append({**context(v.est), **common, "peak_delta": peaks[j]})
+        else:
+            variants.append(common)
     diffs = []
     for d in cmp.stages:
-        diffs.append({"stage": d.stage, "a": a["stages"][d.stage] if d.a is not None else None,
-                      "b": b["stages"][d.stage] if d.b is not None else None, "delta": d.delta})
+        cells = [variants[j]["stages"][d.stage] if r is not None else None for j, r in enumerate(d.results)]
+        diffs.append({"stage": d.stage, "cells": cells, "deltas": d.deltas,
+                      "a": cells[0], "b": cells[1], "delta": d.delta})
+    shown = [v for v in variants if v["ok"]]
+    ests = [v.est for v in cmp.ok_variants]
     from .. import __version__
     return {
-        "a": a, "b": b, "diffs": diffs,
+        "title": cmp.title,
+        "variants": variants, "shown": shown, "baseline": variants[cmp.baseline],
+        "failed": [v for v in variants if not v["ok"]],
+        "diffs": diffs,
+        "config_keys": [{"key": k, "values": vals} for k, vals in cmp.config_keys],
+        "sweep": [{"key": k, "values": vals} for k, vals in cmp.sweep],
+        "a": variants[0], "b": variants[1],
         "config_diff": [{"key": k, "a": va, "b": vb} for k, va, vb in cmp.config_diff],
         "peak_delta": cmp.peak_delta,
+        "capacities": sorted({e.capacity_bytes for e in ests}),
         "categories": CATEGORIES,
         "category_labels": CATEGORY_LABELS,
         "colors": {**CATEGORY_COLORS, "capacity": CAPACITY_COLOR, "peak": PEAK_COLOR},
-        "axis": axis_for(cmp.a.est.capacity_bytes, cmp.b.est.capacity_bytes, cmp.a.est.peak_bytes,
-                         cmp.b.est.peak_bytes),
+        "axis": axis_for(*[e.capacity_bytes for e in ests], *[e.peak_bytes for e in ests]),
         "json": Lazy(cmp.to_dict),
         "version": __version__,
     }

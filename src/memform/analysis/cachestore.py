@@ -1,0 +1,130 @@
+"""The on-disk store of compiled structures, shared by ``memform estimate`` and ``memform search``.
+
+Entries live under the platform's user cache directory (``platformdirs``), or under
+``$MEMFORM_CACHE_DIR``, as ``PURPOSE/KEY[:2]/KEY.json``. The key is a SHA-256 of the structure
+(:func:`structure_key`: memform's code, the formula files' contents, the config without its
+input values). An entry records every formula file it was compiled from with its digest, and a
+checksum of itself: one that does not parse, fails its checksum, names another key or format,
+or whose files changed, is ignored (and rewritten by the caller), never trusted. Writes are
+atomic (a temporary file renamed into place), so concurrent processes see an old entry or a
+new one. Nothing here imports sympy.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from ..resources import VERSION, grammar_file
+
+#: bump when the entry layout or the meaning of its fields changes
+FORMAT = 1
+#: environment variable naming the cache directory (overrides the platform default)
+CACHE_ENV = "MEMFORM_CACHE_DIR"
+
+_DIGESTS: dict[str, tuple[int, int, str]] = {}  # path -> (mtime_ns, size, sha256)
+
+
+def cache_dir() -> Path:
+    """Where entries are stored: ``$MEMFORM_CACHE_DIR``, else the user cache directory."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    import platformdirs
+    return Path(platformdirs.user_cache_dir("memform", appauthor=False)) / VERSION
+
+
+def digest(path: str) -> str | None:
+    """SHA-256 of a file's bytes (memoized by modification time and size); None if unreadable."""
+    try:
+        st = os.stat(path)
+        hit = _DIGESTS.get(path)
+        if hit is not None and hit[0] == st.st_mtime_ns and hit[1] == st.st_size:
+            return hit[2]
+        value = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+    _DIGESTS[path] = (st.st_mtime_ns, st.st_size, value)
+    return value
+
+
+@lru_cache(maxsize=1)
+def code_digest() -> str:
+    """SHA-256 over memform's version, the grammar and the source of every package that turns
+    a config into numbers (``lang``, ``engine``, ``analysis``): an entry compiled by other code
+    is never reused, even within one version."""
+    h = hashlib.sha256(VERSION.encode())
+    package = Path(__file__).resolve().parent.parent
+    files = [grammar_file()] + sorted(f for sub in ("lang", "engine", "analysis") for f in (package / sub).glob("*.py"))
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def structure_key(data: Mapping[str, Any], files: list[str], inputs: Sequence[str], purpose: str) -> str | None:
+    """The SHA-256 naming ``data``'s structure for ``purpose`` (``estimate``, ``search``): the
+    formula files' contents, memform's code and ``data`` with the ``inputs`` keys' values left
+    out (a key the config lacks stays absent). None when the data cannot be written down."""
+    stripped = copy.deepcopy(dict(data))
+    for key in inputs:
+        node = stripped
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node:
+            node[leaf] = "<input>"
+    digests = [digest(f) for f in files]
+    if None in digests:
+        return None
+    try:
+        text = json.dumps({"format": FORMAT, "purpose": purpose, "inputs": list(inputs), "code": code_digest(),
+                           "files": list(zip(files, digests)), "data": stripped}, sort_keys=True, allow_nan=True)
+    except (TypeError, ValueError):
+        return None
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _checksum(payload: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def entry_path(purpose: str, key: str) -> Path:
+    return cache_dir() / purpose / key[:2] / f"{key}.json"
+
+
+def read_entry(path: Path, key: str, load: Callable[[dict[str, Any]], Any]) -> tuple[Any, list[list[str]], str | None] | None:
+    """A stored entry as ``(load(body), files, reason)`` (``load`` is not called for an
+    uncompilable structure, whose body is None), or None when it is missing, corrupt, stale,
+    of another format, or ``load`` fails on it."""
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        payload = {k: stored[k] for k in ("format", "key", "files", "body", "reason")}
+        if stored.get("checksum") != _checksum(payload) or payload["format"] != FORMAT or payload["key"] != key:
+            return None
+        if any(digest(f) != d for f, d in payload["files"]):
+            return None
+        body = payload["body"]
+        return (None if body is None else load(body)), payload["files"], payload["reason"]
+    except (OSError, ValueError, KeyError, TypeError, SyntaxError, AttributeError, IndexError):
+        return None
+
+
+def write_entry(path: Path, key: str, files: list[list[str]], body: dict[str, Any] | None, reason: str | None) -> None:
+    """Store an entry (``body`` None: uncompilable, for ``reason``); a failure only costs speed."""
+    payload = {"format": FORMAT, "key": key, "files": files, "body": body, "reason": reason}
+    text = json.dumps({**payload, "checksum": _checksum(payload)})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)  # atomic: a concurrent reader sees the old entry or the new one
+    except OSError:
+        pass  # an unwritable cache only costs speed

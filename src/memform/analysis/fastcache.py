@@ -1,0 +1,229 @@
+"""The numeric fast path of ``memform estimate``: compiled closed forms, cached per structure.
+
+Every call of the interpreter rebuilds sympy expressions, although most of a config never
+changes between calls: a planner varies the parallel degrees and micro-batching, a user
+re-runs the same file. So a config is split into
+
+* its *structure*: the formula files' contents, the grammar, the memform version and every
+  config value except the numeric keys of :data:`NUMERIC_KEYS` that the config sets (their
+  presence is part of the structure, their values are not); and
+* its *inputs*: those numeric values.
+
+A structure is compiled once (:mod:`memform.analysis.fastcompile`) into a plain Python
+function of its inputs; the entry is kept in process and on disk (the platform's user cache
+directory via ``platformdirs``; ``MEMFORM_CACHE_DIR`` overrides it). The key is a SHA-256 of
+the structure; an entry also records every formula file it read with its digest, and a
+checksum of itself. An entry that does not parse, fails its checksum, names another key or
+format, or whose files changed, is ignored and rebuilt, never trusted.
+
+Nothing here imports sympy: a cache hit reads YAML, hashes a few files and runs integer code.
+Where the compiled function reports that the interpreter would refuse or treat differently
+(a ``require`` failing, a size out of range, a zero denominator), :func:`fast_estimate`
+returns ``None`` and the caller runs the interpreter, which gives its own answer or error.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ..engine.config import NUMERIC_KEYS, apply_overrides, formula_files, normalize, read_yaml
+from ..engine.results import CATEGORIES, EstimateNumbers, StageNumbers, with_devices
+from ..engine.values import get_path
+from ..errors import MemformError
+from ..resources import resolve_formula_path
+from .cachestore import CACHE_ENV, cache_dir, digest, entry_path, read_entry, structure_key, write_entry  # noqa: F401 (CACHE_ENV, cache_dir re-exported)
+
+
+_MEMO: dict[str, "_Loaded"] = {}          # key -> entry and its function, this process
+
+
+@dataclass
+class _Loaded:
+    body: dict[str, Any] | None       # None: the structure is uncompilable (use the interpreter)
+    files: list[list[str]]
+    function: Callable[..., tuple[list[Any], bool]] | None
+
+
+def load_scalar(source: str) -> Callable[..., tuple[list[Any], bool]]:
+    """The function defined by a compiled entry's source (see :mod:`memform.analysis.scalar`)."""
+    namespace: dict[str, Any] = {"_sgn": _sgn, "__builtins__": {"abs": abs}}
+    exec(compile(source, "<memform compiled structure>", "exec"), namespace)  # noqa: S102 - our own generated code
+    return namespace["_scalar"]
+
+
+def _sgn(x: int) -> int:
+    return (x > 0) - (x < 0)
+
+
+def _compile(config: Any, overrides: Any, candidates: list[str]) -> tuple[_Loaded, str | None] | None:
+    """Compile the structure (cache miss). None when the config itself is refused."""
+    from ..engine.model import load_model
+    from .fastcompile import Uncompilable, compile_entry
+    try:
+        model = load_model(config, overrides)
+        files = [[p, digest(p) or ""] for p in model.program.paths]
+        try:
+            body = compile_entry(model, candidates)
+        except Uncompilable as exc:
+            return _Loaded(None, files, None), str(exc)
+    except MemformError:
+        return None
+    return _Loaded(body, files, load_scalar(body["source"])), None
+
+
+def _lookup(config: Any, overrides: Any, data: Mapping[str, Any], source: Path | None,
+            use_disk: bool) -> _Loaded | None:
+    base = source.parent if source else Path.cwd()
+    files = [str(resolve_formula_path(f, base).resolve()) for f in formula_files(data)]
+    candidates = [k for k in NUMERIC_KEYS if type(get_path(data, k, None)) is int]
+    key = structure_key(data, files, candidates, "estimate")
+    if key is None:
+        return None
+    hit = _MEMO.get(key)
+    if hit is not None and all(digest(f) == d for f, d in hit.files):
+        return hit
+    path = entry_path("estimate", key)
+    stored = read_entry(path, key, lambda body: (body, load_scalar(body["source"]))) if use_disk else None
+    if stored is not None:
+        pair, files, _ = stored
+        body, function = pair or (None, None)
+        loaded = _Loaded(body, files, function)
+    else:
+        built = _compile(config, overrides, candidates)
+        if built is None:
+            return None
+        loaded, reason = built
+        if use_disk:
+            write_entry(path, key, loaded.files, loaded.body, reason)
+    _MEMO[key] = loaded
+    return loaded
+
+
+def fast_estimate(config: Any, overrides: Mapping[str, Any] | list[str] | None = None, *,
+                  cache: bool = True) -> "FastEstimate | None":
+    """The numbers of ``memform.estimate(config, overrides)`` from a compiled structure, or None
+    where the interpreter must answer (uncompilable structure, refused config, values outside
+    the region the compiled function vouches for). ``cache=False`` skips the on-disk cache."""
+    if isinstance(config, Mapping):
+        raw, source = copy.deepcopy(dict(config)), None
+    else:
+        source = Path(config)
+        raw = read_yaml(source)
+    data = normalize(apply_overrides(raw, overrides), source)
+    loaded = _lookup(config, overrides, data, source, cache)
+    if loaded is None or loaded.body is None:
+        return None
+    return _run(loaded, data, lambda: _full_estimate(config, overrides))
+
+
+def _full_estimate(config: Any, overrides: Any) -> Any:
+    from ..engine.model import estimate
+    return estimate(config, overrides)
+
+
+def _run(loaded: _Loaded, data: Mapping[str, Any], full: Callable[[], Any]) -> "FastEstimate | None":
+    body = loaded.body
+    args = []
+    for key, limits in zip(body["inputs"], body["limits"]):
+        v = get_path(data, key, None)
+        if type(v) is not int or v < 1 or (limits is not None and not limits[0] <= v <= limits[1]):
+            return None  # the binding refuses it: the interpreter says why
+        args.append(v)
+    try:
+        outs, bad = loaded.function(*args)
+    except (ArithmeticError, TypeError, ValueError, RecursionError):
+        return None
+    if bad or not all(outs[body["conditions"]:]):
+        return None
+
+    def value(ref: list[Any]) -> Any:
+        kind, x = ref
+        return x if kind == "const" else (args[x] if kind == "input" else outs[x])
+
+    setup = with_devices({label: value(ref) for label, ref in body["setup"].items()})
+    devices = body["devices"]
+    if devices is not None and _product(setup) != devices:
+        return None
+    total, expert = value(body["parameters"]["total"]), value(body["parameters"]["expert"])
+    stages = []
+    k = len(CATEGORIES)
+    for i, st in enumerate(body["stages"]):
+        f = st["first"]
+        values = dict(zip(CATEGORIES, outs[f:f + k]))
+        names = st["moments"]
+        m = f + k + 2
+        moments = dict(zip(names, outs[m:m + len(names)]))
+        best = 0
+        if len(names) > 1:
+            best = next(j for j, won in enumerate(outs[m + len(names):m + 2 * len(names)]) if won)
+            m += len(names)
+        r = m + len(names)
+        stages.append(FastStage(i, values, outs[f + k], body["capacity_bytes"], names[best], moments,
+                                outs[f + k + 1], dict(zip(st["runtime"], outs[r:r + len(st["runtime"])]))))
+    est = FastEstimate(body, stages, setup, {"total": total, "expert": expert, "dense": total - expert}, full)
+    for s in stages:
+        s._owner = est
+    return est
+
+
+def _product(setup: Mapping[str, Any]) -> int:
+    out = 1
+    for label in ("dp", "tp", "pp", "cp"):
+        out *= setup.get(label, 1)
+    return out
+
+
+class FastStage(StageNumbers):
+    """A stage's numbers; closed forms and layer groups (``exprs``, ``layers``, ...) are those of
+    the interpreted estimate, computed on first use."""
+
+    _owner: "FastEstimate"
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._owner.full.stages[self.stage], name)
+
+
+class FastEstimate(EstimateNumbers):
+    """:class:`memform.Estimate`'s numbers from a compiled structure.
+
+    Everything symbolic (``model``, ``partition``, ``assumptions``, each stage's ``exprs`` and
+    ``layers``) is delegated to the interpreted estimate of the same config, built on first use.
+    """
+
+    def __init__(self, body: Mapping[str, Any], stages: list[FastStage], setup: dict[str, Any],
+                 parameters: dict[str, int], full: Callable[[], Any]):
+        self._body = body
+        self.name = body["name"]
+        self.stages = stages
+        self.capacity_bytes = body["capacity_bytes"]
+        self.schedule = body["schedule"]
+        self.framework = body["framework"]
+        self.pp, self.vpp, self.recompute = body["pp"], body["vpp"], body["recompute"]
+        self.setup = setup
+        self.parameters = parameters
+        self._make_full = full
+
+    @cached_property
+    def full(self) -> Any:
+        """The interpreted :class:`memform.Estimate` (imports sympy)."""
+        return self._make_full()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "full":
+            raise AttributeError(name)
+        return getattr(self.full, name)
+
+    def stage_labels(self, stage: int) -> list[list[str]]:
+        return self._body["stages"][stage]["labels"]
+
+    def terminal_label(self, stage: int) -> str:
+        return self._body["stages"][stage]["terminal"]
+
+    def to_dict(self, symbolic: bool = False) -> dict[str, Any]:
+        return self.full.to_dict(symbolic=True) if symbolic else self.numbers_dict()

@@ -1,0 +1,135 @@
+"""The numbers of an estimate, without its closed forms (no sympy).
+
+An :class:`~memform.engine.model.Estimate` carries exact sympy expressions next to its byte
+counts; the cached numeric fast path (:mod:`memform.analysis.fastpath`) produces the byte
+counts alone. Both share these classes, so the properties every output uses (``peak_bytes``,
+``fits``, the ``--json`` numbers) are defined once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+CATEGORIES = ("params", "grads", "optimizer", "activations", "comm", "runtime")
+STATIC = ("params", "grads", "optimizer")
+#: what the model itself holds (the runtime category is computed from their sum)
+MODEL = ("params", "grads", "optimizer", "activations", "comm")
+
+
+@dataclass
+class StageNumbers:
+    """One pipeline stage's whole bytes per category and what set its activation peak."""
+
+    stage: int
+    values: dict[str, int] = field(default_factory=dict)
+    param_count: int = 0
+    capacity_bytes: int = 0
+    #: the schedule moment that sets the activation peak ("warmup" when the schedule names none)
+    peak_moment: str = "warmup"
+    #: activation bytes at each moment of the schedule, in declaration order
+    moments: dict[str, int] = field(default_factory=dict)
+    #: bytes of this stage's layers held in host memory (offloaded parameters/optimizer states)
+    host_bytes: int = 0
+    #: each runtime block's bytes on this stage (context, allocator reserve, safety buffer, ...)
+    runtime: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def static_bytes(self) -> int:
+        return sum(self.values[c] for c in STATIC)
+
+    @property
+    def dynamic_bytes(self) -> int:
+        return self.values["activations"] + self.values["comm"]
+
+    @property
+    def runtime_bytes(self) -> int:
+        return self.values["runtime"]
+
+    @property
+    def model_bytes(self) -> int:
+        """What the model holds, without the runtime's own bytes."""
+        return self.static_bytes + self.dynamic_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.static_bytes + self.dynamic_bytes + self.runtime_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+    def to_dict(self, labels: list[list[str]]) -> dict[str, Any]:
+        """The per-stage part of ``memform estimate --json`` (``labels``: layer groups per chunk)."""
+        return {
+            "stage": self.stage,
+            "layers": labels,
+            "param_count": self.param_count,
+            "peak_bytes": self.peak_bytes,
+            "static_bytes": self.static_bytes,
+            "dynamic_bytes": self.dynamic_bytes,
+            "runtime_bytes": self.runtime_bytes,
+            "runtime": dict(self.runtime),
+            "host_bytes": self.host_bytes,
+            "breakdown": {c: self.values[c] for c in CATEGORIES},
+            "peak_moment": self.peak_moment,
+            "moments": dict(self.moments),
+            "fits": self.fits,
+        }
+
+
+class EstimateNumbers:
+    """What every estimate offers: stages with byte counts, the peak, and the ``--json`` numbers.
+
+    Subclasses provide ``name``, ``stages``, ``capacity_bytes``, ``schedule``, ``framework``,
+    ``setup``, ``parameters`` and ``stage_labels()``.
+    """
+
+    name: str
+    stages: list[Any]
+    capacity_bytes: int
+
+    @property
+    def peak_stage(self) -> int:
+        return max(range(len(self.stages)), key=lambda i: (self.stages[i].peak_bytes, -i))
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.stages[self.peak_stage].peak_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+    def stage_labels(self, stage: int) -> list[list[str]]:
+        """Layer groups per chunk of ``stage``, e.g. ``[["1xembedding", "20xdecoder(full)"]]``."""
+        raise NotImplementedError
+
+    def numbers_dict(self) -> dict[str, Any]:
+        """The numeric ``--json`` shape (closed forms and assumptions are added by :meth:`to_dict`)."""
+        return {
+            "model": self.name,
+            "schedule": self.schedule,
+            "framework": self.framework,
+            "capacity_bytes": self.capacity_bytes,
+            "peak_bytes": self.peak_bytes,
+            "peak_stage": self.peak_stage,
+            "fits": self.fits,
+            "setup": dict(self.setup),
+            "parameters": dict(self.parameters),
+            "stages": [s.to_dict(self.stage_labels(s.stage)) for s in self.stages],
+        }
+
+
+def group_label(count: int, block: str, mode: str) -> str:
+    """``20xdecoder(full)``: a run of identical layers as the JSON output names it."""
+    return f"{count}x{block}" + (f"({mode})" if mode != "none" else "")
+
+
+def with_devices(setup: dict[str, Any]) -> dict[str, Any]:
+    """``setup`` plus ``devices`` = dp × tp × pp × cp (the product ``parallel.devices`` is checked
+    against; expert parallelism works inside dp), when dp, tp and pp are known integers."""
+    degrees = [setup.get(k, 1) for k in ("dp", "tp", "pp", "cp")]
+    if all(k in setup for k in ("dp", "tp", "pp")) and all(isinstance(v, int) for v in degrees):
+        setup["devices"] = degrees[0] * degrees[1] * degrees[2] * degrees[3]
+    return setup

@@ -1,0 +1,280 @@
+"""The compiled, cached fast path of ``memform estimate`` gives the interpreter's numbers, byte for byte.
+
+The reference is the interpreter itself (``memform.engine.model.estimate``: it re-reads the
+config and walks the stage partition with sympy), whose own numbers the reference tests tie to
+the papers. Every bundled config under every framework profile is compared, plus hypothesis-
+drawn degrees and micro-batching, including values the interpreter refuses (then the fast path
+must decline, never answer). The on-disk cache is tested for corruption, staleness and
+``--no-cache``; the command line's cache hit must not import sympy.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sympy
+import yaml
+from cli_helpers import run_memform
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_search import _exprs, x, y, z
+
+from memform.analysis import cachestore, fastcache
+from memform.analysis.exact import compile_exact
+from memform.analysis.fastcache import cache_dir, fast_estimate, load_scalar
+from memform.analysis.scalar import compile_scalar
+from memform.engine.config import frameworks
+from memform.engine.model import estimate as interpreted
+from memform.errors import MemformError
+from memform.report.table import render_table
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+def _same(config, overrides=None) -> bool:
+    """True when the fast path answered (and then with the interpreter's numbers and table)."""
+    fast = fast_estimate(config, overrides)
+    if fast is None:
+        return False
+    full = interpreted(config, overrides)
+    assert fast.to_dict() == full.to_dict()
+    assert render_table(fast) == render_table(full)
+    return True
+
+
+def _declines(config, overrides, error: MemformError) -> None:
+    """Where the interpreter refuses, the fast path answers nothing (or raises the same error,
+    when the config is refused before any formula is read)."""
+    try:
+        assert fast_estimate(config, overrides) is None
+    except MemformError as exc:
+        assert str(exc) == str(error)
+
+
+# --------------------------------------------------------------------------- the scalar backend
+
+@settings(max_examples=80, deadline=None)
+@given(expr=_exprs, values=st.tuples(st.integers(1, 10 ** 4), st.integers(1, 10 ** 4), st.integers(1, 10 ** 4)))
+def test_scalar_backend_matches_sympy_and_numpy(expr, values):
+    """Plain-Python code computes what sympy and the numpy backend compute, for one candidate."""
+    import numpy as np
+    fn = load_scalar(compile_scalar([expr], [x, y, z]))
+    (out,), bad = fn(*values)
+    want = sympy.ceiling(expr.xreplace(dict(zip((x, y, z), values))))
+    assert not bad
+    assert out == int(want), (expr, values)
+    (arr,), _ = compile_exact([expr], [x, y, z])([np.array([v]) for v in values])
+    assert int(arr[0]) == out
+
+
+def test_scalar_backend_conditions_zero_denominators_and_big_numbers():
+    fn = load_scalar(compile_scalar([sympy.Eq(sympy.Mod(64, x), 0), 5 / (x - y), (x * 10 ** 12) ** 3 / 7], [x, y]))
+    assert fn(8, 1) == ([True, 1, -(-(8 * 10 ** 12) ** 3 // 7)], False)  # exact beyond int64
+    (divides, _, _), bad = fn(4, 4)
+    assert divides is True and bad is True                               # 5 / (4 - 4)
+    assert fn(3, 2)[0][0] is False
+
+
+# --------------------------------------------------------------------------- every bundled config
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_every_bundled_config_matches_the_interpreter(config):
+    assert _same(config)
+
+
+@pytest.mark.parametrize("framework", frameworks())
+@pytest.mark.parametrize("config", ["llama3-8b.yaml", "deepseek-v2-lite.yaml"])
+def test_every_framework_profile_matches_the_interpreter(config, framework):
+    overrides = {"training.framework": framework}
+    try:
+        interpreted(ROOT / "configs" / config, overrides)
+    except MemformError as exc:
+        _declines(ROOT / "configs" / config, overrides, exc)
+        return
+    assert _same(ROOT / "configs" / config, overrides)
+
+
+_DEGREES = {"parallel.tp": st.sampled_from([1, 2, 3, 4, 8, 16]), "parallel.dp": st.sampled_from([1, 2, 3, 8, 64]),
+            "training.micro_batch_size": st.integers(1, 8), "training.num_micro_batches": st.integers(1, 64),
+            "parallel.cp": st.sampled_from([1, 2, 4]), "parallel.ep": st.sampled_from([1, 2, 4, 8, 64])}
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=st.sampled_from(["llama3-70b.yaml", "mixtral-8x7b.yaml", "deepseek-v2-lite.yaml", "gpt3-175b.yaml"]),
+       overrides=st.fixed_dictionaries({}, optional=_DEGREES),
+       recompute=st.sampled_from([None, "none", "selective", "full"]))
+def test_drawn_degrees_match_the_interpreter_or_both_refuse(config, overrides, recompute):
+    path = ROOT / "configs" / config
+    data = yaml.safe_load(path.read_text())
+    overrides = {k: v for k, v in overrides.items()
+                 if k.split(".")[1] in (data.get(k.split(".")[0]) or {}) or k in ("parallel.tp", "parallel.dp")}
+    if recompute:
+        overrides["training.recompute"] = recompute
+    overrides.pop("parallel.devices", None)
+    if "parallel.devices" in (data.get("parallel") or {}):
+        overrides["parallel.devices"] = None  # the drawn degrees need not multiply to the config's count
+    try:
+        full = interpreted(path, overrides)
+    except MemformError as exc:
+        _declines(path, overrides, exc)
+        return
+    fast = fast_estimate(path, overrides)
+    assert fast is not None, overrides  # the interpreter answers: so does a compiled structure
+    assert fast.to_dict() == full.to_dict()
+
+
+def test_a_mapping_config_and_a_failed_require_fall_back(gpt3):
+    assert _same(gpt3)
+    bad = {**gpt3, "parallel": {**gpt3["parallel"], "tp": 7}}  # 96 heads are not divisible by 7
+    with pytest.raises(MemformError) as refused:
+        interpreted(bad)
+    _declines(bad, None, refused.value)
+
+
+def test_symbolic_fields_come_from_the_interpreter():
+    import memform
+    est = memform.estimate(ROOT / "configs" / "llama2-7b.yaml", {"parallel.tp": 2})
+    assert isinstance(est, fastcache.FastEstimate)
+    full = interpreted(ROOT / "configs" / "llama2-7b.yaml", {"parallel.tp": 2})
+    assert est.partition.chunks == full.partition.chunks and est.assumptions == full.assumptions
+    assert est.stages[0].total_expr == full.stages[0].total_expr
+    assert est.to_dict(symbolic=True) == full.to_dict(symbolic=True)
+
+
+# --------------------------------------------------------------------------- the on-disk cache
+
+def _entries() -> list[Path]:
+    return sorted((cache_dir() / "estimate").rglob("*.json"))
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(fastcache.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(fastcache, "_MEMO", {})
+    return tmp_path
+
+
+def _count_compiles(monkeypatch) -> list[int]:
+    calls = []
+    real = fastcache._compile
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(fastcache, "_compile", counting)
+    return calls
+
+
+def test_entries_are_reused_and_corrupt_ones_rebuilt(own_cache, monkeypatch):
+    config = ROOT / "configs" / "llama3-8b.yaml"
+    want = interpreted(config).to_dict()
+    calls = _count_compiles(monkeypatch)
+    assert fast_estimate(config).to_dict() == want
+    (entry,) = _entries()
+    good = entry.read_text()
+    monkeypatch.setattr(fastcache, "_MEMO", {})
+    assert fast_estimate(config).to_dict() == want and len(calls) == 1  # read back, not compiled
+    stored = json.loads(good)
+    tampered = dict(stored, body={**stored["body"], "capacity_bytes": 1})  # checksum no longer matches
+    for bad in ("", "{", "null", good[: len(good) // 2], json.dumps(tampered),
+                json.dumps({**stored, "format": -1}), good.replace(stored["key"], "0" * 64)):
+        entry.write_text(bad)
+        monkeypatch.setattr(fastcache, "_MEMO", {})
+        assert fast_estimate(config).to_dict() == want
+        assert json.loads(entry.read_text())["checksum"] == stored["checksum"]  # rewritten
+    assert len(calls) == 8
+
+
+def test_a_changed_formula_file_is_never_served_stale(own_cache):
+    formulas = own_cache / "mine.mf"
+    formulas.write_text((ROOT / "formulas" / "common.mf").read_text())
+    config = own_cache / "model.yaml"
+    data = yaml.safe_load((ROOT / "configs" / "llama2-7b.yaml").read_text())
+    data["formulas"] = ["mine.mf"] + [f for f in data.get("formulas", ["common.mf", "dense.mf"]) if f != "common.mf"]
+    config.write_text(yaml.safe_dump(data))
+    try:
+        before = interpreted(config)
+    except MemformError as exc:
+        pytest.skip(f"config layout differs: {exc}")
+    assert _same(config)
+    text = formulas.read_text()
+    assert "\n" in text
+    formulas.write_text(text + "\nlet memform_test_unused = 1\n")
+    os.utime(formulas, ns=(1, 1))  # even with an old modification time the contents are checked
+    cachestore._DIGESTS.clear()
+    assert _same(config)
+    assert interpreted(config).to_dict() == before.to_dict()
+
+
+def test_no_cache_writes_nothing(own_cache):
+    r = run_memform("estimate", "configs/llama2-7b.yaml", "--no-cache",
+                    env_extra={fastcache.CACHE_ENV: str(own_cache / "cache")})
+    assert r.returncode == 0, r.stderr
+    assert not (own_cache / "cache").exists()
+    r2 = run_memform("estimate", "configs/llama2-7b.yaml", env_extra={fastcache.CACHE_ENV: str(own_cache / "cache")})
+    assert r2.stdout == r.stdout and _entries()
+
+
+def test_the_cli_cache_hit_does_not_import_sympy(own_cache):
+    env = {**os.environ, fastcache.CACHE_ENV: str(own_cache / "cache")}
+    script = ("import sys; from memform.cli import main; code = main(['estimate', 'configs/deepseek-v3.yaml']); "
+              "sys.stderr.write('SYMPY' if 'sympy' in sys.modules else 'NOSYMPY'); sys.exit(code)")
+    first = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert first.returncode == 0 and first.stderr.endswith("SYMPY")  # compiled: sympy was needed
+    second = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert second.returncode == 0 and second.stderr.endswith("NOSYMPY"), second.stderr
+    assert second.stdout == first.stdout
+
+
+# --------------------------------------------------------------------------- search structures
+
+def _structures(model) -> list[dict]:
+    out = []
+    for pp in (1, 2, 4):
+        for recompute in ("none", "full"):
+            out.append({"parallel.pp": pp, "training.recompute": recompute, "parallel.devices": None})
+    out.append({"parallel.pp": 4, "parallel.vpp": 7, "parallel.devices": None})  # 32 layers do not split: refused
+    return out
+
+
+def test_search_structures_are_cached_and_compiled_alike_in_parallel(own_cache, monkeypatch):
+    from memform.analysis import compiled as compiled_mod
+    from memform.engine.model import load_model
+    model = load_model(ROOT / "configs" / "llama2-7b.yaml")
+    keys = tuple(k for k in compiled_mod.NUMERIC_KEYS if model.symbol_for_key(k) is not None)
+    structures = _structures(model)
+    monkeypatch.setattr(compiled_mod, "PARALLEL_MIN", 2)
+    forked = []
+    monkeypatch.setattr(compiled_mod, "ProcessPoolExecutor",
+                        lambda *a, **k: forked.append(1) or concurrent.futures.ProcessPoolExecutor(*a, **k))
+    parallel = compiled_mod.compile_structures(model, structures, keys, workers=2, cache=False)
+    assert forked  # really compiled in worker processes
+    calls = []
+    real = compiled_mod._compile_one
+    monkeypatch.setattr(compiled_mod, "_compile_one", lambda *a: calls.append(1) or real(*a))
+    first = compiled_mod.compile_structures(model, structures, keys, workers=1)
+    assert len(calls) == len(structures)
+    again = compiled_mod.compile_structures(model, structures, keys, workers=1)
+    assert len(calls) == len(structures)  # every structure, the refused one too, read back from the cache
+    cols = {"parallel.dp": [1, 2, 4], "parallel.tp": [1, 2, 8], "parallel.cp": [1, 1, 1], "parallel.ep": [1, 1, 1],
+            "training.micro_batch_size": [1, 2, 1], "training.num_micro_batches": [8, 4, 16]}
+    for a, b, c in zip(parallel, first, again):
+        if isinstance(a, MemformError):
+            assert isinstance(b, MemformError) and isinstance(c, MemformError) and str(a) == str(b) == str(c)
+            continue
+        assert a.function.source == b.function.source == c.function.source
+        ba, bc = a(cols), c(cols)
+        assert (ba.valid == bc.valid).all() and (ba.values == bc.values).all()
+    assert any(isinstance(r, MemformError) for r in first)
+    for entry in sorted((cache_dir() / "search").rglob("*.json")):
+        entry.write_text("{")  # corrupt every entry: compiled again, same functions
+    rebuilt = compiled_mod.compile_structures(model, structures, keys, workers=1)
+    assert len(calls) == 2 * len(structures)
+    assert [getattr(r, "stages", str(r)) for r in rebuilt] == [getattr(r, "stages", str(r)) for r in first]
