@@ -127,8 +127,22 @@ class Evaluator:
     def number(self, value: Value, loc: Loc | None = None, what: str = "expression") -> sympy.Expr:
         """The exact numeric value of ``value`` at the config."""
         v = self.as_expr(value, loc)
+        free = v.free_symbols
+        if free:
+            key = (v, tuple(sorted(((s, self.values.get(s)) for s in free), key=lambda p: p[0].name)))
+            hit = _NUMBERS.get(key)
+            if hit is not None:
+                return hit
+        n = self._number(v, free, loc, what)
+        if free:
+            if len(_NUMBERS) > 50_000:
+                _NUMBERS.clear()
+            _NUMBERS[key] = n
+        return n
+
+    def _number(self, v: sympy.Expr, free: set, loc: Loc | None, what: str) -> sympy.Expr:
         try:
-            n = v.xreplace(self.values) if v.free_symbols else v
+            n = v.xreplace(self.values) if free else v
             if not n.is_number:
                 raise MemformError(f"{what} does not reduce to a number: {n}", loc)
             if n.is_Rational:
@@ -568,6 +582,12 @@ def _without_piecewise(cond: Any) -> Any:
     for branch in reversed(pw.args[:-1]):
         out = sympy.ITE(_without_piecewise(branch.cond), _without_piecewise(cond.xreplace({pw: branch.expr})), out)
     return out
+
+
+#: exact values of expressions at given symbol values, shared by every evaluator of this process:
+#: a search's structures share most per-layer expressions, and substituting into a large closed
+#: form is a large part of interpreting one (key: the expression and its free symbols' values)
+_NUMBERS: dict[tuple, sympy.Expr] = {}
 
 
 def lattice(cls: type, args: list[sympy.Expr]) -> sympy.Expr:
