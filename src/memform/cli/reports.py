@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ..errors import MemformError
-from .common import add_config_args
+from .common import add_config_args, emit
 
 _SUFFIX_FORMAT = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".tex": "tex", ".txt": "txt"}
 
@@ -83,24 +83,12 @@ def _format(fmt: str | None, output: str | None, default: str, allowed: tuple[st
     return default
 
 
-def _emit(text: str, output: str | None) -> None:
-    if output is None or output == "-":
-        sys.stdout.write(text)
-        return
-    path = Path(output)
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise MemformError(f"cannot write {path}: {exc.strerror or exc}") from None
-    print(f"wrote {path}", file=sys.stderr)
-
-
 def cmd_report(args: argparse.Namespace) -> int:
     from ..engine.model import estimate
     from ..report.render import render_report
     est = estimate(args.config, args.overrides)
     fmt = _format(args.format, args.output, "md", ("md", "html", "tex"))
-    _emit(render_report(est, fmt, args.template), args.output)
+    emit(render_report(est, fmt, args.template), args.output)
     return 0
 
 
@@ -128,12 +116,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for v in cmp.failed if (args.json or (args.output and args.output != "-")) else []:
         print(f"memform: variant {v.key} ({v.label}) failed: {v.error}", file=sys.stderr)
     if args.json:
-        _emit(json.dumps(cmp.to_dict(), indent=2, sort_keys=True) + "\n", args.output)
+        emit(json.dumps(cmp.to_dict(), indent=2, sort_keys=True) + "\n", args.output)
         return 0
     if picture:
         from ..report.plot import plot_comparison
         print(f"wrote {plot_comparison(cmp, args.output, dpi=args.dpi)}", file=sys.stderr)
         return 0
     fmt = _format(args.format, args.output, "txt", ("txt", "md", "html", "tex"))
-    _emit(render_comparison(cmp, fmt, args.template), args.output)
+    emit(render_comparison(cmp, fmt, args.template), args.output)
     return 0

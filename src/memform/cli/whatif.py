@@ -6,11 +6,10 @@ Registered through :data:`memform.cli.main.EXTENSIONS`.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from ..errors import MemformError
-from .common import add_config_args
+from .common import add_config_args, emit
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,13 +40,5 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     text = whatif_html(args.config, args.overrides, vary=args.vary, pp=int_list(args.pp, "--pp"),
                        vpp=int_list(args.vpp, "--vpp"), schedules=str_list(args.schedule),
                        recompute=str_list(args.recompute), zero=int_list(args.zero, "--zero"))
-    if output == "-":
-        sys.stdout.write(text)
-        return 0
-    path = Path(output)
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise MemformError(f"cannot write {path}: {exc.strerror or exc}") from None
-    print(f"wrote {path} ({len(text.encode('utf-8')) / 2 ** 20:.2f} MiB)", file=sys.stderr)
+    emit(text, output, show_size=True)
     return 0
