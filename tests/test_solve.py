@@ -128,3 +128,34 @@ def test_cli_solve_and_sensitivity():
     assert r.returncode == 0, r.stderr
     assert "sensitivity of each stage's peak to training.micro_batch_size" in r.stdout
     assert "model.seq_length" in r.stdout
+
+
+def test_solve_answers_only_values_every_requirement_accepts():
+    """llama3-70b (tp 8 with sequence parallelism): memory alone allows s = 23221, but Megatron splits
+    the sequence over the tp ranks (Korthikanti et al. 2022 §4.2.2), so the answer is a multiple of 8
+    and the output names the requirement that shaped it."""
+    model = load_model(CONFIGS / "llama3-70b.yaml")
+    sol = solve(model, "model.seq_length")
+    assert sol.value % 8 == 0
+    assert sol.refused_value is not None and sol.value < sol.refused_value < sol.other_value
+    assert any("sequence_parallel" in r for r in sol.refused_by)
+    memform.estimate(CONFIGS / "llama3-70b.yaml", {"model.seq_length": sol.value})  # accepted
+    with pytest.raises(memform.MemformError, match="sequence_parallel"):
+        memform.estimate(CONFIGS / "llama3-70b.yaml", {"model.seq_length": sol.refused_value})
+    # a degree: tp 5..7 would fit in memory, but do not divide the 64 heads
+    tp = solve(model, "parallel.tp")
+    assert tp.value == 8 and tp.refused_value == 7 and any("num_heads" in r for r in tp.refused_by)
+    r = _memform("solve", "configs/llama3-70b.yaml", "--for", "model.seq_length")
+    assert r.returncode == 0 and "shaped by requirements: s = " in r.stdout, r.stdout + r.stderr
+    out = json.loads(_memform("solve", "configs/llama3-70b.yaml", "--for", "model.seq_length", "--json").stdout)
+    assert out["refused_value"] == sol.refused_value and out["refused_by"] == sol.refused_by
+
+
+def test_ring_context_parallelism_needs_two_cp_chunks_of_the_sequence(gpt3):
+    """Ring CP cuts the sequence into 2·cp chunks (Megatron-LM get_batch_on_this_cp_rank)."""
+    gpt3["model"]["seq_length"] = 2 * 4 * 255 + 4  # divisible by cp = 4, not by 2·cp = 8
+    gpt3["parallel"]["cp"] = 4
+    with pytest.raises(memform.MemformError, match="2 × parallel.cp"):
+        memform.estimate(gpt3)
+    gpt3["model"]["seq_length"] = 2048
+    memform.estimate(gpt3)

@@ -217,8 +217,8 @@ CASES = [
         {},
         {"inputs": {"parallel.tp": "4"}},
         {"inputs": {"training.micro_batch_size": "2"}},          # m follows the global batch: 64 / (2 × 4)
-        {"inputs": {"model.seq_length": "12345", "parallel.dp": "2"}},
-        {"inputs": {"model.seq_length": "35184372088833"}},     # 2^45 + 1: bytes far beyond 2^53
+        {"inputs": {"model.seq_length": "12344", "parallel.dp": "2"}},  # SP: tp 8 must divide s
+        {"inputs": {"model.seq_length": "35184372088840"}},     # 2^45 + 8: bytes far beyond 2^53
         {"axes": {"parallel.pp": 8, "training.recompute": "full", "parallel.zero": 3}},
         {"axes": {"parallel.pp": 2, "training.recompute": "none"}, "inputs": {"parallel.cp": "2"}},
         {"gbs": "", "inputs": {"training.num_micro_batches": "3"}},

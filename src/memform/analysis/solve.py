@@ -46,6 +46,10 @@ class Solution:
     continuous: list[sympy.Expr] = field(default_factory=list)  # real roots of peak = capacity
     derivative: sympy.Expr | None = None   # d peak / d symbol at the answer (bytes per unit)
     notes: list[str] = field(default_factory=list)
+    #: the nearest value past the answer that fits in memory but that requirements refuse, and their
+    #: messages (the requirements that shaped the answer); None when memory alone decided it
+    refused_value: int | None = None
+    refused_by: list[str] = field(default_factory=list)
 
 
 def resolve_symbol(model: Model, name: str) -> tuple[str, sympy.Symbol]:
@@ -94,13 +98,17 @@ def solve(model: Model, key: str, *, limit: int | None = None) -> Solution:
                      f"{other if key == 'training.micro_batch_size' else 'x'}); only divisors are candidates")
     capacity = base.structure.capacity_bytes
 
-    def evaluate(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def columns(xs: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
         cols = {key: xs}
         valid_extra = np.ones(len(xs), dtype=bool)
         if derive_m:
             prod = xs * other
             valid_extra = (gbs % prod == 0)
             cols["training.num_micro_batches"] = np.maximum(gbs // prod, 1)
+        return cols, valid_extra
+
+    def evaluate(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        cols, valid_extra = columns(xs)
         batch = cm(cols)
         return batch.valid & valid_extra, batch.stage_peaks
 
@@ -140,6 +148,8 @@ def solve(model: Model, key: str, *, limit: int | None = None) -> Solution:
         after = valid_idx[valid_idx > pick]
         neighbour = after[0] if len(after) else None
         sol.unbounded = neighbour is None and hi == limit and bool(fits[valid_idx[-1]])
+    _refused_past(sol, xs, pick, valid, peaks, capacity, smallest, lambda x: cm(columns(np.array([x]))[0]),
+                  gbs if derive_m else None, other, key)
     if neighbour is not None:
         sol.other_value = int(xs[neighbour])
         sol.other_peaks = [int(v) for v in peaks[neighbour]]
@@ -149,6 +159,26 @@ def solve(model: Model, key: str, *, limit: int | None = None) -> Solution:
     _verify(base, key, sol, derive_m)
     _closed_form(base, sym, sol, derive_m, gbs, other, key)
     return sol
+
+
+def _refused_past(sol: Solution, xs: np.ndarray, pick: int, valid: np.ndarray, peaks: np.ndarray, capacity: int,
+                  smallest: bool, batch_at: Any, gbs: Any, other: int, key: str) -> None:
+    """Record the nearest value past the answer that would fit in memory but is refused, and by
+    which requirements (the formula files' ``require`` messages; a global batch it does not divide)."""
+    fits_memory = peaks.max(axis=1) <= capacity
+    past = np.arange(pick - 1, -1, -1) if smallest else np.arange(pick + 1, len(xs))
+    for i in past:
+        if valid[i]:
+            return  # the next valid value does not fit: memory decided the answer
+        if not fits_memory[i]:
+            continue
+        x = int(xs[i])
+        reasons = list(batch_at(x).reasons)
+        if gbs is not None and gbs % (x * other):
+            reasons.append(f"training.global_batch_size ({gbs}) must be a multiple of micro_batch_size × dp")
+        if reasons:
+            sol.refused_value, sol.refused_by = x, reasons
+            return
 
 
 def _verify(base: Model, key: str, sol: Solution, derive_m: bool) -> None:

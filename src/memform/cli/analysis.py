@@ -128,6 +128,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
             "continuous": [str(r) for r in sol.continuous],
             "bytes_per_unit": None if sol.derivative is None else str(sol.derivative),
             "assumptions": sol.assumptions, "notes": sol.notes,
+            "refused_value": sol.refused_value, "refused_by": sol.refused_by,
         }, indent=2))
         return 0 if sol.value is not None else 1
     name = model.structure.name
@@ -154,6 +155,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
               f"{human_bytes(op)} = {peak_other} bytes on stage {sol.binding_stage})")
     else:
         print(f"  binding stage: {sol.binding_stage}")
+    if sol.refused_value is not None:
+        print(f"  shaped by requirements: {x} = {sol.refused_value} would fit in memory but "
+              + "; ".join(sol.refused_by))
     if sol.closed_form is not None:
         print(f"  stage {sol.binding_stage} peak in {x}: {sympy.sstr(sol.closed_form)}")
         if sol.continuous:
