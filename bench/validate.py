@@ -14,7 +14,8 @@ For every case it builds the model from a memform config, runs forward + backwar
 params / grads / optimizer states / activations after forward / the peak of live activation-side bytes
 over forward + backward (see memform/validation/measure.py for exactly what is counted), estimates the same config with memform and prints measured vs estimated with the relative
 error. Exits 1 if any category's |error| exceeds its threshold (memform.validation.compare.THRESHOLDS,
-stated in the README), 2 if PyTorch is missing.
+AMP_THRESHOLDS for --amp: each just above the precision this script achieved over its whole sweep, see
+there), 2 if PyTorch is missing or --only matches no case.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fsdp2(args)
     if args.distributed:
         return _distributed(args)
-    from memform.validation.compare import THRESHOLDS, compare, format_table
+    from memform.validation.compare import AMP_THRESHOLDS, THRESHOLDS, compare, format_table
     from memform.validation.sweep import amp_sweep, full_sweep, quick_amp_sweep, quick_sweep
 
     if args.amp:
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             print(p.label(), "at the peak:", rows[-1].peak_by_op)
     elapsed = time.perf_counter() - start
     print(format_table(rows))
-    return _summary(rows, elapsed, THRESHOLDS, lambda r: r.point.label(), args.json)
+    return _summary(rows, elapsed, AMP_THRESHOLDS if args.amp else THRESHOLDS, lambda r: r.point.label(), args.json)
 
 
 def _no_match(text: str) -> int:
@@ -85,7 +86,7 @@ def _summary(rows, elapsed: float, thresholds: dict, label, json_path: str | Non
     """The closing lines every mode prints (cases, time, what is over its threshold) and the --json dump."""
     failed = [r for r in rows if r.failures()]
     print(f"{len(rows)} cases in {elapsed:.1f} s; {len(failed)} over the thresholds "
-          + ", ".join(f"{c} {t:.0%}" for c, t in thresholds.items()) + extra)
+          + ", ".join(f"{c} {t:.1%}" for c, t in thresholds.items()) + extra)
     for r in failed:
         print(f"FAIL {label(r)}: " + ", ".join(f"{c} {r.error(c):+.2%}" for c in r.failures()))
     if json_path:

@@ -18,10 +18,24 @@ from .measure import AMP, PRECISIONS, measure_step
 
 #: the categories compared, and the largest |relative error| each may show (stated in the README).
 #: ``activations`` is what forward leaves saved (memform's ``warmup`` moment); ``activations_peak``
-#: the peak of live activation-side bytes over forward + backward (memform's ``backward`` moment)
-THRESHOLDS: dict[str, float] = {"params": 0.05, "grads": 0.05, "optimizer": 0.05, "activations": 0.10,
-                                "activations_peak": 0.10}
+#: the peak of live activation-side bytes over forward + backward (memform's ``backward`` moment).
+#: Each is set just above the precision achieved over the whole sweep, so that a formula error larger
+#: than the harness's own noise fails: `python bench/validate.py` (72 cases, 2026-12-03) measured max
+#: |error| params 0.00 %, grads 0.00 %, optimizer 0.01 %, activations 1.05 %, activations_peak 7.08 %.
+THRESHOLDS: dict[str, float] = {"params": 0.001, "grads": 0.001, "optimizer": 0.001, "activations": 0.015,
+                                "activations_peak": 0.075}
+#: the PyTorch AMP cases (fp32 model, bf16 autocast, the hf-trainer profile): `python bench/validate.py
+#: --amp` (17 cases, 2026-12-03) measured max |error| params 0.00 %, grads 0.00 %, optimizer 0.01 %,
+#: activations 4.16 % (one case: selective recompute with the eager core; every other case <= 0.68 %),
+#: activations_peak 5.86 %
+AMP_THRESHOLDS: dict[str, float] = {"params": 0.001, "grads": 0.001, "optimizer": 0.001, "activations": 0.045,
+                                    "activations_peak": 0.065}
 CATEGORIES = tuple(THRESHOLDS)
+
+
+def thresholds_for(point: "Point") -> dict[str, float]:
+    """The thresholds that apply to ``point``: :data:`AMP_THRESHOLDS` for an autocast set-up."""
+    return AMP_THRESHOLDS if point.precision in AMP else THRESHOLDS
 #: short column titles
 TITLES = {"activations_peak": "act. peak"}
 
@@ -121,8 +135,9 @@ class Row:
         """The compared categories both sides have (a hand-made row may leave the peak out)."""
         return tuple(c for c in CATEGORIES if c in self.measured and c in self.estimated)
 
-    def failures(self, thresholds: dict[str, float] = THRESHOLDS) -> list[str]:
-        return [c for c in self.categories if abs(self.error(c)) > thresholds[c]]
+    def failures(self, thresholds: dict[str, float] | None = None) -> list[str]:
+        limits = thresholds or thresholds_for(self.point)
+        return [c for c in self.categories if abs(self.error(c)) > limits[c]]
 
     def to_dict(self) -> dict[str, Any]:
         return {"point": asdict(self.point), "measured": self.measured, "estimated": self.estimated,
@@ -144,7 +159,7 @@ def compare(point: Point) -> Row:
     return Row(point, measured.as_dict(), estimated, measured.activations_by_op, measured.peak_by_op)
 
 
-def format_table(rows: list[Row], thresholds: dict[str, float] = THRESHOLDS) -> str:
+def format_table(rows: list[Row], thresholds: dict[str, float] | None = None) -> str:
     """A fixed-width table: per category measured / estimated KiB and the relative error (``!`` = over)."""
     width = max([len(r.point.label()) for r in rows] + [4])
     cell = 27
@@ -153,7 +168,7 @@ def format_table(rows: list[Row], thresholds: dict[str, float] = THRESHOLDS) -> 
     for r in rows:
         cells = []
         for c in CATEGORIES:
-            flag = "!" if abs(r.error(c)) > thresholds[c] else " "
+            flag = "!" if abs(r.error(c)) > (thresholds or thresholds_for(r.point))[c] else " "
             text = f"{r.measured[c] / 1024:.1f} / {r.estimated[c] / 1024:.1f} {r.error(c):+7.2%}{flag}"
             cells.append(f" | {text:>{cell}}")
         lines.append(f"{r.point.label():<{width}}" + "".join(cells))
@@ -162,5 +177,6 @@ def format_table(rows: list[Row], thresholds: dict[str, float] = THRESHOLDS) -> 
         worst = {c: max(abs(r.error(c)) for r in rows) for c in CATEGORIES}
         lines.append("mean error: " + ", ".join(f"{TITLES.get(c, c)} {sum(r.error(c) for r in rows) / len(rows):+.2%}"
                                                 for c in CATEGORIES))
-        lines.append("max |error|: " + ", ".join(f"{c} {worst[c]:.2%} (limit {thresholds[c]:.0%})" for c in CATEGORIES))
+        limits = thresholds or thresholds_for(rows[0].point)
+        lines.append("max |error|: " + ", ".join(f"{c} {worst[c]:.2%} (limit {limits[c]:.1%})" for c in CATEGORIES))
     return "\n".join(lines)

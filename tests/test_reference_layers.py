@@ -1,0 +1,116 @@
+"""One transformer layer's saved activations, measured with PyTorch, against dense.mf byte for byte.
+
+Reference: the PyTorch harness (memform/validation: the model is built from the same config, one
+training step runs on the CPU and every live storage is counted, see measure.py). One layer's bytes are
+isolated as the difference between the same model with two layers and with one: embedding, output head,
+loss and optimizer cancel, so what remains is exactly one decoder layer of one micro-batch
+(dp = tp = pp = 1).
+
+The measured layer must equal memform's layer plus one documented remainder, and nothing else:
+
+* ``NORM_STAT`` -- each of the layer's two norms saves a per-token fp32 statistic for backward (RMSNorm
+  its 1/rms, ``_RMSNormFn.forward``'s ``rstd``; ATen's ``native_layer_norm`` its rstd): 4 bytes per
+  token per norm, which dense.mf's ``norm.act`` (Korthikanti et al. 2022 §4.1 count only the norm's
+  input) leaves out -- 0.4 % of this small layer, far less at real widths (4 bytes against ~34·h).
+  With full recompute the norms run again in backward: no statistic is kept.
+* ``ROUTING`` (MoE layers only) -- the harness's top-k router keeps, per token, its fp32 softmax (4E), the
+  top-k values and int64 indices (12k), their int64 expert ids and sort permutation (16k, the dispatch),
+  and the fp32 sum and weights cast (8): 80 bytes at E = 4, k = 2 (tracker by-op: _softmax, topk,
+  floor_divide, sort, sum, _to_copy), where moe.mf's router.act counts fp32 logits, scores and top-k
+  probabilities, 4·(2E + k) = 40 -- so 40 bytes per token more are measured than estimated.
+
+Everything else is exact, so any change of an attention, MLP or norm activation term of dense.mf
+fails one of these cases (the cases pick out GQA, MQA, MHA, flash against the eager a·s² core, fused
+against eager SwiGLU, GeLU + LayerNorm with and without dropout, fp32, and each recompute mode).
+Skipped only when PyTorch is not installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+
+pytest.importorskip("torch", reason="PyTorch (the 'validate' extra) is not installed")
+
+from memform.validation.compare import Point, compare  # noqa: E402
+
+#: the harness's default small Llama: b = 2, s = 64, h = 64, 4 heads of 16, 2 KV heads, f = 176
+BASE = Point(L=1)
+
+CASES = {
+    "GQA g=a/2, flash": {},
+    "MHA g=a, flash": {"kv_heads": 4},
+    "MQA g=1, flash": {"kv_heads": 1},
+    "GQA, eager a*s^2 core": {"flash": False},
+    "eager SwiGLU (silu(gate) * up)": {"swiglu_impl": "eager"},
+    "GeLU + LayerNorm + biases, eager core": {"arch": "gpt", "flash": False},
+    "GeLU + LayerNorm + dropout masks": {"arch": "gpt", "flash": False, "dropout": True},
+    "fp32 everywhere": {"precision": "fp32"},
+    "selective recompute, eager core": {"recompute": "selective", "flash": False},
+    "full recompute": {"recompute": "full"},
+    "wider: h=128, s=128, b=1, MQA": {"h": 128, "s": 128, "b": 1, "kv_heads": 1, "flash": False},
+    "MoE, 4 experts, top-2": {"experts": 4, "top_k": 2},
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _layer(point: Point) -> tuple[int, int]:
+    """(measured, estimated) bytes of one decoder layer: the two-layer model less the one-layer one."""
+    one, two = compare(dataclasses.replace(point, L=1)), compare(dataclasses.replace(point, L=2))
+    return (two.measured["activations"] - one.measured["activations"],
+            two.estimated["activations"] - one.estimated["activations"])
+
+
+def norm_stat(point: Point) -> int:
+    """4 bytes per token for each of the layer's 2 norms (module docstring); none under full recompute."""
+    return 0 if point.recompute == "full" else 2 * 4 * point.b * point.s
+
+
+def routing(point: Point) -> int:
+    """The router's bookkeeping beyond moe.mf's router.act (module docstring), measured at E = 4, k = 2."""
+    if point.experts == 1:
+        return 0
+    assert (point.experts, point.top_k) == (4, 2), "ROUTING was measured for 4 experts, top-2"
+    return (80 - 4 * (2 * point.experts + point.top_k)) * point.b * point.s
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_one_layer_measured_equals_formula(name):
+    point = dataclasses.replace(BASE, **CASES[name])
+    measured, estimated = _layer(point)
+    assert measured == estimated + norm_stat(point) + routing(point), (
+        f"{name}: measured {measured} B, formula {estimated} B + norm statistics {norm_stat(point)} B "
+        f"+ routing {routing(point)} B")
+
+
+def test_layer_bytes_by_hand_gqa_flash():
+    """The default case derived from tensor shapes, independently of both the formula and the harness
+    (b = 2, s = 64: 128 tokens; h = 64, d_h = 16, g = 2 KV heads, f = 176; bf16 = 2 bytes; Llama: RMSNorm,
+    SwiGLU, no biases, no dropout), per token:
+      2 RMSNorm inputs 2·2h = 256 (Korthikanti §4.1), QKV input 2h = 128, Q 2h = 128, K and V 2·2·g·d_h =
+      128 (GQA width, Ainslie et al. 2023), flash log-sum-exp fp32 per head 4a = 16 (Dao et al. 2022 §3.1),
+      flash output / o_proj input 2h = 128, MLP input 2h = 128, SwiGLU input [gate|up] 2·2f = 704 and
+      output 2f = 352 (fc2 input), and the norms' fp32 statistics 2·4 = 8."""
+    per_token = 256 + 128 + 128 + 128 + 16 + 128 + 128 + 704 + 352 + 8
+    measured, estimated = _layer(BASE)
+    assert measured == 128 * per_token
+    assert estimated == 128 * (per_token - 8)
+
+
+def test_gqa_kv_width_is_measured():
+    """K and V are stored at the GQA width g·d_h (Ainslie et al. 2023): MHA (g = 4) minus MQA (g = 1) keeps
+    2 tensors × 3 heads × d_h = 16 × 2 bytes = 192 bytes per token more, measured and estimated alike."""
+    mha, mqa = (dataclasses.replace(BASE, kv_heads=k) for k in (4, 1))
+    assert _layer(mha)[0] - _layer(mqa)[0] == 128 * 192
+    assert _layer(mha)[1] - _layer(mqa)[1] == 128 * 192
+
+
+def test_eager_core_against_flash_is_measured():
+    """The eager a·s² core (Korthikanti §4.1) keeps the bf16 softmax output, 2·a·s² per sequence; flash keeps
+    the fp32 log-sum-exp, 4·a·s (Dao et al. 2022 §3.1): b·(2·a·s² − 4·a·s) = 2·(2·4·64² − 4·4·64) bytes more."""
+    eager, flash = dataclasses.replace(BASE, flash=False), BASE
+    expected = 2 * (2 * 4 * 64 * 64 - 4 * 4 * 64)
+    assert _layer(eager)[0] - _layer(flash)[0] == expected
+    assert _layer(eager)[1] - _layer(flash)[1] == expected
