@@ -189,6 +189,8 @@ def compile_structures(model: Model, overrides: Sequence[Mapping[str, Any]], key
         progress(done, len(overrides))
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    # the most pipeline chunks first (they take longest): no worker is left with a big one at the end
+    todo.sort(key=lambda i: -int(overrides[i].get("parallel.pp") or 1) * int(overrides[i].get("parallel.vpp") or 1))
     if len(todo) >= PARALLEL_MIN and workers > 1 and "fork" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("fork")  # the workers inherit the loaded model
         with ProcessPoolExecutor(min(workers, len(todo)), mp_context=ctx, initializer=_worker_init,
