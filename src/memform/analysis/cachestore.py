@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..resources import VERSION, grammar_file
 
 #: bump when the entry layout or the meaning of its fields changes
-FORMAT = 1
+FORMAT = 2
 #: environment variable naming the cache directory (overrides the platform default)
 CACHE_ENV = "MEMFORM_CACHE_DIR"
 

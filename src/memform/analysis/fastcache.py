@@ -127,6 +127,8 @@ def _full_estimate(config: Any, overrides: Any) -> Any:
 
 def _run(loaded: _Loaded, data: Mapping[str, Any], full: Callable[[], Any]) -> "FastEstimate | None":
     body = loaded.body
+    if any(get_path(data, key, None) != value for key, value in body["fixed"].items()):
+        return None  # a key the formulas do not bind, with another value than the compiled one
     args = []
     for key, limits in zip(body["inputs"], body["limits"]):
         v = get_path(data, key, None)

@@ -147,8 +147,11 @@ def compile_entry(model: Model, candidates: Sequence[str]) -> dict[str, Any]:
     except NotExact as exc:
         raise Uncompilable(f"not exact in integers: {exc}") from None
     st = model.structure
+    # candidates the formula files do not bind as symbols are not inputs: an entry holds only for
+    # the values this config gives them (they are left out of the structure key like the inputs)
+    fixed = {key: get_path(model.data, key, None) for key in candidates if key not in inputs}
     return {
-        "inputs": inputs, "limits": limits, "source": source, "conditions": cond_first,
+        "inputs": inputs, "limits": limits, "fixed": fixed, "source": source, "conditions": cond_first,
         "name": est.name, "schedule": st.schedule, "framework": st.framework, "pp": st.pp, "vpp": st.vpp,
         "recompute": st.recompute, "capacity_bytes": est.capacity_bytes, "devices": get_path(model.data,
                                                                                               "parallel.devices", None),
