@@ -273,7 +273,7 @@ def install_reader() -> None:
     original = parser.read_text
 
     def read_text(path, what="file"):
-        key = str(Path(path).resolve())
+        key = _checkout_path(path)
         _READS.add(key)
         if key in _SERVED:
             return _SERVED[key]
@@ -323,6 +323,18 @@ def serve(m: Mutant | None) -> None:
     _SERVED.clear()
     if m is not None:
         _SERVED[str((ROOT / m.file).resolve())] = m.text
+
+
+def _checkout_path(path: str | Path) -> str:
+    """The checkout's path of a formula file memform reads: an installed (not editable) memform reads
+    its bundled files from its own data directory, whose files are the checkout's formulas/."""
+    from memform.resources import formulas_dir
+    resolved = Path(path).resolve()
+    try:
+        rel = resolved.relative_to(formulas_dir().resolve())
+    except ValueError:
+        return str(resolved)
+    return str((ROOT / "formulas" / rel).resolve())
 
 
 class LoadError(Exception):
