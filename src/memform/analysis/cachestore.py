@@ -21,7 +21,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..resources import VERSION, grammar_file
+from ..engine.config import formula_files
+from ..resources import VERSION, grammar_file, resolve_formula_path
 
 #: bump when the entry layout or the meaning of its fields changes
 FORMAT = 2
@@ -128,3 +129,15 @@ def write_entry(path: Path, key: str, files: list[list[str]], body: dict[str, An
         os.replace(tmp, path)  # atomic: a concurrent reader sees the old entry or the new one
     except OSError:
         pass  # an unwritable cache only costs speed
+
+
+def formula_paths(data: Mapping[str, Any], source: Path | None) -> list[str]:
+    """The resolved formula files a normalized config loads (its list, then its profile): what a
+    structure key hashes, found without parsing them."""
+    base = source.parent if source else Path.cwd()
+    return [str(resolve_formula_path(f, base).resolve()) for f in formula_files(data)]
+
+
+def file_digests(paths: Sequence[str]) -> list[list[str]]:
+    """``[path, sha256]`` for each file a compiled entry came from (checked again on every hit)."""
+    return [[p, digest(p) or ""] for p in paths]

@@ -20,20 +20,18 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import sympy
 
-from ..engine.config import NUMERIC_KEYS, apply_overrides, formula_files  # noqa: F401 (NUMERIC_KEYS re-exported)
+from ..engine.config import NUMERIC_KEYS, apply_overrides  # noqa: F401 (NUMERIC_KEYS re-exported)
 from ..engine.evaluator import Ctx
 from ..engine.interpreter import CATEGORIES
 from ..engine.model import Model, estimate_model, rebind
 from ..errors import MemformError
-from ..resources import resolve_formula_path
+from .cachestore import entry_path, file_digests, formula_paths, read_entry, structure_key, write_entry
 from .exact import ExactFunction, NotExact, compile_exact, load_exact
-from .cachestore import digest, entry_path, read_entry, structure_key, write_entry
 
 
 
@@ -165,7 +163,7 @@ def compile_structures(model: Model, overrides: Sequence[Mapping[str, Any]], key
     """:meth:`CompiledModel.build` of ``rebind(model, o, check=False)`` for each ``o`` in
     ``overrides``, or the :class:`MemformError` that structure raises.
 
-    Structures found in the on-disk cache of :mod:`memform.analysis.fastcache` (purpose
+    Structures found in the on-disk cache of :mod:`memform.analysis.cachestore` (purpose
     ``search``) need neither the rebind nor sympy; refused ones are cached with their message.
     The rest are compiled in ``workers`` processes (default: one per CPU) when there are at
     least :data:`PARALLEL_MIN` of them, else here.
@@ -228,7 +226,7 @@ def _compile_one(model: Model, overrides: Mapping[str, Any], keys: tuple[str, ..
     start = time.perf_counter()
     try:
         smodel = rebind(model, overrides, check=False)
-        files = _files(smodel)
+        files = file_digests(smodel.program.paths)
         cm = CompiledModel.build(smodel, keys)
     except MemformError as exc:
         return None, exc.message, locals().get("files", []), time.perf_counter() - start
@@ -244,16 +242,11 @@ def _finish(result: tuple[Any, ...], key: str | None) -> "CompiledModel | Memfor
 
 def _search_key(model: Model, overrides: Mapping[str, Any], keys: Sequence[str]) -> str | None:
     data = apply_overrides(model.data, overrides)
-    base = model.source.parent if model.source else Path.cwd()
     try:
-        files = [str(resolve_formula_path(f, base).resolve()) for f in formula_files(data)]
+        files = formula_paths(data, model.source)
     except MemformError:
         return None
     return structure_key(data, files, keys, "search")
-
-
-def _files(model: Model) -> list[list[str]]:
-    return [[p, digest(p) or ""] for p in model.program.paths]
 
 
 def _derived_symbols(model: Model, searched: frozenset[str]) -> dict[str, sympy.Expr]:

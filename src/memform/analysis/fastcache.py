@@ -4,7 +4,8 @@ Every call of the interpreter rebuilds sympy expressions, although most of a con
 changes between calls: a planner varies the parallel degrees and micro-batching, a user
 re-runs the same file. So a config is split into
 
-* its *structure*: the formula files' contents, the grammar, the memform version and every
+* its *structure*: the formula files' contents, memform's own code (version, grammar and the
+  sources that compute numbers: :func:`memform.analysis.cachestore.code_digest`) and every
   config value except the numeric keys of :data:`NUMERIC_KEYS` that the config sets (their
   presence is part of the structure, their values are not); and
 * its *inputs*: those numeric values.
@@ -25,17 +26,18 @@ returns ``None`` and the caller runs the interpreter, which gives its own answer
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..engine.config import NUMERIC_KEYS, apply_overrides, formula_files, normalize, read_yaml
+from ..engine.config import NUMERIC_KEYS, apply_overrides, normalize, read_yaml
 from ..engine.results import CATEGORIES, EstimateNumbers, StageNumbers, with_devices
 from ..engine.values import get_path
 from ..errors import MemformError
-from ..resources import resolve_formula_path
-from .cachestore import CACHE_ENV, cache_dir, digest, entry_path, read_entry, structure_key, write_entry  # noqa: F401 (CACHE_ENV, cache_dir re-exported)
+from .cachestore import CACHE_ENV, cache_dir  # noqa: F401 (re-exported: where entries are kept)
+from .cachestore import digest, entry_path, file_digests, formula_paths, read_entry, structure_key, write_entry
 
 
 _MEMO: dict[str, "_Loaded"] = {}          # key -> entry and its function, this process
@@ -65,7 +67,7 @@ def _compile(config: Any, overrides: Any, candidates: list[str]) -> tuple[_Loade
     from .fastcompile import Uncompilable, compile_entry
     try:
         model = load_model(config, overrides)
-        files = [[p, digest(p) or ""] for p in model.program.paths]
+        files = file_digests(model.program.paths)
         try:
             body = compile_entry(model, candidates)
         except Uncompilable as exc:
@@ -77,8 +79,7 @@ def _compile(config: Any, overrides: Any, candidates: list[str]) -> tuple[_Loade
 
 def _lookup(config: Any, overrides: Any, data: Mapping[str, Any], source: Path | None,
             use_disk: bool) -> _Loaded | None:
-    base = source.parent if source else Path.cwd()
-    files = [str(resolve_formula_path(f, base).resolve()) for f in formula_files(data)]
+    files = formula_paths(data, source)
     candidates = [k for k in NUMERIC_KEYS if type(get_path(data, k, None)) is int]
     key = structure_key(data, files, candidates, "estimate")
     if key is None:
@@ -148,7 +149,7 @@ def _run(loaded: _Loaded, data: Mapping[str, Any], full: Callable[[], Any]) -> "
 
     setup = with_devices({label: value(ref) for label, ref in body["setup"].items()})
     devices = body["devices"]
-    if devices is not None and _product(setup) != devices:
+    if devices is not None and math.prod(setup.get(k, 1) for k in ("dp", "tp", "pp", "cp")) != devices:
         return None
     total, expert = value(body["parameters"]["total"]), value(body["parameters"]["expert"])
     stages = []
@@ -170,13 +171,6 @@ def _run(loaded: _Loaded, data: Mapping[str, Any], full: Callable[[], Any]) -> "
     for s in stages:
         s._owner = est
     return est
-
-
-def _product(setup: Mapping[str, Any]) -> int:
-    out = 1
-    for label in ("dp", "tp", "pp", "cp"):
-        out *= setup.get(label, 1)
-    return out
 
 
 class FastStage(StageNumbers):

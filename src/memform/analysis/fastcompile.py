@@ -103,8 +103,7 @@ def compile_entry(model: Model, candidates: Sequence[str]) -> dict[str, Any]:
                 size_guard(e)
         stages.append({"first": first, "moments": moments, "runtime": list(s.runtime_exprs),
                        "labels": est.stage_labels(s.stage),
-                       "terminal": " ".join(f"{g.count_value}x{g.block}" for c in est.partition.chunks[s.stage]
-                                            for g in c.groups)})
+                       "terminal": est.terminal_label(s.stage)})
 
     setup = {}
     constants = setup_of(model)
