@@ -7,6 +7,8 @@
     python bench/mutate.py --limit 300 --seed 1   # another sample size / sample
     python bench/mutate.py --jobs 2            # worker processes (default: 2)
     python bench/mutate.py --list              # only print the mutants, run nothing
+    python bench/mutate.py --exclude 'frameworks/*'   # leave files out (repeatable)
+    python bench/mutate.py --time              # also the step-time model (skipped by default)
 
 Mutants are made mechanically on the parse tree of the project's own grammar (memform.lang.parser), so
 every one is syntactically valid and touches exactly one token or term: each numeric literal +1, -1
@@ -19,16 +21,21 @@ for a sibling (h<->f, t<->cp, g<->a). Each mutant is then classified, in this or
                  config of :data:`VARIANTS` (the bundled configs in configs/ plus override variants that
                  reach the framework profiles, recompute modes, ZeRO stages, CP, ...): no bundled
                  set-up can tell it apart, so it is reported separately and not counted;
+* step-time   -- only the step-time model's numbers change (the ``time`` keys of ``--json``, issue 14):
+                 reported separately and not counted unless ``--time``, which also mutates the step-time
+                 model's own files (:data:`TIME_FILES`, left out by default);
 * killed      -- some test of the selection fails with the mutant in place;
 * survived    -- every test of the selection passes.
 
 The tests run IN-PROCESS: a worker starts one pytest session over the selected test files, runs each
 test once unmutated (the baseline: tests that fail, skip, spawn a subprocess -- which would read the
-unmutated files from disk -- or use hypothesis are left out, and counted), records which formula files
+unmutated files from disk; the baseline stops such a test at its first Popen -- or use hypothesis are
+left out, and counted), records which formula files
 each test reads, and then, per mutant, serves the mutated text through memform's formula reader
 (``memform.lang.parser.read_text``) and re-runs only the tests that read the mutated file, stopping at
-the first failure (the test that killed the last mutant goes first). PyTorch measurements do not
-depend on the formula files, so a worker measures each validation case once.
+the first failure (per formula file, the test that killed that file's last mutant goes first). PyTorch
+measurements do not depend on the formula files, so the run measures each validation case once: the
+workers share them through a temporary directory, and the mutant phase reuses the baseline's.
 
 Prints every surviving mutant as ``file:line:col  mutation``, then ``killed K of N (P %)`` with N the
 valid, non-equivalent mutants (a mutant whose tests run past the per-mutant limit, 600 s, is listed
@@ -70,6 +77,13 @@ SWAPS = {"h": "f", "f": "h", "t": "cp", "cp": "t", "g": "a", "a": "g"}
 DEFAULT_TESTS = ("tests/test_reference_*.py", "tests/test_pipeline.py", "tests/test_models.py",
                  "tests/test_validate.py", "tests/test_frameworks.py", "tests/test_framework_*.py",
                  "tests/test_distributed.py")
+
+#: formula files a default run leaves alone: the step-time model (issue 14), which its own tests pin;
+#: ``--time`` mutates it too (see :func:`formula_files`)
+TIME_FILES = ("time.mf", "time/*.mf")
+#: the ``--json`` keys of the step-time model (results.py: a stage's and the estimate's ``time``); a
+#: mutant that changes nothing but these is a step-time mutant, skipped unless ``--time``
+TIME_KEYS = ("time",)
 
 #: mutants a default run samples: the whole set (3,380 for the bundled files) takes well over an hour
 #: on 2 cores, mostly the equivalence check and the survivors, which run every selected test
@@ -126,15 +140,20 @@ class Mutant:
         return f"{self.where}  {self.kind}: {self.desc}"
 
 
-def formula_files(patterns: list[str] | None = None) -> list[Path]:
-    """The bundled formula files to mutate: formulas/*.mf and formulas/frameworks/*.mf (or those
-    whose repository-relative path or file name matches one of ``patterns``)."""
-    files = sorted((ROOT / "formulas").glob("*.mf")) + sorted((ROOT / "formulas" / "frameworks").glob("*.mf"))
-    if not patterns:
-        return files
-    rel = lambda p: p.relative_to(ROOT).as_posix()  # noqa: E731
-    return [p for p in files if any(fnmatch.fnmatch(rel(p), pat) or fnmatch.fnmatch(p.name, pat)
-                                    or fnmatch.fnmatch(rel(p), "formulas/" + pat) for pat in patterns)]
+def _matches(p: Path, patterns) -> bool:
+    rel = p.relative_to(ROOT).as_posix()
+    return any(fnmatch.fnmatch(rel, pat) or fnmatch.fnmatch(p.name, pat) or fnmatch.fnmatch(rel, "formulas/" + pat)
+               for pat in patterns)
+
+
+def formula_files(patterns: list[str] | None = None, exclude: list[str] | tuple[str, ...] = TIME_FILES) -> list[Path]:
+    """The bundled formula files to mutate: formulas/*.mf, formulas/frameworks/*.mf and formulas/time/*.mf
+    (or those whose repository-relative path or file name matches one of ``patterns``), less those
+    matching ``exclude`` (by default the step-time model's files, :data:`TIME_FILES`)."""
+    files = [p for d in ("", "frameworks", "time") for p in sorted((ROOT / "formulas" / d).glob("*.mf"))]
+    if patterns:
+        files = [p for p in files if _matches(p, patterns)]
+    return [p for p in files if not _matches(p, exclude or ())]
 
 
 def _number_variants(tok: str) -> list[str]:
@@ -262,6 +281,9 @@ def all_mutants(patterns: list[str] | None = None) -> list[Mutant]:
 _SERVED: dict[str, str] = {}     # resolved path -> mutated text
 _READS: set[str] = set()         # resolved formula paths read since the last clear
 _SPAWNED: list[int] = [0]
+#: set while the baseline runs: a test that starts a subprocess is stopped there (it is left out in any case,
+#: and what the subprocess would run is the slow part)
+_BLOCK_SPAWN: list[bool] = [False]
 
 
 def install_reader() -> None:
@@ -416,9 +438,17 @@ def _baseline() -> list[tuple[str, tuple[str, ...], dict | str, set[str]]]:
     return _BASE
 
 
-def classify(m: Mutant) -> tuple[str, str]:
-    """``("invalid", why)``, ``("equivalent", "")`` or ``("live", the first config it changes)``."""
+def _memory(nums: dict[str, float]) -> dict[str, float]:
+    """``nums`` less the step-time model's numbers (:data:`TIME_KEYS`)."""
+    return {k: v for k, v in nums.items() if not any(f".{t}." in k or k.startswith(f".{t}.") or k == f".{t}"
+                                                    for t in TIME_KEYS)}
+
+
+def classify(m: Mutant, time_model: bool = False) -> tuple[str, str]:
+    """``("invalid", why)``, ``("equivalent", "")``, ``("time", config)`` -- only step-time numbers change
+    (:data:`TIME_KEYS`; ``live`` when ``time_model``) -- or ``("live", the first config it changes)``."""
     base = _baseline()
+    time_only = ""
     key = str((ROOT / m.file).resolve())
     serve(m)
     try:
@@ -433,14 +463,17 @@ def classify(m: Mutant) -> tuple[str, str]:
                 except (ArithmeticError, RecursionError, ValueError, TypeError, OverflowError) as exc:
                     return "live", f"{cfg} {' '.join(over)} raises {type(exc).__name__}"
                 if got != nums:
-                    return "live", f"{cfg} {' '.join(over)}".strip()
-        return "equivalent", ""
+                    where = f"{cfg} {' '.join(over)}".strip()
+                    if time_model or isinstance(got, str) or _memory(got) != _memory(nums):
+                        return "live", where
+                    time_only = time_only or where
+        return ("time", time_only) if time_only else ("equivalent", "")
     finally:
         serve(None)
 
 
-def _classify_batch(mutants: list[Mutant]) -> list[tuple[str, str]]:
-    return [classify(m) for m in mutants]
+def _classify_batch(mutants: list[Mutant], time_model: bool = False) -> list[tuple[str, str]]:
+    return [classify(m, time_model) for m in mutants]
 
 
 # ------------------------------------------------------------------------------ the in-process test oracle
@@ -479,7 +512,11 @@ class Oracle:
         _patch_measurements()
         _patch_spawn()
         if self.mode == "baseline":
-            self._baseline(session.items)
+            _BLOCK_SPAWN[0] = True
+            try:
+                self._baseline(session.items)
+            finally:
+                _BLOCK_SPAWN[0] = False
         else:
             self._mutants(session.items)
         return True
@@ -499,10 +536,10 @@ class Oracle:
                 ok = self._run(item)
                 took = time.perf_counter() - start
                 reads = set(_READS)
-                if not ok:
-                    why = "fails or skips unmutated"
-                elif _SPAWNED[0]:
+                if _SPAWNED[0]:      # first: the blocked subprocess may have failed it
                     why = "runs a subprocess (would read the files on disk)"
+                elif not ok:
+                    why = "fails or skips unmutated"
                 elif not reads:
                     why = "reads no formula file"
                 elif took > self.spec["max_test_s"]:
@@ -512,8 +549,11 @@ class Oracle:
 
     def _mutants(self, items) -> None:
         reads = {n: set(r) for n, r in self.spec["reads"].items()}
-        # cheapest first; then the test that killed the last mutant moves to the front
+        # cheapest first; then, per formula file, the test that killed the last mutant of that file moves
+        # to the front of the file's order (a file's mutants mostly fall to the same few tests); a file
+        # seen first starts from the order of every kill so far (``good``)
         good = sorted(items, key=lambda it: self.spec["seconds"].get(it.nodeid, 0.0))
+        per_file: dict[str, list] = {}
         progress = self.spec.get("progress")
         for i, m in enumerate(self.spec_mutants()):
             key = str((ROOT / m.file).resolve())
@@ -522,10 +562,9 @@ class Oracle:
             start = time.perf_counter()
             signal.signal(signal.SIGALRM, _alarm)
             signal.setitimer(signal.ITIMER_REAL, self.spec["per_mutant_s"])
+            order = per_file.setdefault(key, [it for it in good if key in reads.get(it.nodeid, ())])
             try:
-                for item in good:
-                    if key not in reads.get(item.nodeid, ()):
-                        continue
+                for item in order:
                     ran += 1
                     if not self._run(item):
                         killer = item
@@ -539,8 +578,9 @@ class Oracle:
                 killer, why = None, "timeout"
                 _TIMED_OUT[0] = False
             if killer is not None:
-                good.remove(killer)
-                good.insert(0, killer)
+                for lst in (good, order):
+                    lst.remove(killer)
+                    lst.insert(0, killer)
             self.results.append({"label": m.label(), "killed": killer is not None,
                                  "by": killer.nodeid if killer else why, "tests": ran,
                                  "seconds": round(time.perf_counter() - start, 3)})
@@ -565,25 +605,50 @@ def _alarm(signum, frame):
     raise _Timeout()
 
 
+#: environment variable naming the directory where a run's workers share their PyTorch measurements
+MEASURE_DIR = "MEMFORM_MUTATE_MEASUREMENTS"
+
+
 def _patch_measurements() -> None:
-    """PyTorch measurements depend only on the case, never on the formula files: measure each once."""
+    """PyTorch measurements depend only on the case, never on the formula files: measure each once per
+    run -- in this process's memory and, when :data:`MEASURE_DIR` is set (by :func:`main`: a temporary
+    directory removed at the end of the run), in files every worker of the run reads, so that the
+    mutant phase's workers reuse what the baseline's measured."""
     try:
+        import hashlib
+        import pickle
+
         import memform.validation.compare as compare
+        import memform.validation.measure as measure
     except ImportError:
         return
-    original = compare.measure_step
-    if getattr(original, "_mutate", False):
+    original = measure.measure_step
+    if getattr(compare.measure_step, "_mutate", False):
         return
     cache: dict[str, object] = {}
+    shared = os.environ.get(MEASURE_DIR)
 
-    def measure_step(cfg, precision, *args, **kwargs):
+    def measure_step(cfg, precision="bf16-mixed", *args, **kwargs):
         key = json.dumps([cfg, precision, args, kwargs], sort_keys=True, default=str)
-        if key not in cache:
+        if key in cache:
+            return cache[key]
+        path = Path(shared) / (hashlib.sha256(key.encode()).hexdigest() + ".pickle") if shared else None
+        if path is not None and path.exists():
+            cache[key] = pickle.loads(path.read_bytes())
+        else:
             cache[key] = original(cfg, precision, *args, **kwargs)
+            if path is not None:
+                part = path.with_suffix(f".{os.getpid()}.part")
+                part.write_bytes(pickle.dumps(cache[key]))
+                os.replace(part, path)
         return cache[key]
 
     measure_step._mutate = True
-    compare.measure_step = measure_step
+    # compare.py and the tests that import it directly (``from ...measure import measure_step``)
+    _replace_everywhere(original, measure_step)
+    for mod in list(sys.modules.values()):
+        if mod is not None and getattr(mod, "measure_step", None) is original:
+            mod.measure_step = measure_step
 
 
 def _patch_spawn() -> None:
@@ -593,6 +658,9 @@ def _patch_spawn() -> None:
 
     def init(self, *args, **kwargs):
         _SPAWNED[0] += 1
+        if _BLOCK_SPAWN[0]:
+            raise RuntimeError("bench/mutate.py: this test starts a subprocess, which would read the formula "
+                               "files on disk; it is left out")
         return original(self, *args, **kwargs)
 
     init._mutate = True
@@ -684,6 +752,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-test-seconds", type=float, default=10.0,
                     help="leave out tests slower than this unmutated (default 10; a first PyTorch "
                          "measurement is slow once, then cached)")
+    ap.add_argument("--exclude", action="append", metavar="GLOB",
+                    help="leave out these formula files (globs as for --files; repeatable; default: "
+                         f"{' '.join(TIME_FILES)}, the step-time model)")
+    ap.add_argument("--time", action="store_true",
+                    help="also mutate the step-time model: its files, and count a mutant that changes only "
+                         "step-time numbers as live (by default both are skipped and counted apart)")
     ap.add_argument("--list", action="store_true", help="print the mutants and stop")
     ap.add_argument("--json", metavar="PATH", help="also write every mutant's outcome as JSON")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
@@ -691,7 +765,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker(*args.worker)
     start = time.perf_counter()
-    files = formula_files(args.files)
+    exclude = list(args.exclude or ()) + ([] if args.time else list(TIME_FILES))
+    files = formula_files(args.files, exclude)
     if not files:
         print(f"mutate: --files {' '.join(args.files)} matches no formula file", file=sys.stderr)
         return 2
@@ -710,14 +785,19 @@ def main(argv: list[str] | None = None) -> int:
         print(sampled)
     print(f"{len(mutants)} mutants of {len(files)} formula files; classifying against "
           f"{len(variants())} configs ...", flush=True)
-    classes = _classify_all(mutants, args.jobs)
+    classes = _classify_all(mutants, args.jobs, args.time)
     invalid = [(m, why) for m, (c, why) in zip(mutants, classes) if c == "invalid"]
     equivalent = [m for m, (c, _) in zip(mutants, classes) if c == "equivalent"]
+    timed = [m for m, (c, _) in zip(mutants, classes) if c == "time"]
     live = [m for m, (c, _) in zip(mutants, classes) if c == "live"]
     print(f"{len(invalid)} invalid (rejected by the loader/checker), {len(equivalent)} equivalent "
-          f"(no estimate number changes on any config), {len(live)} to test; "
-          f"{time.perf_counter() - start:.0f} s so far", flush=True)
+          f"(no estimate number changes on any config), "
+          + (f"{len(timed)} step-time only (skipped: --time), " if timed else "")
+          + f"{len(live)} to test; {time.perf_counter() - start:.0f} s so far", flush=True)
     tests = expand_tests(args.tests or list(DEFAULT_TESTS))
+    # the run's workers share their PyTorch measurements (see _patch_measurements)
+    measured = tempfile.TemporaryDirectory(prefix="memform-mutate-measured-")
+    os.environ.setdefault(MEASURE_DIR, measured.name)
     baseline = select_tests(tests, args.jobs, args.max_test_seconds) if live else []
     excluded: dict[str, int] = {}
     for r in baseline:
@@ -727,9 +807,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{' '.join(tests)}" + ("; left out: " + ", ".join(f"{n} {why}" for why, n in sorted(excluded.items()))
                                    if excluded else "") + f"; {time.perf_counter() - start:.0f} s so far", flush=True)
     results = run_oracle(live, tests, baseline, args.jobs)
+    measured.cleanup()
     print("\nequivalent mutants (not counted):")
     for m in equivalent:
         print(f"  {m.label()}")
+    if timed:
+        print("\nstep-time mutants (only the step-time model's numbers change; skipped, not counted: --time):")
+        for m in timed:
+            print(f"  {m.label()}")
     print("\nsurviving mutants:")
     survivors = [r for r in results if not r["killed"]]
     for r in survivors:
@@ -739,23 +824,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({
             "sampled": sampled, "total": total, "invalid": [[m.label(), w] for m, w in invalid],
-            "equivalent": [m.label() for m in equivalent], "results": results}, indent=1), encoding="utf-8")
-    print(f"\n{len(invalid)} invalid, {len(equivalent)} equivalent; {time.perf_counter() - start:.0f} s"
+            "equivalent": [m.label() for m in equivalent], "time": [m.label() for m in timed],
+            "results": results}, indent=1), encoding="utf-8")
+    print(f"\n{len(invalid)} invalid, {len(equivalent)} equivalent"
+          + (f", {len(timed)} step-time only" if timed else "") + f"; {time.perf_counter() - start:.0f} s"
           + (f"; {sampled}" if sampled else ""))
     print(f"killed {killed} of {n} ({100 * killed / n if n else 100:.1f} %)")
     return 0
 
 
-def _classify_all(mutants: list[Mutant], jobs: int) -> list[tuple[str, str]]:
+def _classify_all(mutants: list[Mutant], jobs: int, time_model: bool = False) -> list[tuple[str, str]]:
     if jobs <= 1 or len(mutants) < 8:
-        return [classify(m) for m in mutants]
+        return [classify(m, time_model) for m in mutants]
     import multiprocessing
 
     _baseline()   # once, before forking: every worker inherits it
     ctx = multiprocessing.get_context("fork")
     chunks = [mutants[i::jobs] for i in range(jobs)]
     with ctx.Pool(jobs) as pool:
-        parts = pool.map(_classify_batch, chunks)
+        parts = pool.starmap(_classify_batch, [(c, time_model) for c in chunks])
     out: list[tuple[str, str] | None] = [None] * len(mutants)
     for i, part in enumerate(parts):
         for j, res in enumerate(part):

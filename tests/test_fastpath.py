@@ -278,3 +278,80 @@ def test_search_structures_are_cached_and_compiled_alike_in_parallel(own_cache, 
     rebuilt = compiled_mod.compile_structures(model, structures, keys, workers=1)
     assert len(calls) == 2 * len(structures)
     assert [getattr(r, "stages", str(r)) for r in rebuilt] == [getattr(r, "stages", str(r)) for r in first]
+
+
+# --------------------------------------------------------------------------- compiling faster, same numbers
+
+@settings(max_examples=60, deadline=None)
+@given(expr=_exprs, values=st.lists(st.tuples(st.integers(1, 10 ** 15), st.integers(1, 10 ** 4),
+                                                 st.integers(1, 10 ** 15)), min_size=1, max_size=6))
+def test_numpy_backend_exact_where_polynomials_leave_int64(expr, values):
+    """Big inputs send some polynomials down the Python-int path (compiled from a string only when
+    taken) while others stay int64, in one function: still sympy's numbers."""
+    import numpy as np
+    fn = compile_exact([expr], [x, y, z])
+    (out,), bad = fn([np.array([v[i] for v in values], dtype=np.int64) for i in range(3)])
+    for k, v in enumerate(values):
+        assert not bad[k]
+        assert int(out[k]) == int(sympy.ceiling(expr.xreplace(dict(zip((x, y, z), v))))), (expr, v)
+
+
+_atoms = st.one_of(st.sampled_from([x, y, z]), st.integers(-6, 6).map(sympy.Integer),
+                   st.tuples(st.integers(-5, 5), st.integers(1, 6)).map(lambda t: sympy.Rational(*t)))
+
+
+def _rational_combine(children):
+    return st.one_of(
+        st.tuples(children, children).map(lambda t: t[0] + t[1]),
+        st.tuples(children, children).map(lambda t: t[0] * t[1]),
+        st.tuples(children, st.integers(-3, 3)).map(lambda t: t[0] ** t[1] if t[0] != 0 or t[1] >= 0 else t[0]),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(body=st.recursive(_atoms, _rational_combine, max_leaves=10))
+def test_plain_python_fraction_is_sympys_reduced_fraction(body):
+    """Where every denominator is one term, the plain-Python conversion gives sympy's reduced
+    fraction (same value, same denominator monomial); otherwise it leaves the case to sympy."""
+    from memform.analysis import exact
+    gens = (x, y, z)
+    got = exact._monomial_fraction(body, gens, {})
+    if got is None:
+        return
+    (num, den) = got
+    assert len(den) == 1 and den[0][0] > 0
+
+    def expr(terms):
+        return sympy.Add(*[c * x ** e[0] * y ** e[1] * z ** e[2] for c, e in terms])
+
+    n_expr, d_expr = expr(num), expr(den)
+    assert sympy.simplify(n_expr / d_expr - body) == 0, (body, got)
+    field = sympy.polys.fields.field(gens, sympy.QQ)[0]
+    ref = field.from_expr(body)
+    (mono, _), = ref.denom.terms()  # a one-term reduced denominator: the same monomial
+    assert tuple(mono) == den[0][1]
+
+
+def test_stored_bytecode_is_used_only_by_the_python_that_wrote_it(monkeypatch):
+    """``code_text`` spares :func:`load_exact` the compile; text from another Python (another tag)
+    or damaged text is ignored and the source compiled instead, with the same function."""
+    import numpy as np
+
+    from memform.analysis import exact
+    fn = compile_exact([sympy.Max(x * y, 3 * z) / (x + 1), sympy.Eq(sympy.Mod(y, x), 0)], [x, y, z])
+    text = fn.code_text()
+    assert text.startswith(exact._CODE_TAG)
+    cols = [np.array([1, 7, 12]), np.array([5, 14, 5]), np.array([9, 2, 2])]
+    want = fn(cols)
+    compiles = []
+    real = compile
+    monkeypatch.setattr(exact, "compile", lambda *a, **k: compiles.append(1) or real(*a, **k), raising=False)
+    again = exact.load_exact(fn.inputs, fn.source, text)
+    assert not compiles
+    for damaged in ("py00000000:" + text.split(":", 1)[1], text[:-12] + "AAAAAAAAAAAA", text + "!", None):
+        other = exact.load_exact(fn.inputs, fn.source, damaged)
+        got = other(cols)
+        assert all((a == b).all() for a, b in zip(got[0], want[0])) and (got[1] == want[1]).all()
+    assert len(compiles) == 4
+    got = again(cols)
+    assert all((a == b).all() for a, b in zip(got[0], want[0])) and (got[1] == want[1]).all()

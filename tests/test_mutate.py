@@ -98,3 +98,29 @@ def test_a_known_bad_mutant_is_killed_and_the_original_survives(mutate, dense):
     assert results[bad.label()]["killed"], results
     assert not results[same.label()]["killed"], results
     assert results[same.label()]["tests"] == sum(not r["excluded"] for r in baseline)
+
+
+def test_the_step_time_model_is_left_out_unless_asked_for(mutate, tmp_path):
+    """The step-time model (issue 14) has its own tests: its files are not mutated by default, and a
+    mutant that changes only the ``time`` numbers of ``--json`` is counted apart (classify's "time")."""
+    default = mutate.formula_files()
+    assert default and not any(mutate._matches(p, mutate.TIME_FILES) for p in default)
+    assert [p.name for p in mutate.formula_files(["dense.mf"])] == ["dense.mf"]
+    # --exclude leaves out what it names; nothing excluded keeps every file of the default
+    assert "dense.mf" not in {p.name for p in mutate.formula_files(None, ["dense.mf", *mutate.TIME_FILES])}
+    assert set(default) <= set(mutate.formula_files(None, ()))
+    nums = {".stages[0].activations": 2.0, ".stages[0].time.step_seconds": 1.5,
+            ".stages[0].time.parts.compute": 1.0, ".time.mfu": 0.4, ".peak_bytes": 7.0}
+    assert mutate._memory(nums) == {".stages[0].activations": 2.0, ".peak_bytes": 7.0}
+
+
+def test_the_baseline_stops_a_test_that_starts_a_subprocess(mutate, tmp_path):
+    """A test that starts a subprocess is left out (the subprocess would read the formula files on disk,
+    not the served mutant); the baseline stops it at its first Popen instead of waiting for it."""
+    probe = tmp_path / "test_probe_spawn.py"
+    probe.write_text("import subprocess, sys\n\n\ndef test_spawns():\n"
+                     "    subprocess.run([sys.executable, '-c', 'import time; time.sleep(120)'], check=True)\n",
+                     encoding="utf-8")
+    [row] = mutate.select_tests([str(probe)], 1, 5.0)
+    assert row["excluded"] == "runs a subprocess (would read the files on disk)"
+    assert row["seconds"] < 60

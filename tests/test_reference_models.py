@@ -178,3 +178,162 @@ def test_deepspeed_ipg_bucket():
     for overlap, buffers in ((False, 1), (True, 2)):
         est = memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={**base, "deepspeed.overlap_comm": overlap})
         assert _layers(est)["embedding"].per_layer_values["comm"] == buffers * 500_000_000 * 2
+
+
+def test_bert_classification_head_activations():
+    """BERT-large for sequence classification (the bundled config: fp32, b = 4, h = 1024, dropout 0.1,
+    2 labels; transformers BertPooler.forward and BertForSequenceClassification.forward): the head works
+    on the first token of each sequence only, so it saves b × h tensors, not s·b·h -- the pooler dense's
+    input hidden_states[:, 0] (F.linear saves its input), tanh's output (derivatives.yaml:
+    tanh_backward(grad, result)), the classifier's input (the dropout output) at 4 bytes each, and the
+    dropout's 1-byte mask (Korthikanti et al. 2022 §4.1 counts masks at 1 byte):
+      (3 · 4 + 1) · 4 · 1024 = 53,248 bytes. The loss is over b × 2 logits: its backward adds nothing
+    worth an s·b·v term."""
+    layers = _layers(memform.estimate(CONFIGS / "bert-large-uncased.yaml"))
+    assert layers["output"].per_layer_values["activations"] == 53_248
+
+
+def test_torch_pipelining_buffers_hold_the_local_shard():
+    """torch.distributed.pipelining sends and receives each stage's output as the local tensor of the
+    rank (stage.py _create_act_recv_info / _create_grad_recv_info size the receive buffers from the
+    stage's output metadata): with sequence parallelism the residual stream between layers is
+    sequence-sharded over the t TP ranks (Korthikanti et al. 2022 §4.2.2; DTensor Shard(1), torchtitan's
+    SequenceParallel plan), with context parallelism every rank holds s/cp tokens (torchtitan's
+    context_parallel shards the sequence dimension). So at TP 4 the buffers with SP are a quarter of those
+    without, and CP 2 halves them again; the counts of buffers do not change (tests/test_distributed.py
+    measures the counts at t = cp = 1)."""
+    base = {"training.framework": "torch", "parallel.zero": 0, "parallel.pp": 2, "parallel.pp_schedule": "torch-1f1b"}
+
+    def p2p(**extra):
+        est = memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={**base, **extra})
+        return [s.runtime["torch_p2p"] for s in est.stages]
+
+    sp = p2p()
+    assert all(n > 0 for n in sp)
+    assert p2p(**{"parallel.sequence_parallel": False}) == [4 * n for n in sp]
+    assert p2p(**{"parallel.cp": 2}) == [n // 2 for n in sp]
+    assert all(n % 2 == 0 for n in sp)
+
+
+def test_qwen2_vl_vision_layer_splits_over_tensor_parallel_ranks():
+    """The vision block under TP 2 (Megatron-style, as the LM: Shoeybi et al. 2019 §3): QKV and fc1 are
+    column-parallel (weights and biases split), proj and fc2 row-parallel (weights split, biases
+    replicated), the two LayerNorms replicated. From the shapes of test_qwen2_vl_vision_encoder_parameters:
+      split: 4,915,200 + 3,840 (qkv) + 1,638,400 (proj) + 13,107,200 + 5,120 (fc1, fc2 weights + fc1 bias)
+             = 19,669,760 / 2                                                  = 9,834,880
+      replicated: proj and fc2 biases 2·1280, norms 4·1280                    =     7,680
+    = 9,842,560 parameters per rank."""
+    est = memform.estimate(CONFIGS / "qwen2-vl-7b.yaml", overrides={"parallel.tp": 2})
+    assert _layers(est)["vision_layer"].per_layer_values["param_count"] == 9_842_560
+
+
+def test_deepseek_v2_lite_shared_experts_activations():
+    """DeepSeek-V2-Lite's MoE layers (DeepSeek-AI 2024, arXiv:2405.04434 §2.2 and Appendix B: 2 shared
+    experts of 1408, SwiGLU) as bundled: s 4096, b 1, bf16, t = 1. The shared experts are a dense MLP
+    every token goes through, of width 2 · 1408 = 2816; their input is the normalised hidden state the
+    router reads too (saved once). They add, per token, [gate | up] 2 · 2 · 2816 and the SwiGLU output
+    2 · 2816 (Korthikanti et al. 2022 §4.1 with the gated MLP): 16,896 bytes · 4096 = 69,206,016 per layer."""
+    def moe_act(**over):
+        est = memform.estimate(CONFIGS / "deepseek-v2-lite.yaml", overrides=over)
+        return _layers(est)["moe_decoder"].per_layer_values["activations"]
+
+    assert moe_act() - moe_act(**{"model.num_shared_experts": 0}) == 69_206_016
+
+
+def test_torch_dtensor_embedding_gradient_is_the_whole_table():
+    """torch.distributed.tensor.parallel RowwiseParallel on nn.Embedding (torchtitan's plan) shards the
+    table over the vocabulary, but autograd's embedding_backward writes a Replicate gradient of the whole
+    v × h table on every rank (measured, bench/validate.py --distributed: 64 KiB of .grad for a 32 KiB
+    shard at t = 2). Llama-3-8B's table (v 128256, h 4096) under the torch profile (fp32 parameters and
+    .grad), TP 4, no data parallelism: 128256 · 4096 · 4 = 2,101,346,304 bytes of gradient for a
+    525,336,576-byte shard."""
+    est = memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={"training.framework": "torch", "parallel.zero": 0,
+                                                                  "parallel.dp": 1})
+    emb = _layers(est)["embedding"].per_layer_values
+    assert emb["params"] == 128256 * 4096 // 4 * 4
+    assert emb["grads"] == 128256 * 4096 * 4
+
+
+def test_mindspore_full_recompute_keeps_the_whole_layer_input_without_sp():
+    """MindSpore's Cell.recompute keeps each recomputed layer's input; it is sliced over model_parallel
+    only with sequence parallelism or recompute_slice_activation (MindSpore docs, "Recomputation";
+    MemEst rec_op, §1.4). Llama-3-8B (h 4096, s 8192, b 1, bf16) at TP 4 without SP: the whole
+    2 · 8192 · 4096 = 67,108,864 bytes per layer."""
+    est = memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={"training.framework": "mindspore",
+                                                                  "parallel.sequence_parallel": False,
+                                                                  "training.recompute": "full"})
+    assert _layers(est)["decoder"].per_layer_values["activations"] == 67_108_864
+
+
+def test_mindspore_parallel_optimizer_threshold_is_64_kb_not_more():
+    """The default threshold is 64 KB exactly (test_mindspore_parallel_optimizer_threshold_default): at
+    h = 182 (2 heads of 91, TP 1) the attention's 182 × 182 bf16 output projection is 66,248 bytes, 64.7 KB --
+    above a 64 KB threshold (sharded), below a 65 KB one (kept whole)."""
+    base = {"training.framework": "mindspore", "model.hidden_size": 182, "model.num_heads": 2,
+            "model.num_kv_heads": 2, "parallel.tp": 1, "parallel.sequence_parallel": False}
+
+    def optimizer(**extra):
+        est = memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={**base, **extra})
+        return [s.values["optimizer"] for s in est.stages]
+
+    assert optimizer() == optimizer(**{"mindspore.parallel_optimizer_threshold": 64})
+    assert optimizer(**{"mindspore.parallel_optimizer_threshold": 65}) > optimizer()
+
+
+def test_deepspeed_keeps_nothing_in_host_memory_without_offload():
+    """DeepSpeed ZeRO-3 without offload_optimizer / offload_param keeps parameters, gradients and optimizer
+    states on the device (DeepSpeed config docs, zero_optimization.offload_*: "none" by default): no host
+    bytes on any rank."""
+    est = memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={
+        "training.framework": "deepspeed", "parallel.zero": 3, "parallel.tp": 1,
+        "parallel.sequence_parallel": False, "parallel.dp": 8})
+    assert [s.host_bytes for s in est.stages] == [0] * len(est.stages)
+
+
+def test_mindspore_keeps_the_gathered_copies_of_gqa_attention_weights():
+    """MindSpore's parallel optimizer (optimizer_parallel.md) shards each weight of at least 64 KB over the
+    data-parallel ranks and all-gathers it in forward; with optimizer_level level1 (the default) the
+    gathered compute-dtype copy stays until backward, level3 re-gathers it "to release the memory used by
+    the forward pass allgather". Llama-3-8B (h 4096, 8 KV heads of 128, f 14336), TP 4, DP 2, bf16: a
+    decoder's TP slices are q and o 4096 · 4096 / 4, k and v 4096 · 1024 / 4 (GQA), gate, up and down
+    4096 · 14336 / 4 -- all far above 64 KB -- while its two RMSNorms (8 KB each) stay whole:
+      (2 · 16,777,216 + 2 · 4,194,304 + 3 · 58,720,256) / 4 = 54,525,952 elements · 2 bytes
+    = 109,051,904 bytes per decoder more with level1 than with level3."""
+    def params(**extra):
+        est = memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={"training.framework": "mindspore", **extra})
+        return _layers(est)["decoder"].per_layer_values["params"]
+
+    assert params() - params(**{"mindspore.optimizer_level": "level3"}) == 109_051_904
+
+
+def test_fsdp2_head_backward_buffers():
+    """FSDP2 (torch.distributed.fsdp fully_shard, torchtitan's MixedPrecisionPolicy: param_dtype bf16,
+    reduce_dtype fp32) on Llama-3-8B, ZeRO-3 over 8 ranks, TP 1. The head unit (final norm + lm_head:
+    128256 · 4096 + 4096 = 525,340,672 parameters) runs first in backward; while it does, a rank holds
+    autograd's unsharded gradient of its weights in param_dtype (2 bytes each), the reduce-scatter input
+    foreach_reduce casts it into (reduce_dtype, 4 bytes each; _fsdp_collectives.py), and the last
+    decoder's all-gathered bf16 weights, prefetched for the next backward (FSDPParamGroup backward
+    prefetch): q and o 4096², k and v 4096 · 1024, gate, up and down 4096 · 14336, two norms 4096 --
+    218,112,000 parameters. 525,340,672 · (2 + 4) + 218,112,000 · 2 = 3,588,268,032 bytes, the stage's
+    largest buffers."""
+    est = memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={
+        "training.framework": "fsdp2", "parallel.zero": 3, "parallel.tp": 1,
+        "parallel.sequence_parallel": False, "parallel.dp": 8})
+    layers = _layers(est)
+    assert layers["output"].per_layer_values["param_count"] == 525_340_672
+    assert layers["decoder"].per_layer_values["param_count"] == 218_112_000
+    assert layers["output"].per_layer_values["comm"] == 3_588_268_032
+    assert est.stages[0].values["comm"] == 3_588_268_032
+
+
+def test_deepseek_v3_mtp_activations_under_full_recompute():
+    """DeepSeek-V3 as bundled (full recompute, TP 4 with SP, s 8192, b 1, bf16; h 7168, v 129280): full
+    recompute checkpoints the transformer layers only, so the output head keeps what Korthikanti et al.
+    2022 §4.3 counts for it, 4sbh/t · (1 + v/h) -- the final norm's and the head GEMM's inputs (2 bytes,
+    h/t each with SP) and the fp32 vocabulary-parallel logits (4v/t) -- 4 · 8192 · 7168 / 4 ·
+    (1 + 129280/7168) = 1,117,782,016 bytes. The MTP module (§2.2, Fig. 3) has its own head for the extra
+    token with the same saved tensors, and keeps its two inputs, the hidden state and the next token's
+    embedding (2 · 2 · 7168 / 4 bytes per token): 1,117,782,016 + 8192 · 7168 = 1,176,502,272."""
+    last = _layers(memform.estimate(CONFIGS / "deepseek-v3.yaml"), stage=-1)
+    assert last["output"].per_layer_values["activations"] == 1_117_782_016
+    assert last["mtp"].per_layer_values["activations"] == 1_117_782_016 + 8192 * 7168

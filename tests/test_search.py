@@ -225,7 +225,8 @@ def test_divisors():
 
 def test_cli_search_csv_json_and_errors(tmp_path):
     cfg = str(CONFIGS / "llama3-8b.yaml")
-    small = ["--pp", "1,2", "--zero", "0,3", "--recompute", "none,full"]
+    # the memory ranking (the device's peak FLOP/s at 0: no time model; tests/test_search_time.py has the other)
+    small = ["--pp", "1,2", "--zero", "0,3", "--recompute", "none,full", "--set", "device.peak_flops_bf16=0"]
     r = _memform("search", cfg, "--devices", "8", "--format", "csv", "--top", "0", "--no-progress", *small)
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
@@ -237,7 +238,7 @@ def test_cli_search_csv_json_and_errors(tmp_path):
                                  "parallel.pp": int(first["pp"]), "parallel.zero": int(first["zero"]),
                                  "training.recompute": first["recompute"],
                                  "training.micro_batch_size": int(first["micro_batch_size"]),
-                                 "parallel.devices": None})
+                                 "parallel.devices": None, "device.peak_flops_bf16": 0})
     assert est.peak_bytes == int(first["peak_bytes"])
 
     out = tmp_path / "s.json"
@@ -262,11 +263,17 @@ def test_cli_search_csv_json_and_errors(tmp_path):
 
 def test_cli_search_table():
     r = _memform("search", str(CONFIGS / "llama3-70b.yaml"), "--devices", "64", "--top", "3", "--pp", "4,8",
-                 "--zero", "1", "--recompute", "selective")
+                 "--zero", "1", "--recompute", "selective", "--set", "device.peak_flops_bf16=0")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert "strategies fit" in lines[0] and lines[1].split()[:3] == ["dp", "tp", "pp"]
     assert len(lines) == 2 + 3 + 1
+    # with the time model: the ranking line, then the header and the plans
+    r = _memform("search", str(CONFIGS / "llama3-70b.yaml"), "--devices", "64", "--top", "3", "--pp", "4,8",
+                 "--zero", "1", "--recompute", "selective")
+    lines = r.stdout.splitlines()
+    assert "ranked by estimated step time" in lines[1] and lines[2].split()[:3] == ["dp", "tp", "pp"]
+    assert "step s" in lines[2] and len(lines) >= 3 + 3
 
 
 def test_uneven_pipeline_splits():

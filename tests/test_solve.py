@@ -159,3 +159,60 @@ def test_ring_context_parallelism_needs_two_cp_chunks_of_the_sequence(gpt3):
         memform.estimate(gpt3)
     gpt3["model"]["seq_length"] = 2048
     memform.estimate(gpt3)
+
+
+# ------------------------------------------------------------------------- the on-disk store
+
+def _counting_build(monkeypatch) -> list[int]:
+    """Count CompiledModel.build calls in this process (solve compiles one structure here)."""
+    from memform.analysis.compiled import CompiledModel
+    real = CompiledModel.build.__func__
+    calls: list[int] = []
+    monkeypatch.setattr(CompiledModel, "build", classmethod(lambda cls, *a, **k: calls.append(1) or real(cls, *a, **k)))
+    return calls
+
+
+def test_a_second_solve_reads_the_compiled_structure_from_the_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMFORM_CACHE_DIR", str(tmp_path / "cache"))
+    calls = _counting_build(monkeypatch)
+    path = CONFIGS / "llama3-70b.yaml"
+    first = solve(load_model(path), "training.micro_batch_size")
+    assert len(calls) == 1
+    entries = sorted((tmp_path / "cache" / "solve").rglob("*.json"))
+    assert len(entries) == 1
+    again = solve(load_model(path), "training.micro_batch_size")
+    assert len(calls) == 1  # read back: no sympy closed forms compiled again
+    assert (again.value, again.stage_peaks, again.other_value, again.other_peaks, again.binding_stage) == \
+        (first.value, first.stage_peaks, first.other_value, first.other_peaks, first.binding_stage)
+    assert (again.refused_value, again.refused_by) == (first.refused_value, first.refused_by)
+    # any other config value is part of the structure: its own entry
+    solve(load_model(path, {"model.seq_length": 4096}), "training.micro_batch_size")
+    assert len(calls) == 2
+    # sensitivity's one-step difference compiles its own structure once, then reads it back
+    sensitivity(load_model(path), "b")
+    sensitivity(load_model(path), "b")
+    assert len(calls) == 3
+    # cache=False compiles afresh and writes nothing
+    uncached = solve(load_model(path), "training.micro_batch_size", cache=False)
+    assert len(calls) == 4 and uncached.value == first.value
+    assert len(sorted((tmp_path / "cache" / "solve").rglob("*.json"))) == 3
+    # a corrupt entry is ignored and rebuilt, never trusted
+    entries[0].write_text(entries[0].read_text().replace('"stages": ', '"stages": 1'))
+    rebuilt = solve(load_model(path), "training.micro_batch_size")
+    assert len(calls) == 5 and rebuilt.value == first.value
+
+
+def test_a_refused_structure_keeps_its_error_with_the_store(tmp_path, monkeypatch):
+    """A structure memform refuses is stored as refused; solving it again gives the same error
+    (the interpreter's own, with its location where it has one)."""
+    monkeypatch.setenv("MEMFORM_CACHE_DIR", str(tmp_path / "cache"))
+    model = load_model(CONFIGS / "llama3-70b.yaml", {"parallel.pp": 3})  # 80 layers over 3 stages
+    messages = []
+    for _ in range(2):
+        with pytest.raises(memform.MemformError) as info:
+            solve(model, "training.micro_batch_size")
+        messages.append(str(info.value))
+    assert messages[0] == messages[1] and "do not split evenly" in messages[0]
+    (entry,) = sorted((tmp_path / "cache" / "solve").rglob("*.json"))
+    stored = json.loads(entry.read_text())
+    assert stored["body"] is None and "do not split evenly" in stored["reason"]

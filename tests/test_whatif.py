@@ -476,3 +476,39 @@ def test_every_bundled_config_page_starts_at_the_estimate(path):
     assert base["values"] == breakdown(memform.estimate(path))
     assert doubled["valid"], doubled["errors"]
     assert doubled["values"] == breakdown(memform.estimate(path, sets_of(doubled["command"])))
+
+
+# ---------------------------------------------------------------- the on-disk store
+
+def test_a_second_page_reads_every_variant_from_the_store(tmp_path, monkeypatch):
+    """Each variant's compiled structure, JavaScript and labels are stored (purpose ``whatif-`` and a
+    digest of the page code): the same page again is built without compiling anything, and is the
+    same page; cache=False compiles afresh."""
+    monkeypatch.setenv("MEMFORM_CACHE_DIR", str(tmp_path / "cache"))
+    options = {"pp": [1, 2, 3], "zero": [0, 1]}
+    first = whatif_html(config("llama2-7b.yaml"), ["parallel.tp=2"], **options)
+    entries = sorted((tmp_path / "cache").glob("whatif-*/*/*.json"))
+    stored = [json.loads(e.read_text()) for e in entries]
+    assert stored and all(s["body"] is None or s["body"]["extra"]["js"].startswith("function (") for s in stored)
+
+    def refuse(cls, *args, **kwargs):
+        raise AssertionError("compiled again")
+    monkeypatch.setattr(CompiledModel, "build", classmethod(refuse))
+    assert whatif_html(config("llama2-7b.yaml"), ["parallel.tp=2"], **options) == first
+    with pytest.raises(AssertionError, match="compiled again"):
+        whatif_html(config("llama2-7b.yaml"), ["parallel.tp=2"], cache=False, **options)
+    assert sorted((tmp_path / "cache").glob("whatif-*/*/*.json")) == entries
+
+
+def test_cli_no_cache_writes_no_entries(tmp_path):
+    out = tmp_path / "w.html"
+    cache = tmp_path / "cache"
+    res = run_memform("whatif", config("llama2-7b.yaml"), "--zero", "0", "--pp", "1", "--no-cache", "-o", out,
+                      env_extra={"MEMFORM_CACHE_DIR": str(cache)})
+    assert res.returncode == 0, res.stderr
+    assert not list(cache.rglob("*.json"))
+    res = run_memform("whatif", config("llama2-7b.yaml"), "--zero", "0", "--pp", "1", "-o", tmp_path / "c.html",
+                      env_extra={"MEMFORM_CACHE_DIR": str(cache)})
+    assert res.returncode == 0, res.stderr
+    assert list(cache.glob("whatif-*/*/*.json"))
+    assert (tmp_path / "c.html").read_text() == out.read_text()

@@ -27,7 +27,7 @@ import sympy
 
 from ..engine.config import NUMERIC_KEYS, apply_overrides  # noqa: F401 (NUMERIC_KEYS re-exported)
 from ..engine.evaluator import Ctx
-from ..engine.interpreter import CATEGORIES
+from ..engine.interpreter import CATEGORIES, PS_PER_SECOND
 from ..engine.model import Model, estimate_model, rebind
 from ..errors import MemformError
 from .cachestore import entry_path, file_digests, formula_paths, read_entry, structure_key, write_entry
@@ -47,6 +47,20 @@ class Batch:
     reasons: list[str]         # messages of the requires that failed for some candidate
     outputs: list[np.ndarray]  # stage-major: stage 0 params, grads, ..., stage 1 params, ...
     stages: int
+    #: with a time model: each stage's step time in picoseconds (rounded up once per stage; the
+    #: estimate rounds each cost block: a few picoseconds apart), the stages' summed ideal
+    #: picoseconds (MFU) and the tokens per step; None without one
+    times: list[np.ndarray] | None = None
+    ideal: np.ndarray | None = None
+    tokens: np.ndarray | None = None
+
+    @cached_property
+    def step_ps(self) -> np.ndarray | None:
+        """The slowest stage's step time per candidate, picoseconds (None without a time model)."""
+        if self.times is None:
+            return None
+        table = np.stack(self.times)
+        return (_narrow(table) if table.dtype == object else table).max(axis=0)
 
     @cached_property
     def values(self) -> np.ndarray:
@@ -91,6 +105,8 @@ class CompiledModel:
     requires: list[tuple[str, Any]]     # (message, sympy condition) left open by the structure
     function: ExactFunction
     compile_seconds: float
+    timed: bool = False                 # outputs carry the step-time model (see Batch.times)
+    extra: Any = None                   # what compile_structures' ``extra`` added (JSON-ready)
 
     @classmethod
     def build(cls, model: Model, keys: Sequence[str]) -> "CompiledModel":
@@ -115,26 +131,31 @@ class CompiledModel:
             if cond is not True:
                 requires.append((r.message, _substitute(cond, follow)))
         exprs = [{c: _substitute(e, follow) for c, e in s.exprs.items()} for s in est.stages]
-        flat = [e[c] for e in exprs for c in CATEGORIES] + [c for _, c in requires]
+        timed = any(s.time_exprs for s in est.stages)
+        times = ([_substitute(s.step_expr * PS_PER_SECOND, follow) for s in est.stages]
+                 + [_substitute(sympy.Add(*(s.ideal_expr for s in est.stages)) * PS_PER_SECOND, follow),
+                    _substitute(est.stages[0].tokens_expr, follow)]) if timed else []
+        flat = [e[c] for e in exprs for c in CATEGORIES] + times + [c for _, c in requires]
         try:
             fn = compile_exact(flat, symbols)
         except NotExact as exc:
             raise MemformError(f"the closed form cannot be evaluated exactly in integers for "
                                f"{', '.join(keys)} ({exc}); use 'memform estimate' per value instead") from None
         return cls(model, tuple(keys), tuple(symbols), len(exprs), exprs, requires, fn,
-                   time.perf_counter() - start)
+                   time.perf_counter() - start, timed)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any], seconds: float = 0.0) -> "CompiledModel":
         """A compiled structure from its stored form (no closed forms: ``model``/``exprs`` None)."""
-        fn = load_exact(body["inputs"], body["source"])
+        fn = load_exact(body["inputs"], body["source"], body.get("code"))
         return cls(None, tuple(body["keys"]), (), body["stages"], None, [(m, None) for m in body["requires"]],
-                   fn, seconds)
+                   fn, seconds, bool(body.get("timed", False)), body.get("extra"))
 
     def body(self) -> dict[str, Any]:
         """What :meth:`from_body` needs, JSON-ready (for the cache and for worker processes)."""
         return {"keys": list(self.keys), "inputs": list(self.function.inputs), "source": self.function.source,
-                "stages": self.stages, "requires": [m for m, _ in self.requires]}
+                "stages": self.stages, "requires": [m for m, _ in self.requires], "timed": self.timed,
+                "code": self.function.code_text()}
 
     def __call__(self, columns: Mapping[str, Any]) -> Batch:
         cols = [np.asarray(columns[k]) for k in self.keys]
@@ -148,33 +169,47 @@ class CompiledModel:
         for v in values:
             if v.size and v.min() < 0:  # the interpreter refuses negative sizes
                 valid &= v >= 0
+        ntime = self.stages + 2 if self.timed else 0
+        timing = [o if isinstance(o, np.ndarray) and o.shape == (n,) else np.broadcast_to(o, (n,))
+                  for o in outs[nvals:nvals + ntime]]
+        for v in timing:
+            if v.size and v.min() < 0:
+                valid &= v >= 0
         reasons = []
-        for (message, _), ok in zip(self.requires, outs[nvals:]):
+        for (message, _), ok in zip(self.requires, outs[nvals + ntime:]):
             ok = np.broadcast_to(ok, (n,))
             if not ok.all():
                 reasons.append(message)
             valid &= ok
-        return Batch(valid, reasons, values, self.stages)
+        if not self.timed:
+            return Batch(valid, reasons, values, self.stages)
+        return Batch(valid, reasons, values, self.stages, timing[:self.stages], timing[self.stages],
+                     timing[self.stages + 1])
 
 
 def compile_structures(model: Model, overrides: Sequence[Mapping[str, Any]], keys: Sequence[str], *,
                        cache: bool = True, workers: int | None = None,
-                       progress: Callable[[int, int], None] | None = None) -> list["CompiledModel | MemformError"]:
+                       progress: Callable[[int, int], None] | None = None, purpose: str = "search",
+                       extra: Callable[[Model, "CompiledModel"], Any] | None = None,
+                       ) -> list["CompiledModel | MemformError"]:
     """:meth:`CompiledModel.build` of ``rebind(model, o, check=False)`` for each ``o`` in
     ``overrides``, or the :class:`MemformError` that structure raises.
 
     Structures found in the on-disk cache of :mod:`memform.analysis.cachestore` (purpose
     ``search``) need neither the rebind nor sympy; refused ones are cached with their message.
     The rest are compiled in ``workers`` processes (default: one per CPU) when there are at
-    least :data:`PARALLEL_MIN` of them, else here.
+    least :data:`PARALLEL_MIN` of them, else here. ``purpose`` names the store (``solve`` and
+    ``whatif`` keep their own); ``extra(structure_model, compiled)``, run where the structure is
+    compiled, adds JSON-ready data to what is stored (:attr:`CompiledModel.extra`; a
+    :class:`MemformError` from it refuses the structure).
     """
     out: list[Any] = [None] * len(overrides)
     keys_of: list[str | None] = []
     todo = []
     for i, o in enumerate(overrides):
-        key = _search_key(model, o, keys) if cache else None
+        key = _search_key(model, o, keys, purpose) if cache else None
         keys_of.append(key)
-        stored = None if key is None else read_entry(entry_path("search", key), key, lambda b: b)
+        stored = None if key is None else read_entry(entry_path(purpose, key), key, lambda b: b)
         if stored is not None and (stored[0] is None or list(stored[0]["keys"]) == list(keys)):
             try:
                 out[i] = MemformError(stored[2]) if stored[0] is None else CompiledModel.from_body(stored[0])
@@ -192,16 +227,16 @@ def compile_structures(model: Model, overrides: Sequence[Mapping[str, Any]], key
     if len(todo) >= PARALLEL_MIN and workers > 1 and "fork" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("fork")  # the workers inherit the loaded model
         with ProcessPoolExecutor(min(workers, len(todo)), mp_context=ctx, initializer=_worker_init,
-                                 initargs=(model, tuple(keys))) as pool:
+                                 initargs=(model, tuple(keys), extra)) as pool:
             results = pool.map(_worker_compile, [overrides[i] for i in todo], chunksize=1)
             for i, result in zip(todo, results):
-                out[i] = _finish(result, keys_of[i])
+                out[i] = _finish(result, keys_of[i], purpose)
                 done += 1
                 if progress:
                     progress(done, len(overrides))
     else:
         for i in todo:
-            out[i] = _finish(_compile_one(model, overrides[i], tuple(keys)), keys_of[i])
+            out[i] = _finish(_compile_one(model, overrides[i], tuple(keys), extra), keys_of[i], purpose)
             done += 1
             if progress:
                 progress(done, len(overrides))
@@ -213,40 +248,44 @@ PARALLEL_MIN = 8
 _WORKER: dict[str, Any] = {}
 
 
-def _worker_init(model: Model, keys: tuple[str, ...]) -> None:
-    _WORKER["model"], _WORKER["keys"] = model, keys
+def _worker_init(model: Model, keys: tuple[str, ...], extra: Any = None) -> None:
+    _WORKER["model"], _WORKER["keys"], _WORKER["extra"] = model, keys, extra
 
 
 def _worker_compile(overrides: Mapping[str, Any]) -> tuple[Any, ...]:
-    return _compile_one(_WORKER["model"], overrides, _WORKER["keys"])
+    return _compile_one(_WORKER["model"], overrides, _WORKER["keys"], _WORKER["extra"])
 
 
-def _compile_one(model: Model, overrides: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[Any, ...]:
+def _compile_one(model: Model, overrides: Mapping[str, Any], keys: tuple[str, ...],
+                 extra: Any = None) -> tuple[Any, ...]:
     """(body or None, error message or None, formula files with digests, seconds): picklable."""
     start = time.perf_counter()
     try:
         smodel = rebind(model, overrides, check=False)
         files = file_digests(smodel.program.paths)
         cm = CompiledModel.build(smodel, keys)
+        body = cm.body()
+        if extra is not None:
+            body["extra"] = extra(smodel, cm)
     except MemformError as exc:
         return None, exc.message, locals().get("files", []), time.perf_counter() - start
-    return cm.body(), None, files, time.perf_counter() - start
+    return body, None, files, time.perf_counter() - start
 
 
-def _finish(result: tuple[Any, ...], key: str | None) -> "CompiledModel | MemformError":
+def _finish(result: tuple[Any, ...], key: str | None, purpose: str = "search") -> "CompiledModel | MemformError":
     body, message, files, seconds = result
     if key is not None and files:
-        write_entry(entry_path("search", key), key, files, body, message)
+        write_entry(entry_path(purpose, key), key, files, body, message)
     return MemformError(message) if body is None else CompiledModel.from_body(body, seconds)
 
 
-def _search_key(model: Model, overrides: Mapping[str, Any], keys: Sequence[str]) -> str | None:
+def _search_key(model: Model, overrides: Mapping[str, Any], keys: Sequence[str], purpose: str = "search") -> str | None:
     data = apply_overrides(model.data, overrides)
     try:
         files = formula_paths(data, model.source)
     except MemformError:
         return None
-    return structure_key(data, files, keys, "search")
+    return structure_key(data, files, keys, purpose)
 
 
 def _derived_symbols(model: Model, searched: frozenset[str]) -> dict[str, sympy.Expr]:

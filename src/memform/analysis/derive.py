@@ -12,6 +12,9 @@ written out separately instead.
 
 ``--explain`` traces every term back to the formula (block quantity, ``let`` or function) and
 the file:line it came from, following the references inside each formula.
+
+``--time`` writes each stage's step time instead (formulas/time.mf: one term per ``cost`` block,
+T_i = T_compute + T_tp + ... + T_bubble), in the same kept symbols; device figures are numbers.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any, Iterable
 import sympy
 
 from ..engine.evaluator import Evaluator
-from ..engine.interpreter import STATIC, StageResult
+from ..engine.interpreter import PS_PER_SECOND, STATIC, StageResult
 from ..engine.model import Estimate, Model, estimate_model
 from ..engine.symbolic import assumption_lines, tidy
 from ..errors import MemformError
@@ -42,6 +45,8 @@ class StageForm:
     categories: dict[str, sympy.Expr]                 # params, grads, optimizer, activations, comm
     total: sympy.Expr
     peak_bytes: int
+    time: dict[str, sympy.Expr] = field(default_factory=dict)   # seconds per cost block (empty: no time model)
+    step_seconds: float = 0.0
 
 
 @dataclass
@@ -106,7 +111,8 @@ def _stage_form(s: StageResult) -> StageForm:
             if any(r.free_symbols & phi.free_symbols for r in ratios.values()):
                 ratios = None
     return StageForm(s.stage, tidy(phi), tidy(static), ratios, {c: tidy(e) for c, e in s.exprs.items()},
-                     tidy(s.total_expr), s.peak_bytes)
+                     tidy(s.total_expr), s.peak_bytes,
+                     {k: tidy(e) for k, e in s.time_exprs.items()} if s.step_ps else {}, s.step_ps / PS_PER_SECOND)
 
 
 # ------------------------------------------------------------------------- rendering
@@ -118,6 +124,36 @@ def _text(e: sympy.Expr) -> str:
 
 def _bpp_text(ratios: dict[str, sympy.Expr]) -> str:
     return " + ".join(_text(ratios[c]) if not ratios[c].is_Add else f"({_text(ratios[c])})" for c in STATIC)
+
+
+def _seconds(e: sympy.Expr) -> str:
+    """A time closed form with its (device-figure) coefficients as 4-digit decimals."""
+    return _text(e.evalf(4)) if e.free_symbols else f"{float(e):.4g}"
+
+
+def render_time_text(d: Derivation, stages: Iterable[int]) -> str:
+    """Each stage's step time, term by term (``memform derive --time``)."""
+    if not any(f.time for f in d.stages):
+        raise MemformError("--time: no time model for this config: give it a device with peak FLOP/s "
+                           "(e.g. --set device=h100-sxm; presets in configs/devices/)")
+    st = d.estimate.model.structure
+    kept = "every symbol" if d.keep is None else ", ".join(d.keep) or "no symbol"
+    out = [f"{d.name}: closed-form step time per stage in {kept} ({st.schedule}, recompute={st.recompute}), "
+           f"seconds"]
+    if d.substituted:
+        out.append("other symbols at their config values: " +
+                   ", ".join(f"{k}={_show(v)}" for k, v in sorted(d.substituted.items())))
+    for i in stages:
+        f = d.stages[i]
+        out.append("")
+        out.append(f"stage {f.stage}:  T = {' + '.join('T_' + k for k in f.time)} = {f.step_seconds:.6g} s")
+        for k, e in f.time.items():
+            out.append(f"  T_{k:<10s}= {_seconds(e)}")
+        out.append(f"  T          = {_seconds(sympy.Add(*f.time.values()))}")
+    if d.assumptions:
+        out.append("")
+        out.extend(assumption_lines(d.assumptions))
+    return "\n".join(out) + "\n"
 
 
 def render_text(d: Derivation, stages: Iterable[int]) -> str:
@@ -190,6 +226,7 @@ def to_dict(d: Derivation, stages: Iterable[int]) -> dict[str, Any]:
             "static": form(f.static),
             "categories": {c: form(e) for c, e in f.categories.items()},
             "total": form(f.total),
+            **({"time": {k: form(e) for k, e in f.time.items()}, "step_seconds": f.step_seconds} if f.time else {}),
         })
     return {"model": d.name, "keep": d.keep, "substituted": {k: _show(v) for k, v in d.substituted.items()},
             "assumptions": d.assumptions, "stages": out}

@@ -16,6 +16,8 @@ that works on ``int64`` arrays:
   product and sum (``Σ |c|·Π max|x|^k``) is computed from the batch maxima; if it could
   exceed 2**62 the polynomial is evaluated on Python-int object arrays instead (slow, still
   exact). So results are exact whatever the magnitudes, and fast when they fit in int64.
+  (The Python-int form is carried as a string and compiled only when needed, which keeps the
+  generated source, and Python's compile of it, small.)
 
 Anything that is not exact in rational arithmetic (``log`` of a searched symbol, fractional
 powers) raises :class:`NotExact` rather than giving a rounded answer.
@@ -28,9 +30,14 @@ without the overflow guard) for the what-if page (:mod:`memform.report.whatif`).
 
 from __future__ import annotations
 
+import base64
+import importlib.util
+import marshal
 import math
+import types
+import zlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import sympy
@@ -56,6 +63,19 @@ class _Rat:
 
     num: str
     den: str | None
+
+
+_OBJECT_CODE: dict[str, Any] = {}
+
+
+def _on_objects(expr: str, env: Mapping[str, Any]) -> Any:
+    """``expr`` (a polynomial of generated code) evaluated with every array it names as Python
+    ints: the path a polynomial takes when its bound leaves the int64 range. The generated code
+    carries it as a string (compiled here, rarely), so Python compiles each polynomial once."""
+    code = _OBJECT_CODE.get(expr)
+    if code is None:
+        code = _OBJECT_CODE[expr] = compile(expr, "<memform.analysis.exact>", "eval")
+    return eval(code, {}, {name: _as_object(env[name]) for name in code.co_names})  # noqa: S307 - our own code
 
 
 def _as_object(x: Any) -> Any:
@@ -88,6 +108,15 @@ class ExactFunction:
     inputs: tuple[str, ...]
     source: str
     _fn: Any
+    code: Any = None  # the compiled code object of ``source`` (see :meth:`code_text`)
+
+    def code_text(self) -> str | None:
+        """The compiled ``source`` as text for a store (marshal, compressed, base64), tagged with
+        this Python's bytecode version: :func:`load_exact` then skips compiling the source, and
+        another Python compiles it again."""
+        if self.code is None:
+            return None
+        return _CODE_TAG + base64.b64encode(zlib.compress(marshal.dumps(self.code), 1)).decode("ascii")
 
     def __call__(self, columns: Sequence[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
         arrays = [np.asarray(c, dtype=np.int64) if not (isinstance(c, np.ndarray) and c.dtype == object)
@@ -102,6 +131,8 @@ class _Builder:
         self.memo: dict[sympy.Basic, _Rat] = {}
         self.bool_memo: dict[sympy.Basic, str] = {}
         self.sign_memo: dict[sympy.Basic, str] = {}
+        self.diff_memo: dict[tuple[str, str], str] = {}
+        self.poly_memo: dict[tuple[Any, ...], str] = {}
         self.count = 0
         self.var_of: dict[sympy.Symbol, str] = {}
         self.placeholder: dict[str, sympy.Symbol] = {}
@@ -155,20 +186,30 @@ class _Builder:
         return r
 
     def _prepare(self, expr: sympy.Expr) -> tuple[list[sympy.Symbol], "Terms", "Terms"]:
-        """Atoms compiled and replaced by placeholders; then integer numerator/denominator terms."""
-        mapping: dict[sympy.Basic, sympy.Expr] = {}
-        for sym, name in self.var_of.items():
-            mapping[sym] = self.placeholder[name]
-        for atom in _outer_atoms(expr):
+        """Atoms compiled and replaced by placeholders; then integer numerator/denominator terms.
+
+        The inputs stay the config's own symbols while the fraction is formed (an expression
+        without atoms is converted as it is, and its conversion is shared by every structure);
+        the returned generators are the placeholders named as the generated code names them.
+        """
+        atoms, symbols = _scan(expr)
+        free = symbols - self.var_of.keys()
+        if free:
+            raise NotExact(f"symbols {sorted(map(str, free))} have no input values")
+        leaves: dict[sympy.Basic, tuple[sympy.Expr, sympy.Expr]] = {}
+        gens = {self.placeholder[self.var_of[sym]]: sym for sym in symbols}
+        for atom in atoms:
             r = self.atom(atom)
             n = self._placeholder(r.num) if not _is_literal(r.num) else sympy.Integer(int(r.num))
             d = sympy.Integer(1) if r.den is None else (
                 self._placeholder(r.den) if not _is_literal(r.den) else sympy.Integer(int(r.den)))
-            mapping[atom] = n / d
-        free = expr.free_symbols - set(self.var_of)
-        if free:
-            raise NotExact(f"symbols {sorted(map(str, free))} have no input values")
-        return _fraction(expr.xreplace(mapping))
+            leaves[atom] = (n, d)
+            for p in (n, d):
+                if p.is_Symbol:
+                    gens[p] = p
+        order = sorted(gens, key=lambda g: g.name)
+        terms_n, terms_d = _fraction(expr, tuple(gens[g] for g in order), leaves)
+        return order, terms_n, terms_d
 
     def sign(self, expr: sympy.Expr) -> str:
         """Code for an integer array with the sign of ``expr`` (no denominator when it is surely positive)."""
@@ -191,7 +232,38 @@ class _Builder:
         self.sign_memo[expr] = code
         return code
 
+    def sign_difference(self, a: _Rat, b: _Rat) -> str:
+        """Code for an integer array with the sign of ``a - b``, two computed values over the same
+        (positive) denominator: the sign of ``a.num - b.num``, a polynomial in generated variables."""
+        key = (a.num, b.num)
+        code = self.diff_memo.get(key)
+        if code is not None:
+            return code
+        terms: dict[str, int] = {}
+        for coef, num in ((1, a.num), (-1, b.num)):
+            name = "" if _is_literal(num) else num
+            terms[name] = terms.get(name, 0) + (coef * int(num) if not name else coef)
+        terms = {v: c for v, c in terms.items() if c}
+        if all(not v for v in terms):
+            total = sum(terms.values())
+            code = repr((total > 0) - (total < 0))
+        else:
+            names = sorted(v for v in terms if v)
+            poly_terms = [(c, tuple(int(v == w) for w in names)) for v, c in sorted(terms.items())]
+            code = self._arr(self.poly(poly_terms, [self._placeholder(v) for v in names]))
+        self.diff_memo[key] = code
+        return code
+
     def poly(self, terms: list[tuple[int, tuple[int, ...]]], gens: list[sympy.Symbol]) -> str:
+        """The variable holding an integer polynomial (emitted once: the same polynomial of the
+        same variables, e.g. the ``cp*t`` denominator of many values, is shared)."""
+        key = tuple(sorted((c, tuple((gens[i].name, k) for i, k in enumerate(e) if k)) for c, e in terms))
+        out = self.poly_memo.get(key)
+        if out is None:
+            out = self.poly_memo[key] = self._emit_poly(terms, gens)
+        return out
+
+    def _emit_poly(self, terms: list[tuple[int, tuple[int, ...]]], gens: list[sympy.Symbol]) -> str:
         """Emit an overflow-guarded integer polynomial; returns the variable holding it."""
         out = self.fresh()
         if not terms:
@@ -199,15 +271,13 @@ class _Builder:
             self.emit(f"M_{out} = 1.0")
             return out
         names = [g.name for g in gens]
-        bound_parts, int_parts, obj_parts = [], [], []
+        bound_parts, int_parts = [], []
         for c, exps in terms:
             factors = [(names[i], k) for i, k in enumerate(exps) if k]
             bound_parts.append("*".join([repr(float(abs(c)))] + [f"M_{v}**{k}" if k > 1 else f"M_{v}"
                                                                for v, k in factors]))
             int_f = [f"{v}**{k}" if k > 1 else v for v, k in factors]
-            obj_f = [f"_as_object({v})**{k}" if k > 1 else f"_as_object({v})" for v, k in factors]
             int_parts.append("*".join(([repr(c)] if c != 1 or not int_f else []) + int_f) or repr(c))
-            obj_parts.append("*".join([repr(c)] + obj_f))
         if len(terms) == 1 and terms[0][0] == 1 and sum(terms[0][1]) == 1:
             return names[terms[0][1].index(1)]  # the polynomial is one variable: no code
         int_expr = " + ".join(int_parts)
@@ -217,12 +287,10 @@ class _Builder:
                       f"{out} = _as_object(_full(n, 0)) + {total}")
             self.emit(f"M_{out} = {max(1.0, float(abs(total)))!r}")
             return out
-        # the bound also bounds the result, so no pass over the data is needed for M_out
+        # the bound also bounds the result, so no pass over the data is needed for M_out; past the
+        # int64 range the same polynomial is evaluated on Python ints (_on_objects)
         self.emit(f"M_{out} = {' + '.join(bound_parts)}")
-        self.emit(f"if M_{out} < INT64_SAFE:")
-        self.emit(f"    {out} = {int_expr}")
-        self.emit("else:")
-        self.emit(f"    {out} = {' + '.join(obj_parts)}")
+        self.emit(f"{out} = {int_expr} if M_{out} < INT64_SAFE else _on_objects({int_expr!r}, locals())")
         return out
 
     # ------------------------------------------------------------ atoms
@@ -242,18 +310,21 @@ class _Builder:
             r = self.rational(a.args[0])
             out = _Rat(self._emit_abs(r.num), r.den)
         elif isinstance(a, (sympy.Min, sympy.Max)):
+            # every argument is computed anyway (it may be the answer); two over the same denominator
+            # are compared by their computed numerators, with no sympy difference to build and convert
             args = list(a.args)
+            values = [self.rational(x) for x in args]
             op = "<" if isinstance(a, sympy.Min) else ">"
             conds = []
-            for i, x in enumerate(args[:-1]):  # the last argument is chosen when no other is
+            for i, x in enumerate(values[:-1]):  # the last argument is chosen when no other is
                 parts = []
-                for j, y in enumerate(args):
+                for j, y in enumerate(values):
                     if i == j:
                         continue
-                    diff = self.sign(x - y)
+                    diff = self.sign_difference(x, y) if x.den == y.den else self.sign(args[i] - args[j])
                     parts.append(self._compare(diff, op if j < i else op + "="))
                 conds.append(self._emit_condition(self._all(parts)))
-            out = self._select(conds + ["True"], [self.rational(x) for x in args], exhaustive=True)
+            out = self._select(conds + ["True"], values, exhaustive=True)
         elif isinstance(a, sympy.Piecewise):
             conds, values = [], []
             exhaustive = False
@@ -410,7 +481,7 @@ def _is_literal(code: str) -> bool:
 
 
 Terms = list[tuple[int, tuple[int, ...]]]
-_FRACTIONS: dict[sympy.Basic, tuple[list[sympy.Symbol], Terms, Terms]] = {}
+_FRACTIONS: dict[tuple[sympy.Basic, tuple[sympy.Symbol, ...]], tuple[Terms, Terms]] = {}
 _FIELDS: dict[tuple[sympy.Symbol, ...], Any] = {}
 
 
@@ -418,40 +489,182 @@ def clear_caches() -> None:
     """Forget memoized polynomial conversions (benchmarks measure compile time cold)."""
     _FRACTIONS.clear()
     _FIELDS.clear()
+    _SCANS.clear()
 
 
-def _fraction(body: sympy.Expr) -> tuple[list[sympy.Symbol], Terms, Terms]:
-    """``body`` (a rational function) as integer numerator and denominator polynomials.
+def _fraction(expr: sympy.Expr, gens: tuple[sympy.Symbol, ...],
+              leaves: Mapping[sympy.Basic, tuple[sympy.Expr, sympy.Expr]] | None = None) -> tuple[Terms, Terms]:
+    """``expr``, each of its atoms in ``leaves`` standing for the quotient ``n / d`` of its
+    (symbol or integer) pair, as integer numerator and denominator polynomials of ``gens``
+    (which hold every symbol left), their exponents in the order of ``gens``.
 
     Memoized across compilations: structures of one search share most expressions.
     """
-    hit = _FRACTIONS.get(body)
+    leaves = leaves or {}
+    key = (expr, gens, tuple(leaves.items()))
+    hit = _FRACTIONS.get(key)
     if hit is not None:
         return hit
-    gens = sorted(body.free_symbols, key=lambda s: s.name)
-    if not gens:
-        r = sympy.Rational(body)
-        result = (gens, [(int(r.p), ())], [(int(r.q), ())])
-    else:
-        key = tuple(gens)
-        field = _FIELDS.get(key)
-        if field is None:
-            field = _FIELDS[key] = sympy.polys.fields.field(gens, sympy.QQ)[0]
-        frac = field.from_expr(body)
-        terms_n, terms_d = frac.numer.terms(), frac.denom.terms()
-        scale = 1
-        for _, c in terms_n + terms_d:
-            scale = scale * int(c.denominator) // math.gcd(scale, int(c.denominator))
-        result = (gens, [(int(c * scale), tuple(m)) for m, c in terms_n],
-                  [(int(c * scale), tuple(m)) for m, c in terms_d])
+    result = _monomial_fraction(expr, gens, leaves)
+    if result is None:
+        body = expr.xreplace({a: n / d for a, (n, d) in leaves.items()}) if leaves else expr
+        if not gens:
+            r = sympy.Rational(body)
+            result = ([(int(r.p), ())], [(int(r.q), ())])
+        else:
+            field = _FIELDS.get(gens)
+            if field is None:
+                field = _FIELDS[gens] = sympy.polys.fields.field(gens, sympy.QQ)[0]
+            frac = field.from_expr(body)
+            terms_n, terms_d = frac.numer.terms(), frac.denom.terms()
+            scale = 1
+            for _, c in terms_n + terms_d:
+                scale = scale * int(c.denominator) // math.gcd(scale, int(c.denominator))
+            result = ([(int(c * scale), tuple(m)) for m, c in terms_n],
+                      [(int(c * scale), tuple(m)) for m, c in terms_d])
     if len(_FRACTIONS) > 50_000:
         _FRACTIONS.clear()
-    _FRACTIONS[body] = result
+    _FRACTIONS[key] = result
     return result
 
 
-def _outer_atoms(expr: sympy.Basic) -> list[sympy.Expr]:
-    """The outermost non-polynomial nodes of ``expr`` (each compiled on its own)."""
+class _NotMonomial(Exception):
+    """A denominator with more than one term: left to sympy's rational function field."""
+
+
+_Poly = dict  # exponents tuple -> integer coefficient (no zero coefficients)
+
+
+def _monomial_fraction(body: sympy.Expr, gens: tuple[sympy.Symbol, ...],
+                       leaves: Mapping[sympy.Basic, tuple[sympy.Expr, sympy.Expr]]) -> tuple[Terms, Terms] | None:
+    """:func:`_fraction` in plain Python for the common case: every denominator met on the way is
+    one term (``c * x**i * y**j``), so the reduced fraction, integer polynomial over positive
+    integer monomial, is found by monomial and integer gcds alone, without sympy's polynomial
+    rings. None (sympy decides) for anything else: a sum in a denominator, a non-integer power, a
+    number sympy would not reduce to a rational."""
+    index = {g: i for i, g in enumerate(gens)}
+    zero = (0,) * len(gens)
+
+    def monomial_of(sym: sympy.Symbol) -> tuple[int, ...]:
+        e = [0] * len(gens)
+        e[index[sym]] = 1
+        return tuple(e)
+
+    def times(a: _Poly, b: _Poly) -> _Poly:
+        out: _Poly = {}
+        for ma, ca in a.items():
+            for mb, cb in b.items():
+                m = tuple(x + y for x, y in zip(ma, mb))
+                c = out.get(m, 0) + ca * cb
+                if c:
+                    out[m] = c
+                else:
+                    out.pop(m, None)
+        return out
+
+    def reduced(num: _Poly, mono: tuple[int, ...], c: int) -> tuple[_Poly, tuple[int, ...], int]:
+        if not num:
+            return {}, zero, 1
+        low = tuple(min(e) for e in zip(mono, *num))
+        if any(low):
+            num = {tuple(x - y for x, y in zip(m, low)): k for m, k in num.items()}
+            mono = tuple(x - y for x, y in zip(mono, low))
+        g = math.gcd(c, *num.values())
+        if g != 1:
+            num = {m: k // g for m, k in num.items()}
+            c //= g
+        return num, mono, c
+
+    def conv(e: sympy.Basic) -> tuple[_Poly, tuple[int, ...], int]:
+        """``e`` as ``(numerator, denominator monomial, positive denominator coefficient)``."""
+        leaf = leaves.get(e) if leaves else None
+        if leaf is not None:
+            n, d = leaf
+            num = ({monomial_of(n): 1} if n.is_Symbol else ({zero: int(n)} if n else {}))
+            if d.is_Symbol:
+                return num, monomial_of(d), 1
+            if int(d) <= 0:
+                raise _NotMonomial
+            return reduced(num, zero, int(d))
+        if e.is_Symbol:
+            return {monomial_of(e): 1}, zero, 1
+        if e.is_Rational:
+            p, q = int(e.p), int(e.q)
+            return ({zero: p} if p else {}), zero, q
+        if e.is_Add:
+            num, mono, c = conv(e.args[0])
+            for a in e.args[1:]:
+                n2, m2, c2 = conv(a)
+                if (m2, c2) == (mono, c):
+                    total = dict(num)
+                    for m, k in n2.items():
+                        k = total.get(m, 0) + k
+                        if k:
+                            total[m] = k
+                        else:
+                            total.pop(m, None)
+                    num = total
+                else:
+                    lm = tuple(max(x, y) for x, y in zip(mono, m2))
+                    lc = c * c2 // math.gcd(c, c2)
+                    num = times(num, {tuple(x - y for x, y in zip(lm, mono)): lc // c})
+                    for m, k in times(n2, {tuple(x - y for x, y in zip(lm, m2)): lc // c2}).items():
+                        k = num.get(m, 0) + k
+                        if k:
+                            num[m] = k
+                        else:
+                            num.pop(m, None)
+                    mono, c = lm, lc
+                num, mono, c = reduced(num, mono, c)
+            return num, mono, c
+        if e.is_Mul:
+            num, mono, c = conv(e.args[0])
+            for a in e.args[1:]:
+                n2, m2, c2 = conv(a)
+                num, mono, c = reduced(times(num, n2), tuple(x + y for x, y in zip(mono, m2)), c * c2)
+            return num, mono, c
+        if e.is_Pow and e.exp.is_Integer:
+            k = int(e.exp)
+            num, mono, c = conv(e.base)
+            if k < 0:  # 1 / (c' * m') needs a one-term numerator, whose sign moves up
+                if len(num) != 1:
+                    raise _NotMonomial
+                (m1, c1), = num.items()
+                num, mono, c = {mono: c if c1 > 0 else -c}, m1, abs(c1)
+                k = -k
+            out_n, out_m, out_c = {zero: 1}, zero, 1
+            for _ in range(k):
+                out_n = times(out_n, num)
+                out_m = tuple(x + y for x, y in zip(out_m, mono))
+                out_c *= c
+            return reduced(out_n, out_m, out_c)
+        raise _NotMonomial
+
+    try:
+        num, mono, c = conv(body)
+    except (_NotMonomial, KeyError):
+        return None
+    return [(k, m) for m, k in num.items()], [(c, mono)]
+
+
+_SCANS: dict[sympy.Basic, tuple[list[sympy.Expr], frozenset[sympy.Symbol]]] = {}
+
+
+def _scan(expr: sympy.Basic) -> tuple[list[sympy.Expr], frozenset[sympy.Symbol]]:
+    """:func:`_outer_atoms` of ``expr`` and the symbols outside them (memoized, as :func:`_fraction`)."""
+    hit = _SCANS.get(expr)
+    if hit is None:
+        symbols: set[sympy.Symbol] = set()
+        hit = (_outer_atoms(expr, symbols), frozenset(symbols))
+        if len(_SCANS) > 50_000:
+            _SCANS.clear()
+        _SCANS[expr] = hit
+    return hit
+
+
+def _outer_atoms(expr: sympy.Basic, symbols: set[sympy.Symbol] | None = None) -> list[sympy.Expr]:
+    """The outermost non-polynomial nodes of ``expr`` (each compiled on its own); the symbols
+    found outside them are added to ``symbols``."""
     found: list[sympy.Expr] = []
     seen: set[sympy.Basic] = set()
 
@@ -470,7 +683,11 @@ def _outer_atoms(expr: sympy.Basic) -> list[sympy.Expr]:
             for a in e.args:
                 visit(a)
             return
-        if isinstance(e, sympy.Symbol) or e.is_Rational:
+        if isinstance(e, sympy.Symbol):
+            if symbols is not None:
+                symbols.add(e)
+            return
+        if e.is_Rational:
             return
         raise NotExact(f"'{e}' cannot be evaluated exactly with integer arithmetic")
 
@@ -497,18 +714,36 @@ def compile_exact(exprs: Sequence[Any], inputs: Sequence[sympy.Symbol]) -> Exact
     """
     b = _Builder(inputs)
     outs = _outputs(b, exprs)
-    args = ", ".join(["n"] + [b.var_of[s] for s in inputs])
+    args = ", ".join(["n"] + [b.var_of[s] for s in inputs] + [])
     body = ["bad = np.zeros(n, dtype=bool)"] + b.lines + [f"return [{', '.join(outs)}], bad"]
     source = f"def _exact({args}):\n" + "\n".join("    " + line for line in body) + "\n"
     return load_exact(tuple(s.name for s in inputs), source)
 
 
-def load_exact(inputs: Sequence[str], source: str) -> ExactFunction:
-    """The function of :func:`compile_exact`'s ``source`` (also as read back from the cache)."""
+#: the prefix of :meth:`ExactFunction.code_text`: bytecode is only reused by the Python that wrote it
+_CODE_TAG = f"py{importlib.util.MAGIC_NUMBER.hex()}:"
+
+
+def _load_code(text: str | None) -> types.CodeType | None:
+    if not text or not text.startswith(_CODE_TAG):
+        return None
+    try:
+        code = marshal.loads(zlib.decompress(base64.b64decode(text[len(_CODE_TAG):], validate=True)))
+    except (ValueError, TypeError, EOFError, zlib.error):
+        return None
+    return code if isinstance(code, types.CodeType) else None
+
+
+def load_exact(inputs: Sequence[str], source: str, code: str | None = None) -> ExactFunction:
+    """The function of :func:`compile_exact`'s ``source`` (also as read back from the cache);
+    ``code``, its :meth:`ExactFunction.code_text`, saves compiling it again."""
+    compiled = _load_code(code)
+    if compiled is None:
+        compiled = compile(source, "<memform.analysis.exact>", "exec")
     namespace: dict[str, Any] = {"np": np, "_as_object": _as_object, "_maxabs": _maxabs, "_full": _full,
-                                 "INT64_SAFE": INT64_SAFE}
-    exec(compile(source, "<memform.analysis.exact>", "exec"), namespace)  # noqa: S102 - our own generated code
-    return ExactFunction(tuple(inputs), source, namespace["_exact"])
+                                 "_on_objects": _on_objects, "INT64_SAFE": INT64_SAFE}
+    exec(compiled, namespace)  # noqa: S102 - our own generated code
+    return ExactFunction(tuple(inputs), source, namespace["_exact"], compiled)
 
 
 # ---------------------------------------------------------------- JavaScript backend
@@ -548,7 +783,7 @@ class _JSBuilder(_Builder):
         self.emit(f"const {v} = {code};")
         return v
 
-    def poly(self, terms: list[tuple[int, tuple[int, ...]]], gens: list[sympy.Symbol]) -> str:
+    def _emit_poly(self, terms: list[tuple[int, tuple[int, ...]]], gens: list[sympy.Symbol]) -> str:
         names = [g.name for g in gens]
         if len(terms) == 1 and terms[0][0] == 1 and sum(terms[0][1]) == 1:
             return names[terms[0][1].index(1)]

@@ -165,8 +165,12 @@ def _run(loaded: _Loaded, data: Mapping[str, Any], full: Callable[[], Any]) -> "
             best = next(j for j, won in enumerate(outs[m + len(names):m + 2 * len(names)]) if won)
             m += len(names)
         r = m + len(names)
+        c = r + len(st["runtime"])
+        times = st.get("time", [])
+        extra = outs[c + len(times):c + len(times) + 2] if times else [0, 0]
         stages.append(FastStage(i, values, outs[f + k], body["capacity_bytes"], names[best], moments,
-                                outs[f + k + 1], dict(zip(st["runtime"], outs[r:r + len(st["runtime"])]))))
+                                outs[f + k + 1], dict(zip(st["runtime"], outs[r:c])),
+                                dict(zip(times, outs[c:c + len(times)])), extra[0], extra[1]))
     est = FastEstimate(body, stages, setup, {"total": total, "expert": expert, "dense": total - expert}, full)
     for s in stages:
         s._owner = est

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import sympy
 
 from ..engine.evaluator import Ctx
-from ..engine.interpreter import CATEGORIES, MAX_BYTES
+from ..engine.interpreter import CATEGORIES, MAX_BYTES, PS_PER_SECOND
 from ..engine.model import SETUP_KEYS, Model, estimate_model, parameter_exprs, setup_of
 from ..engine.values import get_path
 from ..errors import MemformError
@@ -97,11 +97,20 @@ def compile_entry(model: Model, candidates: Sequence[str]) -> dict[str, Any]:
         for name, e in s.runtime_exprs.items():
             out(e)
             size_guard(e)
+        for name, e in s.time_exprs.items():  # seconds, as whole picoseconds (rounded up, as the interpreter)
+            out(e * PS_PER_SECOND)
+            size_guard(e)
+        if s.time_exprs:
+            out(s.ideal_expr * PS_PER_SECOND)
+            size_guard(s.ideal_expr)
+            out(s.tokens_expr)
+            size_guard(s.tokens_expr)
         for layer in s.layers:
             size_guard(layer.inflight)
             for e in list(layer.per_layer.values()) + [layer.host]:
                 size_guard(e)
         stages.append({"first": first, "moments": moments, "runtime": list(s.runtime_exprs),
+                       "time": list(s.time_exprs),
                        "labels": est.stage_labels(s.stage),
                        "terminal": est.terminal_label(s.stage)})
 

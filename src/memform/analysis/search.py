@@ -12,6 +12,12 @@ Validity is the interpreter's: the formula files' ``require`` conditions, an eve
 over ``pp × vpp`` (else that structure is skipped), ``dp·tp·pp·cp ≤ N`` (or ``= N`` with
 ``exact_devices``) and, when ``training.global_batch_size`` is set, ``micro_batch × dp``
 dividing it (the micro-batch count is derived from it).
+
+When the formula files carry a time model (``cost`` blocks, formulas/time.mf, and a device with
+peak FLOP/s), every row also has its estimated step time, MFU and tokens/s; plans are then ranked
+by step time (memory breaks ties), tensor parallelism is kept inside a node, rows that differ
+only in settings that change neither memory nor time are merged, and plans both slower and
+bigger than another are dropped (:meth:`SearchResult.plans`).
 """
 
 from __future__ import annotations
@@ -26,15 +32,25 @@ import numpy as np
 
 from ..engine.binding import get_path
 from ..engine.model import Model
+from ..engine.results import PS_PER_SECOND
 from ..errors import MemformError
 from .compiled import NUMERIC_KEYS, compile_structures
 
 #: columns of a result row, in output order
 FIELDS = ("dp", "tp", "pp", "vpp", "cp", "ep", "zero", "recompute", "schedule", "micro_batch_size",
           "num_micro_batches", "devices_used", "devices_wasted", "peak_bytes", "peak_gib", "peak_stage",
-          "headroom_bytes", "stage_layers")
-#: default ranking: fewest wasted devices, then the lowest peak
+          "headroom_bytes", "step_seconds", "mfu", "tokens_per_second", "stage_layers", "equivalent")
+#: the time model's columns (NaN without one)
+TIME_FIELDS = ("step_seconds", "mfu", "tokens_per_second")
+#: what merged rows share: the same devices, the same peak (bytes, stage) and the same step time
+MERGE_KEY = ("devices_used", "peak_bytes", "peak_stage", "step_seconds")
+#: the settings in which merged rows may differ (named in the kept row's ``equivalent``)
+MERGEABLE = ("dp", "tp", "pp", "vpp", "cp", "ep", "zero", "recompute", "schedule", "micro_batch_size",
+             "num_micro_batches", "stage_layers")
+#: default ranking without a time model: fewest wasted devices, then the lowest peak
 DEFAULT_SORT = ("devices_wasted", "peak_bytes")
+#: default ranking with one: the shortest step, then the lowest peak
+TIME_SORT = ("step_seconds", "peak_bytes")
 _DEGREE_KEYS = {"dp": "parallel.dp", "tp": "parallel.tp", "cp": "parallel.cp", "ep": "parallel.ep",
                 "micro_batch_size": "training.micro_batch_size"}
 
@@ -55,6 +71,10 @@ class SearchSpace:
     micro_batch: list[int]
     exact_devices: bool = False
     dp_bound: bool = True
+    #: devices per node: tp (and with ep_in_node, expert-tp × ep) groups are kept inside one; None: no limit
+    node: int | None = None
+    ep_in_node: bool = False
+    expert_tp: int | None = None       # the config's parallel.expert_tp (None: follows tp)
 
 
 @dataclass
@@ -77,9 +97,25 @@ class SearchResult:
     columns: dict[str, np.ndarray]
     stats: SearchStats
     capacity_bytes: int
+    timed: bool = False   # rows carry step_seconds / mfu / tokens_per_second
 
     def __len__(self) -> int:
         return len(self.columns["peak_bytes"])
+
+    @property
+    def default_sort(self) -> tuple[str, ...]:
+        return TIME_SORT if self.timed else DEFAULT_SORT
+
+    def plans(self, keys: Iterable[str] | None = None, top: int | None = None, *,
+              keep_all: bool = False) -> list[dict[str, Any]]:
+        """Ranked rows as a planner wants them: equivalent rows merged (the first in rank order
+        stands for the others, its ``equivalent`` naming them) and, with a time model and unless
+        ``keep_all``, plans dominated in (step time, peak memory) dropped; then the ``top`` best."""
+        rows = merge_equivalent(self.ranked(self.default_sort if keys is None else keys))
+        if self.timed and not keep_all:
+            front = set(map(id, pareto_front(rows)))
+            rows = [r for r in rows if id(r) in front]
+        return rows[:top] if top else rows
 
     @property
     def rows(self) -> list[dict[str, Any]]:
@@ -108,7 +144,55 @@ class SearchResult:
 
     def _dicts(self, idx: np.ndarray) -> list[dict[str, Any]]:
         cols = {f: self.columns[f][idx].tolist() for f in FIELDS}
-        return [{f: cols[f][i] for f in FIELDS} for i in range(len(idx))]
+        rows = [{f: cols[f][i] for f in FIELDS} for i in range(len(idx))]
+        if not self.timed:
+            for r in rows:
+                for f in TIME_FIELDS:
+                    r[f] = None
+        return rows
+
+
+def merge_equivalent(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows on the same devices with the same peak (bytes and stage) and the same step time are one
+    answer: the first (in the given order) stays, its ``equivalent`` field naming the settings of the
+    others where they differ -- ``recompute=selective`` where flash attention keeps what selective
+    recompute would drop, ``dp=8,cp=2,micro_batch_size=4`` where context parallelism splits what a
+    larger micro-batch adds. Without a time model only rows equal in every other field merge."""
+    kept: dict[tuple, dict[str, Any]] = {}
+    out = []
+    for r in rows:
+        key = tuple(r[f] for f in (MERGE_KEY if r["step_seconds"] is not None else
+                                   [f for f in FIELDS if f not in ("zero", "recompute", "schedule", "equivalent")]))
+        first = kept.get(key)
+        if first is None:
+            r = dict(r, equivalent="")
+            kept[key] = r
+            out.append(r)
+            continue
+        diff = ",".join(f"{f}={r[f]}" for f in MERGEABLE if r[f] != first[f])
+        if diff and diff not in first["equivalent"].split(" | "):
+            first["equivalent"] = f"{first['equivalent']} | {diff}" if first["equivalent"] else diff
+    return out
+
+
+def pareto_front(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows no other row beats in both step time and peak bytes (ties kept), in the given order."""
+    timed = [r for r in rows if r["step_seconds"] is not None]
+    order = sorted(timed, key=lambda r: (r["step_seconds"], r["peak_bytes"]))
+    front, best = [], None
+    i = 0
+    while i < len(order):  # rows of one step time together: each is beaten only by a faster or smaller one
+        j = i
+        while j < len(order) and order[j]["step_seconds"] == order[i]["step_seconds"]:
+            j += 1
+        group = order[i:j]
+        low = min(r["peak_bytes"] for r in group)
+        if best is None or low < best:
+            front.extend(r for r in group if r["peak_bytes"] == low)
+            best = low
+        i = j
+    ids = set(map(id, front))
+    return [r for r in rows if id(r) in ids]
 
 
 def divisors(n: int) -> list[int]:
@@ -123,6 +207,10 @@ def default_space(model: Model, devices: int, **given: Any) -> SearchSpace:
     zero_bound = any(b.path == "parallel.zero" for b in model.program.bindings.values())
     divs = divisors(devices)
     st = model.structure
+    # groups kept inside a node: tensor parallelism by default (its collectives sit between
+    # dependent GEMMs; Narayanan et al. 2021 §3.3: "tensor model parallelism within a node")
+    node = None if given.get("tp_across_nodes") else model.value_for_key("device.devices_per_node")
+    node = int(node) if node is not None else None
 
     def pick(name: str, default: list[Any] | None) -> Any:
         v = given.get(name)
@@ -130,7 +218,7 @@ def default_space(model: Model, devices: int, **given: Any) -> SearchSpace:
 
     space = SearchSpace(
         devices=devices,
-        tp=pick("tp", divs) if bound["tp"] else None,
+        tp=pick("tp", [k for k in divs if node is None or k <= node]) if bound["tp"] else None,
         pp=pick("pp", divs),
         vpp=pick("vpp", sorted({1, st.vpp})),
         cp=pick("cp", divs) if bound["cp"] else None,
@@ -141,7 +229,12 @@ def default_space(model: Model, devices: int, **given: Any) -> SearchSpace:
         micro_batch=pick("micro_batch", [1, 2, 4, 8]) if bound["micro_batch_size"] else [1],
         exact_devices=bool(given.get("exact_devices", False)),
         dp_bound=bound["dp"],
+        node=node,
+        ep_in_node=bool(given.get("ep_in_node", False)),
+        expert_tp=get_path(model.data, "parallel.expert_tp", None),
     )
+    if space.ep_in_node and node is None:
+        raise MemformError("--ep-in-node: the formula files bind no device.devices_per_node")
     for name in ("tp", "cp", "ep"):
         if given.get(name) is not None and getattr(space, name) is None:
             raise MemformError(f"--{name}: the formula files ({', '.join(model.data['formulas'])}) do not bind "
@@ -181,6 +274,9 @@ def _numeric_grid(space: SearchSpace, pp: int, gbs: int | None, m_default: int) 
     ep_col = np.tile(np.repeat(eps, len(mbs)), rows)
     b_col = np.tile(mbs, rows * len(eps))
     d, t, c = grid[:, 0], grid[:, 1], grid[:, 2]
+    if space.ep_in_node and space.node is not None:  # expert-tp × ep ranks inside one node
+        ok = ep_col * (space.expert_tp if space.expert_tp else t) <= space.node
+        d, t, c, ep_col, b_col = d[ok], t[ok], c[ok], ep_col[ok], b_col[ok]
     if gbs is not None:
         ok = gbs % (b_col * d) == 0
         d, t, c, ep_col, b_col = d[ok], t[ok], c[ok], ep_col[ok], b_col[ok]
@@ -208,6 +304,7 @@ def search(model: Model, space: SearchSpace, *,
     grids: dict[int, dict[str, np.ndarray]] = {}
     parts: dict[str, list[np.ndarray]] = {f: [] for f in FIELDS}
     body = body_layers(model)
+    timed = False
     jobs = []
     for pp, vpp, schedule, recompute, zero in structures:
         split = stage_split(model, body, pp, vpp)
@@ -252,6 +349,16 @@ def search(model: Model, space: SearchSpace, *,
         d, t, c = cols["parallel.dp"][fits], cols["parallel.tp"][fits], cols["parallel.cp"][fits]
         used = d * t * pp * c
         p = np.asarray(peak[fits], dtype=np.int64)
+        step = mfu = tps = np.full(k, np.nan)
+        if batch.step_ps is not None:
+            ps = np.asarray(batch.step_ps[fits], dtype=np.float64)
+            if (ps > 0).any():
+                timed = True
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    step = np.where(ps > 0, ps / PS_PER_SECOND, np.nan)
+                    mfu = np.round(np.asarray(batch.ideal[fits], dtype=np.float64) / cm.stages / ps, 4)
+                    tps = np.round(np.asarray(batch.tokens[fits], dtype=np.float64) / step, 1)
+                step = np.round(step, 6)
         found = {"dp": d, "tp": t, "pp": np.full(k, pp), "vpp": np.full(k, vpp), "cp": c,
                  "ep": cols["parallel.ep"][fits], "zero": np.full(k, zero, dtype=object),
                  "recompute": np.full(k, recompute, dtype=object), "schedule": np.full(k, schedule, dtype=object),
@@ -259,15 +366,16 @@ def search(model: Model, space: SearchSpace, *,
                  "num_micro_batches": cols["training.num_micro_batches"][fits],
                  "devices_used": used, "devices_wasted": space.devices - used, "peak_bytes": p,
                  "peak_gib": np.round(p / 2 ** 30, 3), "peak_stage": batch.peak_stage[fits],
-                 "headroom_bytes": capacity - p,
-                 "stage_layers": np.full(k, ",".join(map(str, split)) if split else "", dtype=object)}
+                 "headroom_bytes": capacity - p, "step_seconds": step, "mfu": mfu, "tokens_per_second": tps,
+                 "stage_layers": np.full(k, ",".join(map(str, split)) if split else "", dtype=object),
+                 "equivalent": np.full(k, "", dtype=object)}
         for f in FIELDS:
             parts[f].append(np.asarray(found[f]))
     if progress:
         progress(len(structures), len(structures), stats)
     columns = {f: (np.concatenate(v) if v else np.array([], dtype=np.int64)) for f, v in parts.items()}
     stats.total_seconds = time.perf_counter() - start
-    return SearchResult(columns, stats, capacity)
+    return SearchResult(columns, stats, capacity, timed)
 
 
 def body_layers(model: Model) -> int:
@@ -321,19 +429,24 @@ def _check_sort(keys: list[str]) -> None:
 
 
 class StderrBar:
-    """A one-line progress bar on stderr (only drawn when asked or when stderr is a terminal)."""
+    """The search's progress bar on stderr, drawn by tqdm (when asked, or when stderr is a terminal):
+    structures compiled or read from the cache, candidates evaluated, plans that fit."""
 
-    def __init__(self, enabled: bool | None = None, width: int = 30):
+    def __init__(self, enabled: bool | None = None):
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self.width = width
+        self._bar: Any = None
 
     def __call__(self, done: int, total: int, stats: SearchStats) -> None:
         if not self.enabled or total == 0:
             return
-        filled = int(self.width * done / total)
-        bar = "#" * filled + "." * (self.width - filled)
-        sys.stderr.write(f"\r[{bar}] {done}/{total} structures, {stats.evaluated} candidates, "
-                         f"{stats.fitting} fit")
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+        if self._bar is None:
+            from tqdm import tqdm
+            self._bar = tqdm(total=total, unit=" structures", file=sys.stderr, dynamic_ncols=True,
+                             mininterval=0.1, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} structures "
+                                                         "[{elapsed}<{remaining}{postfix}]")
+        self._bar.n = done
+        self._bar.set_postfix_str(f"{stats.evaluated} candidates, {stats.fitting} fit", refresh=False)
+        self._bar.refresh()
+        if done >= total:
+            self._bar.close()
+            self._bar = None

@@ -21,7 +21,7 @@ import sympy
 from ..engine.binding import get_path
 from ..engine.model import Model, estimate_model, rebind
 from ..errors import MemformError, did_you_mean
-from .compiled import CompiledModel, interpreted_peaks
+from .compiled import CompiledModel, compile_structures, interpreted_peaks
 
 #: keys whose value changes the stage partition itself: solved by re-evaluating per value
 STRUCTURAL_KEYS = ("parallel.pp", "parallel.vpp")
@@ -67,8 +67,12 @@ def resolve_symbol(model: Model, name: str) -> tuple[str, sympy.Symbol]:
                        f"{', '.join(choices)}")
 
 
-def solve(model: Model, key: str, *, limit: int | None = None) -> Solution:
-    """The largest value of ``key`` (smallest, for a ``parallel.*`` degree) that fits."""
+def solve(model: Model, key: str, *, limit: int | None = None, cache: bool = True) -> Solution:
+    """The largest value of ``key`` (smallest, for a ``parallel.*`` degree) that fits.
+
+    The closed form is compiled once per structure and kept in the on-disk store
+    (:func:`memform.analysis.compiled.compile_structures`, purpose ``solve``; ``cache=False``: not
+    read nor written), so solving the same config again skips the compile."""
     if key in STRUCTURAL_KEYS or key in ("p", "vp"):
         return _solve_structural(model, key if "." in key else {"p": "parallel.pp", "vp": "parallel.vpp"}[key],
                                  limit)
@@ -88,7 +92,7 @@ def solve(model: Model, key: str, *, limit: int | None = None) -> Solution:
         notes.append("training.global_batch_size is not held fixed (it is micro-batches × micro-batch size × dp)")
     base = rebind(model, overrides, check=False)
     keys = [key] + (["training.num_micro_batches"] if derive_m else [])
-    cm = CompiledModel.build(base, keys)
+    cm = _compiled(model, overrides, keys, cache)
     other = 1
     if derive_m:
         other_key = "parallel.dp" if key == "training.micro_batch_size" else "training.micro_batch_size"
@@ -159,6 +163,14 @@ def solve(model: Model, key: str, *, limit: int | None = None) -> Solution:
     _verify(base, key, sol, derive_m)
     _closed_form(base, sym, sol, derive_m, gbs, other, key)
     return sol
+
+
+def _compiled(model: Model, overrides: dict[str, Any], keys: list[str], cache: bool) -> CompiledModel:
+    """``rebind(model, overrides)`` compiled for ``keys``, from the store when it holds it."""
+    cm = compile_structures(model, [overrides], keys, cache=cache, purpose="solve")[0]
+    if isinstance(cm, MemformError):  # refused: compiled here again for the error with its location
+        return CompiledModel.build(rebind(model, overrides, check=False), keys)
+    return cm
 
 
 def _refused_past(sol: Solution, xs: np.ndarray, pick: int, valid: np.ndarray, peaks: np.ndarray, capacity: int,
@@ -250,7 +262,8 @@ class StageSensitivity:
     step: int | None              # whole-byte peak(x + 1) - peak(x), for integer symbols
 
 
-def sensitivity(model: Model, name: str) -> tuple[str, sympy.Symbol, list[StageSensitivity], list[str]]:
+def sensitivity(model: Model, name: str, *, cache: bool = True
+                ) -> tuple[str, sympy.Symbol, list[StageSensitivity], list[str]]:
     """∂(stage peak)/∂x for every stage at the config, with the exact one-step difference."""
     key, sym = resolve_symbol(model, name)
     est = estimate_model(model)  # every symbol kept, conditions decided at the config
@@ -258,7 +271,7 @@ def sensitivity(model: Model, name: str) -> tuple[str, sympy.Symbol, list[StageS
     steps: list[int | None] = [None] * len(est.stages)
     # pp/vpp change the partition itself: a one-step difference on this partition would mislead
     if model.program.bindings[sym.name].type.kind == "int" and key not in STRUCTURAL_KEYS:
-        cm = CompiledModel.build(rebind(model, {"parallel.devices": None}, check=False), [key])
+        cm = _compiled(model, {"parallel.devices": None}, [key], cache)
         x = int(values[sym])
         peaks = cm({key: np.array([x, x + 1])}).stage_peaks
         steps = [int(peaks[1, i] - peaks[0, i]) for i in range(len(est.stages))]

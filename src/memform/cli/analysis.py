@@ -27,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--latex", action="store_true", help="LaTeX (aligned environment)")
     out.add_argument("--json", action="store_true", help="text, LaTeX and sympy srepr of every form")
     out.add_argument("--explain", action="store_true", help="trace each term to its formula and file:line")
+    out.add_argument("--time", action="store_true",
+                     help="the step time per stage instead, one term per cost block (formulas/time.mf)")
     p.add_argument("--depth", type=int, default=3, help="--explain: how deep to follow references (default 3)")
     p.set_defaults(func=cmd_derive)
 
@@ -57,10 +59,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--schedules", type=_strs, metavar="LIST", help="pipeline schedules (default: the config's)")
     p.add_argument("--mbs", dest="micro_batch", type=_ints, metavar="LIST", help="micro-batch sizes (default 1,2,4,8)")
     p.add_argument("--exact-devices", action="store_true", help="use all N devices (no idle devices)")
-    p.add_argument("--sort", default="devices_wasted,peak_bytes",
-                   help="comma-separated fields, '-' for descending (default devices_wasted,peak_bytes)")
+    p.add_argument("--tp-across-nodes", action="store_true",
+                   help="also try tensor-parallel sizes beyond device.devices_per_node (default: tp stays in a node)")
+    p.add_argument("--ep-in-node", action="store_true",
+                   help="keep each expert-parallel group (expert-tp × ep ranks) inside a node")
+    p.add_argument("--sort", default=None,
+                   help="comma-separated fields, '-' for descending (default: step_seconds,peak_bytes with a "
+                        "time model -- a device with peak FLOP/s, e.g. device: h100-sxm -- else devices_wasted,peak_bytes)")
+    p.add_argument("--all", dest="keep_all", action="store_true",
+                   help="keep plans that another plan beats in both step time and peak memory (dropped by default)")
+    p.add_argument("--pareto", action="store_true",
+                   help="only the plans no other beats in both step time and peak memory, by peak memory")
     p.add_argument("--top", type=int, default=20, help="rows to print (0: all; default 20)")
-    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument("--format", choices=("table", "csv", "json", "html"), default="table",
+                   help="html: the rows and a chart of peak memory against step time (the Pareto front marked)")
     p.add_argument("--output", metavar="FILE", help="write the rows there instead of stdout")
     p.add_argument("--no-cache", action="store_true",
                    help="compile every structure afresh; do not read or write the on-disk cache")
@@ -86,7 +98,7 @@ def _strs(text: str) -> list[str]:
 
 
 def cmd_derive(args: argparse.Namespace) -> int:
-    from ..analysis.derive import derive, explain_text, parse_keep, render_latex, render_text, to_dict
+    from ..analysis.derive import derive, explain_text, parse_keep, render_latex, render_text, render_time_text, to_dict
     from ..engine.model import load_model
     model = load_model(args.config, args.overrides)
     keep = parse_keep(model, args.keep)
@@ -102,6 +114,8 @@ def cmd_derive(args: argparse.Namespace) -> int:
     elif args.explain:
         for i in stages:
             sys.stdout.write(explain_text(model, d, i, keep, args.depth))
+    elif args.time:
+        sys.stdout.write(render_time_text(d, stages))
     else:
         sys.stdout.write(render_text(d, stages))
     return 0
@@ -216,16 +230,25 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from ..analysis.search import FIELDS, StderrBar, default_space, rank, search
+    from ..analysis.search import FIELDS, TIME_FIELDS, StderrBar, default_space, pareto_front, rank, search
     from ..engine.model import load_model
     model = load_model(args.config, args.overrides)
     space = default_space(model, args.devices, tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep,
                           zero=args.zero, recompute=args.recompute, schedules=args.schedules,
-                          micro_batch=args.micro_batch, exact_devices=args.exact_devices)
-    sort_keys = [k.strip() for k in args.sort.split(",") if k.strip()]
-    rank([], sort_keys)  # validate the fields before the (long) search
+                          micro_batch=args.micro_batch, exact_devices=args.exact_devices,
+                          tp_across_nodes=args.tp_across_nodes, ep_in_node=args.ep_in_node)
+    sort_keys = None if args.sort is None else [k.strip() for k in args.sort.split(",") if k.strip()]
+    rank([], sort_keys or [])  # validate the fields before the (long) search
     result = search(model, space, progress=StderrBar(args.progress), cache=not args.no_cache)
-    shown = result.ranked(sort_keys, None if args.top == 0 else args.top)
+    top = None if args.top == 0 else args.top
+    if args.pareto:
+        if not result.timed:
+            raise MemformError("--pareto needs a time model: give the config a device with peak FLOP/s "
+                               "(e.g. --set device=h100-sxm; presets: configs/devices/)")
+        listed = sorted(pareto_front(result.plans(sort_keys, keep_all=True)), key=lambda r: r["peak_bytes"])
+    else:
+        listed = result.plans(sort_keys, keep_all=args.keep_all)
+    shown = listed[:top] if top else listed
     total = len(result)
     st = result.stats
     if st.valid == 0:  # not "too big" but "impossible": say why, as for any bad input
@@ -233,7 +256,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise MemformError(f"no valid strategy for {args.devices} devices: every candidate was refused"
                            + (f" ({reasons})" if reasons else " by the formula files' requirements"))
     fields = [f for f in FIELDS if not (f == "cp" and space.cp is None) and not (f == "ep" and space.ep is None)
-              and not (f == "zero" and space.zero is None)]
+              and not (f == "zero" and space.zero is None) and not (f in TIME_FIELDS and not result.timed)
+              and not (f == "equivalent" and not any(r["equivalent"] for r in shown))]
     if args.format == "json":
         text = json.dumps({"model": model.structure.name, "devices": args.devices,
                            "capacity_bytes": result.capacity_bytes,
@@ -241,7 +265,12 @@ def cmd_search(args: argparse.Namespace) -> int:
                                      "candidates": st.candidates, "valid": st.valid, "fitting": st.fitting,
                                      "compile_seconds": round(st.compile_seconds, 4),
                                      "evaluate_seconds": round(st.evaluate_seconds, 4)},
+                           "ranking": list(sort_keys or result.default_sort), "timed": result.timed,
                            "rows": [{f: r[f] for f in fields} for r in shown]}, indent=2) + "\n"
+    elif args.format == "html":
+        from ..report.search import render_search_html
+        everything = result.plans(sort_keys, None, keep_all=True)
+        text = render_search_html(model, args.devices, result, shown, everything, fields)
     elif args.format == "csv":
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
@@ -249,7 +278,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         w.writerows(shown)
         text = buf.getvalue()
     else:
-        text = _table(model.structure.name, args.devices, result, shown, total, fields)
+        text = _table(model.structure.name, args.devices, result, shown, total, fields, len(listed))
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as fh:
@@ -263,12 +292,27 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def _table(name: str, devices: int, result: Any, shown: list[dict[str, Any]], total: int,
-           fields: list[str]) -> str:
+           fields: list[str], listed: int | None = None) -> str:
     st = result.stats
     cols = [f for f in fields if f not in ("peak_bytes", "headroom_bytes", "schedule")
             and not (f == "stage_layers" and not any(r[f] for r in shown))]
     head = {"micro_batch_size": "mbs", "num_micro_batches": "m", "devices_used": "used",
-            "devices_wasted": "idle", "peak_gib": "peak GiB", "peak_stage": "stage", "recompute": "recompute"}
+            "devices_wasted": "idle", "peak_gib": "peak GiB", "peak_stage": "stage", "recompute": "recompute",
+            "step_seconds": "step s", "mfu": "MFU %", "tokens_per_second": "tokens/s",
+            "equivalent": "same memory and time with"}
+
+    def cell(f: str, v: Any) -> str:
+        if v is None:
+            return "-"
+        if f == "step_seconds":
+            return f"{v:.4g}"
+        if f == "mfu":
+            return f"{100 * v:.1f}"
+        if f == "tokens_per_second":
+            return f"{v:,.0f}"
+        return str(v)
+
+    shown = [{**r, **{f: cell(f, r[f]) for f in cols}} for r in shown]
     widths = {f: max(len(head.get(f, f)), *(len(str(r[f])) for r in shown)) if shown else len(head.get(f, f))
               for f in cols}
     lines = [f"{name}: {total} of {st.valid} valid strategies fit {human_bytes(result.capacity_bytes)} on "
@@ -276,12 +320,19 @@ def _table(name: str, devices: int, result: Any, shown: list[dict[str, Any]], to
              f"compile {st.compile_seconds:.2f} s, evaluate {st.evaluate_seconds:.3f} s)"]
     for reason, count in st.structures_skipped.items():
         lines.append(f"skipped {count} structure(s): {reason}")
+    if result.timed:
+        lines.append("ranked by estimated step time (formulas/time.mf; memory breaks ties); rows with the same "
+                     "memory and time merged; plans slower and bigger than another dropped (--all keeps them)")
     if not shown:
         lines.append("nothing fits")
         return "\n".join(lines) + "\n"
-    lines.append("  ".join(head.get(f, f).rjust(widths[f]) for f in cols))
+    lines.append("  ".join(head.get(f, f).rjust(widths[f]) if f != "equivalent" else head[f] for f in cols))
     for r in shown:
-        lines.append("  ".join(str(r[f]).rjust(widths[f]) for f in cols))
-    if total > len(shown):
-        lines.append(f"... {total - len(shown)} more (--top 0 for all)")
+        lines.append("  ".join(str(r[f]).rjust(widths[f]) if f != "equivalent" else str(r[f]) for f in cols))
+    listed = total if listed is None else listed
+    if listed > len(shown):
+        lines.append(f"... {listed - len(shown)} more (--top 0 for all)")
+    if listed < total:
+        lines.append(f"({total - listed} of the {total} fitting strategies are merged into an equivalent row or "
+                     f"beaten in both step time and peak memory: --all lists them)")
     return "\n".join(lines) + "\n"

@@ -29,6 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--recompute", default=None, metavar="MODE,...",
                    help="recompute modes (default: every mode the formula files offer)")
     p.add_argument("--zero", default=None, metavar="N,N,...", help="ZeRO stages (default: 0,1,2,3 where bound)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="compile every variant afresh; do not read or write the on-disk cache")
     p.set_defaults(func=cmd_whatif)
 
 
@@ -39,6 +41,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         raise MemformError(f"-o {output}: the what-if page is HTML; name the file .html or .htm")
     text = whatif_html(args.config, args.overrides, vary=args.vary, pp=int_list(args.pp, "--pp"),
                        vpp=int_list(args.vpp, "--vpp"), schedules=str_list(args.schedule),
-                       recompute=str_list(args.recompute), zero=int_list(args.zero, "--zero"))
+                       recompute=str_list(args.recompute), zero=int_list(args.zero, "--zero"),
+                       cache=not args.no_cache)
     emit(text, output, show_size=True)
     return 0

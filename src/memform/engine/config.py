@@ -71,6 +71,10 @@ STRUCTURAL: tuple[Key, ...] = (
         "micro-batches per step (default: global_batch_size / (micro_batch_size * dp), else 1)", True),
     Key("training.global_batch_size", _INT, None, "sequences per optimizer step", True),
     Key("device.capacity_gib", ast.TypeSpec("real"), 80, "device memory in GiB used for the fits column", True),
+    Key("device.preset", None, None,
+        "a bundled device description (configs/devices/NAME.yaml: capacity, peak FLOP/s, bandwidths, "
+        "devices per node, efficiency); `device: NAME` is short for `device: {preset: NAME}`, and the "
+        "config's own device keys override the preset's"),
 )
 _STRUCTURAL = {k.path: k for k in STRUCTURAL}
 
@@ -294,9 +298,37 @@ def structural_value(data: Mapping[str, Any], path: str) -> Any:
     return v if isinstance(v, str) else (int(v) if key.type.kind == "int" else v)
 
 
+#: where the bundled device presets live, relative to the bundled configs
+DEVICES_DIR = "devices"
+
+
+def device_presets() -> list[str]:
+    """The bundled device presets' names (``configs/devices/NAME.yaml``)."""
+    from ..resources import data_dir
+    return sorted(f.stem for f in (data_dir("configs") / DEVICES_DIR).glob("*.yaml"))
+
+
+def expand_device(out: dict[str, Any]) -> None:
+    """``device: h100-sxm`` or ``device: {preset: h100-sxm, ...}``: the preset's keys under the config's."""
+    device = out.get("device")
+    if isinstance(device, str):
+        device = out["device"] = {"preset": device}
+    if not isinstance(device, dict) or device.get("preset") is None:
+        return
+    name = device["preset"]
+    if not isinstance(name, str) or name not in device_presets():
+        raise MemformError(f"config key 'device.preset' is {name!r}: no such device preset; bundled: "
+                           f"{', '.join(device_presets())}{did_you_mean(str(name), device_presets())}")
+    from ..resources import data_dir
+    preset = load_yaml(data_dir("configs") / DEVICES_DIR / f"{name}.yaml", "device preset")
+    preset = {k: v for k, v in preset.items() if k != "name"}
+    out["device"] = {**preset, **device}
+
+
 def normalize(data: dict[str, Any], source: Path | None) -> dict[str, Any]:
     """Fill derived keys (micro-batch count) and check cross-key consistency."""
     out = copy.deepcopy(data)
+    expand_device(out)
     training = out.setdefault("training", {}) if isinstance(out.get("training", {}), dict) else None
     if training is None:
         raise MemformError("config key 'training' must be a mapping")

@@ -89,6 +89,9 @@ class Evaluator:
     _memo: dict[tuple, Value] = field(default_factory=dict)
     _active: list[tuple[tuple, Loc]] = field(default_factory=list)
     _calls: list[str] = field(default_factory=list)   # user functions being evaluated (recursion check)
+    #: _bits() of sub-expressions at this evaluator's values: nested quantities share them, and a
+    #: memo per call made the size checks quadratic in the nesting depth
+    _bits_memo: dict = field(default_factory=dict)
     _depth: int = 0
 
     # ---------------------------------------------------------------- public
@@ -182,7 +185,7 @@ class Evaluator:
         return value
 
     def _check_size(self, value: sympy.Expr, what: str, loc: Loc | None) -> None:
-        bits = _bits(value, self.values, {})
+        bits = _bits(value, self.values, self._bits_memo)
         if bits > MAX_BITS:
             raise MemformError(f"{what} is too large to be a memory size (about 2^{_show_bits(bits)}); "
                                f"check the formula", loc)
@@ -279,7 +282,10 @@ class Evaluator:
         prog = self.program
         ov = ctx.overrides
         if node.attr is not None:
-            return self.quantity(node.name, node.attr, node.variant or ctx.mode, node.loc, overrides=ov)
+            # inside a cost block another cost block's quantity is the same stage's
+            extra = (ctx.extra if ctx.block is not None and ctx.outer is None
+                     and prog.blocks[ctx.block].kind == "cost" and prog.blocks[node.name].kind == "cost" else ())
+            return self.quantity(node.name, node.attr, node.variant or ctx.mode, node.loc, extra, overrides=ov)
         local = ctx.local(node.name)
         if local is not None:
             return local
@@ -333,13 +339,13 @@ class Evaluator:
         """Refuse ``a ^ b`` before sympy spends hours computing a number nobody needs."""
         if a.is_number and a.is_Rational and abs(a) in (0, 1):
             return
-        b_bits = _bits(b, self.values, {})
+        b_bits = _bits(b, self.values, self._bits_memo)
         if b_bits <= 64:
             try:
                 exponent = abs(float(self.number(b, loc, "exponent")))
             except MemformError:
                 return  # a non-finite exponent is reported where the value is used
-            total = _bits(a, self.values, {}) * max(exponent, 1.0)
+            total = _bits(a, self.values, self._bits_memo) * max(exponent, 1.0)
         else:
             total = math.inf
         if total <= MAX_BITS and not (b.is_number and b.is_integer):
@@ -469,7 +475,7 @@ class Evaluator:
         stage = dict(ctx.extra).get("stage")
         if ctx.outer is not None or ctx.block is None or stage is None or int(stage) not in self.stage_layers:
             raise MemformError(f"{node.func}() needs a pipeline stage: use it in a schedule quantity the "
-                               f"interpreter evaluates per stage (a 'moment', or a runtime block's bytes)", node.loc)
+                               f"interpreter evaluates per stage (a 'moment', a runtime block's bytes or a cost block's seconds)", node.loc)
         slots = self.stage_layers[int(stage)]
         if node.func == "layers_last":
             slots = tuple(sorted(slots, key=lambda sl: sl.order)[-1:])

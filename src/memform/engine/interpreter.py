@@ -7,6 +7,8 @@ Per stage ``i`` (Korthikanti et al. 2022 §4.2.3; MemEst ``_backbone.py``)::
     comm(i)    = max over the stage's layers of comm      (transient buffers, one layer at a time)
     runtime(i) = Σ runtime blocks' bytes, given model_bytes = static(i) + act(i) + comm(i)
     peak(i)    = static(i) + act(i) + comm(i) + runtime(i)
+    time(i)    = Σ cost blocks' seconds, given the schedule's bubble at stage i
+
 
 When the schedule declares ``moment`` quantities (``moment warmup = layers_sum(inflight * act)``,
 ``moment backward = ...``), act(i) is instead the largest of them at stage i, and the stage
@@ -23,10 +25,10 @@ from dataclasses import dataclass, field
 import sympy
 
 from ..errors import MemformError
-from ..lang.program import HOST_QUANTITY, Program
+from ..lang.program import HOST_QUANTITY, SCHEDULE_TIME_QUANTITIES, Program
 from .evaluator import Evaluator, LayerSlot, lattice
 from .partition import Partition
-from .results import CATEGORIES, MODEL, STATIC, StageNumbers  # noqa: F401 (CATEGORIES, MODEL re-exported)
+from .results import CATEGORIES, MODEL, PS_PER_SECOND, STATIC, StageNumbers  # noqa: F401 (CATEGORIES, MODEL re-exported)
 
 #: Largest per-layer byte count (or in-flight count) accepted: far beyond any device, and small
 #: enough that stage sums stay below the float range reports and charts convert to.
@@ -67,6 +69,14 @@ class StageResult(StageNumbers):
     param_count_expr: sympy.Expr = sympy.Integer(0)
     moment_exprs: dict[str, sympy.Expr] = field(default_factory=dict)
     runtime_exprs: dict[str, sympy.Expr] = field(default_factory=dict)
+    #: closed forms of each cost block's seconds, of the stage's ideal seconds and of the tokens
+    time_exprs: dict[str, sympy.Expr] = field(default_factory=dict)
+    ideal_expr: sympy.Expr = sympy.Integer(0)
+    tokens_expr: sympy.Expr = sympy.Integer(0)
+
+    @property
+    def step_expr(self) -> sympy.Expr:
+        return sympy.Add(*self.time_exprs.values())
 
     @property
     def total_expr(self) -> sympy.Expr:
@@ -79,6 +89,19 @@ def to_bytes(value: sympy.Expr) -> int:
         p, q = sympy.fraction(value)
         return -(-int(p) // int(q))
     return int(sympy.ceiling(value))
+
+
+@dataclass
+class _StageTime:
+    """One stage's cost blocks: seconds per block (closed forms and picoseconds), ideal seconds, tokens."""
+
+    exprs: dict[str, sympy.Expr] = field(default_factory=dict)
+    ps: dict[str, int] = field(default_factory=dict)
+    ideal_expr: sympy.Expr = sympy.Integer(0)
+    ideal_value: sympy.Expr = sympy.Integer(0)
+    ideal_ps: int = 0
+    tokens_expr: sympy.Expr = sympy.Integer(0)
+    tokens: int = 0
 
 
 class Interpreter:
@@ -155,11 +178,14 @@ class Interpreter:
         exact["comm"] = comm_value
         sums["runtime"], exact["runtime"], runtime, runtime_exprs = self.runtime(index, sums, exact)
         values_int = {c: to_bytes(exact[c]) for c in CATEGORIES}
+        time = self.costs(index)
         return StageResult(index, values_int, to_bytes(exact["param_count"]), capacity_bytes, peak_moment,
-                           moments, to_bytes(host_value), runtime, exprs={c: sums[c] for c in CATEGORIES},
+                           moments, to_bytes(host_value), runtime, time.ps, time.ideal_ps, time.tokens,
+                           exprs={c: sums[c] for c in CATEGORIES},
                            exact={c: exact[c] for c in CATEGORIES}, layers=layers, host_expr=host_expr,
                            param_count_expr=sums["param_count"], moment_exprs=moment_exprs,
-                           runtime_exprs=runtime_exprs)
+                           runtime_exprs=runtime_exprs, time_exprs=time.exprs, ideal_expr=time.ideal_expr,
+                           tokens_expr=time.tokens_expr)
 
     def host(self, block: str, mode: str) -> tuple[sympy.Expr, sympy.Expr]:
         """A layer's optional host-memory bytes (0 when its blocks define no ``host_bytes``)."""
@@ -197,6 +223,41 @@ class Interpreter:
             parts[name] = to_bytes(v)
             exprs[name] = e
         return total_expr, total_value, parts, exprs
+
+    def costs(self, index: int) -> "_StageTime":
+        """Evaluate the cost blocks at stage ``index`` (after :meth:`moments` bound its layers).
+
+        ``bubble`` and ``overlap`` are the schedule's quantities of those names at this stage.
+        Seconds become whole picoseconds, rounded up, like bytes.
+        """
+        out = _StageTime()
+        costs = self.program.costs()
+        if not costs:
+            return out
+        stage = ("stage", sympy.Integer(index))
+        extra = (stage,)
+        for qname in SCHEDULE_TIME_QUANTITIES:
+            q = self.program.pick(self.schedule, qname, None)
+            e = self.ev.as_expr(self.ev.quantity(self.schedule, qname, None, extra=(stage,)), q.loc)
+            self.check_number(e, f"schedule {self.schedule}: {qname} at stage {index}", q.loc)
+            extra += ((qname, e),)
+        for name in costs:
+            for qname in ("seconds", "ideal_seconds", "tokens"):
+                q = self.program.pick(name, qname, None)
+                if q is None:
+                    continue
+                e = self.ev.as_expr(self.ev.quantity(name, qname, None, extra=extra), q.loc)
+                v = self.check_number(e, f"cost {name}: {qname} at stage {index}", q.loc)
+                if qname == "seconds":
+                    out.exprs[name] = e
+                    out.ps[name] = to_bytes(v * PS_PER_SECOND)
+                elif qname == "ideal_seconds":
+                    out.ideal_expr += e
+                    out.ideal_value += v
+                else:
+                    out.tokens_expr, out.tokens = e, to_bytes(v)
+        out.ideal_ps = to_bytes(out.ideal_value * PS_PER_SECOND)
+        return out
 
     def moments(self, index: int, partition: Partition, sums: dict[str, sympy.Expr],
                 exact: dict[str, sympy.Expr]) -> tuple[str, dict[str, int], dict[str, sympy.Expr]]:

@@ -48,6 +48,13 @@ class Model:
                 return self.bound.symbols[name]
         return None
 
+    def value_for_key(self, path: str) -> Any:
+        """The bound value (config or default) of the symbol or option read from ``path``; None if unbound."""
+        for name, b in self.program.bindings.items():
+            if b.path == path:
+                return self.bound.value_of(name)
+        return None
+
 
 @dataclass
 class Estimate(EstimateNumbers):

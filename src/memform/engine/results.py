@@ -15,6 +15,9 @@ CATEGORIES = ("params", "grads", "optimizer", "activations", "comm", "runtime")
 STATIC = ("params", "grads", "optimizer")
 #: what the model itself holds (the runtime category is computed from their sum)
 MODEL = ("params", "grads", "optimizer", "activations", "comm")
+#: times are kept as whole picoseconds, rounded up (exact and identical on every path; far finer
+#: than any step-time model is accurate)
+PS_PER_SECOND = 10 ** 12
 
 
 @dataclass
@@ -33,6 +36,16 @@ class StageNumbers:
     host_bytes: int = 0
     #: each runtime block's bytes on this stage (context, allocator reserve, safety buffer, ...)
     runtime: dict[str, int] = field(default_factory=dict)
+    #: each cost block's part of this stage's step time, in picoseconds (empty: no time model)
+    time_ps: dict[str, int] = field(default_factory=dict)
+    #: what the stage's model FLOPs would take at peak, picoseconds (cost blocks' ideal_seconds)
+    ideal_ps: int = 0
+    #: tokens the whole job trains on per step (cost blocks' tokens; 0 when none says)
+    tokens: int = 0
+
+    @property
+    def step_ps(self) -> int:
+        return sum(self.time_ps.values())
 
     @property
     def static_bytes(self) -> int:
@@ -75,6 +88,9 @@ class StageNumbers:
             "peak_moment": self.peak_moment,
             "moments": dict(self.moments),
             "fits": self.fits,
+            **({"time": {"step_seconds": self.step_ps / PS_PER_SECOND,
+                         "parts": {k: v / PS_PER_SECOND for k, v in self.time_ps.items()}}}
+               if self.step_ps else {}),
         }
 
 
@@ -101,6 +117,41 @@ class EstimateNumbers:
     def fits(self) -> bool:
         return self.peak_bytes <= self.capacity_bytes
 
+    @property
+    def has_time(self) -> bool:
+        return any(s.step_ps for s in self.stages)
+
+    @property
+    def time_stage(self) -> int:
+        """The stage that takes longest: the pipeline's step ends when it does."""
+        return max(range(len(self.stages)), key=lambda i: (self.stages[i].step_ps, -i))
+
+    @property
+    def step_seconds(self) -> float | None:
+        """Estimated time of one optimizer step (the slowest stage's), or None without cost blocks."""
+        return self.stages[self.time_stage].step_ps / PS_PER_SECOND if self.has_time else None
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilisation: every stage holds the same number of devices, so the job's model
+        FLOPs at peak take the stages' mean ideal time; MFU is that over the step time."""
+        step = self.stages[self.time_stage].step_ps if self.has_time else 0
+        if not step:
+            return None
+        return sum(s.ideal_ps for s in self.stages) / len(self.stages) / step
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        tokens = max((s.tokens for s in self.stages), default=0)
+        step = self.step_seconds
+        return tokens / step if tokens and step else None
+
+    def time_dict(self) -> dict[str, Any]:
+        """The step-time part of ``--json``: step seconds, MFU, tokens/s and the slowest stage."""
+        return {"step_seconds": self.step_seconds, "mfu": self.mfu, "tokens_per_second": self.tokens_per_second,
+                "slowest_stage": self.time_stage,
+                "parts": {k: v / PS_PER_SECOND for k, v in self.stages[self.time_stage].time_ps.items()}}
+
     def stage_labels(self, stage: int) -> list[list[str]]:
         """Layer groups per chunk of ``stage``, e.g. ``[["1xembedding", "20xdecoder(full)"]]``."""
         raise NotImplementedError
@@ -117,6 +168,7 @@ class EstimateNumbers:
             "fits": self.fits,
             "setup": dict(self.setup),
             "parameters": dict(self.parameters),
+            **({"time": self.time_dict()} if self.has_time else {}),
             "stages": [s.to_dict(self.stage_labels(s.stage)) for s in self.stages],
         }
 

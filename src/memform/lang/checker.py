@@ -17,8 +17,11 @@ from .program import (
     LAYER_NAMES,
     LAYER_QUANTITIES,
     RECOMPUTE_MODES,
+    COST_NAMES,
+    COST_QUANTITIES,
     RUNTIME_NAMES,
     RUNTIME_QUANTITIES,
+    SCHEDULE_TIME_QUANTITIES,
     SCHEDULE_NAMES,
     SCHEDULE_QUANTITIES,
     STACK_NAMES,
@@ -122,12 +125,18 @@ class _Checker:
                 for q in qd.all():
                     self.refs(q.expr, block=bname, params=(), where=b.kind)
         self.stack()
+        self.reduced_quantities()
         for name, b in prog.schedules().items():
             self.require_quantities(name, SCHEDULE_QUANTITIES)
         for name in prog.comms():
             self.require_quantities(name, ("bytes",))
         for name in prog.runtimes():
             self.require_quantities(name, RUNTIME_QUANTITIES)
+        for name in prog.costs():
+            self.require_quantities(name, COST_QUANTITIES)
+        if prog.costs():  # cost blocks read the schedule's bubble and overlap
+            for name in prog.schedules():
+                self.require_quantities(name, SCHEDULE_TIME_QUANTITIES)
         self.recursive_defs()
         self.cycles()
 
@@ -151,9 +160,9 @@ class _Checker:
                          else f"zero ('{print_expr(node.right)}' is 0)")
                 raise MemformError(f"{what} by {shown}", node.right.loc)
             elif isinstance(node, ast.Call) and node.func in AGGREGATES:
-                if where not in ("schedule", "runtime"):
+                if where not in ("schedule", "runtime", "cost"):
                     raise MemformError(f"{node.func}() reduces over the layers of a pipeline stage and can only be "
-                                       f"used in schedule blocks (and in runtime blocks)", node.loc)
+                                       f"used in schedule blocks (and in runtime and cost blocks)", node.loc)
                 if in_layers:
                     raise MemformError(f"{node.func}() cannot be nested inside another layers_* reduction", node.loc)
                 if len(node.args) != 1:
@@ -204,6 +213,10 @@ class _Checker:
                 if node.name in RUNTIME_NAMES:
                     return
                 visible |= set(RUNTIME_NAMES)
+            if prog.blocks[block].kind == "cost":
+                if node.name in COST_NAMES:
+                    return
+                visible |= set(COST_NAMES)
         if node.name in prog.global_names():
             if node.variant is not None:
                 raise MemformError(f"'{node.name}' is not a block quantity and has no variants", node.loc)
@@ -213,9 +226,11 @@ class _Checker:
             raise MemformError(f"'{node.name}' is a {prog.blocks[node.name].kind}; name one of its quantities "
                                f"({node.name}.{qs.split(', ')[0]} ...): {qs}", node.loc)
         if node.name in SCHEDULE_NAMES:
-            raise MemformError(f"'{node.name}' is only defined inside schedule (and runtime) blocks", node.loc)
+            raise MemformError(f"'{node.name}' is only defined inside schedule (and runtime and cost) blocks", node.loc)
         if node.name in RUNTIME_NAMES:
             raise MemformError(f"'{node.name}' is only defined inside runtime blocks", node.loc)
+        if node.name in COST_NAMES:
+            raise MemformError(f"'{node.name}' is only defined inside cost blocks", node.loc)
         raise MemformError(f"unknown symbol '{node.name}'{did_you_mean(node.name, visible)}", node.loc)
 
     # ---------------------------------------------------------------- structure
@@ -259,6 +274,31 @@ class _Checker:
             self.require_quantities(e.block, LAYER_QUANTITIES)
         if not seen_body:
             raise MemformError("stack has no body entries to split over pipeline stages", prog.stack.loc)
+
+    def reduced_quantities(self) -> None:
+        """Every layer quantity a ``layers_*`` reduction reads (in a schedule, runtime or cost block) is
+        defined, for every recompute mode, by every block of the stack: the reduction visits them all."""
+        prog = self.prog
+        if prog.stack is None:
+            return
+        stack_blocks = list(dict.fromkeys([e.block for e in prog.stack.entries]
+                                          + [e.other for e in prog.stack.entries if getattr(e, "other", None)]))
+        bound = set(prog.global_names()) | set(LAYER_NAMES) | set(SCHEDULE_NAMES) | set(RUNTIME_NAMES) | set(COST_NAMES)
+        needed: dict[str, None] = {}
+        for bname, b in prog.blocks.items():
+            if b.kind not in ("schedule", "runtime", "cost"):
+                continue
+            own = prog.quantity_names(bname)
+            for qd in b.quantities.values():
+                for q in qd.all():
+                    for node, in_layers in walk_scoped(q.expr):
+                        if (in_layers and isinstance(node, ast.Ref) and node.attr is None
+                                and node.name not in bound and node.name not in own):
+                            needed.setdefault(node.name)
+        if needed:
+            for block in stack_blocks:
+                if block in prog.blocks:
+                    self.require_quantities(block, tuple(needed))
 
     # ---------------------------------------------------------------- cycles
     def deps(self, node: Node) -> list[tuple[Node, ast.Ref]]:

@@ -144,6 +144,9 @@ class _ToAst(Transformer):
     def runtime_decl(self, meta, c):
         return self._block("runtime", meta, c)
 
+    def cost_decl(self, meta, c):
+        return self._block("cost", meta, c)
+
     def quantity(self, meta, c):
         variants = c[1] if len(c) == 3 else None
         return ast.Quantity(str(c[0]), variants, c[-1], self._tok_loc(c[0]))

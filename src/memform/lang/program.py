@@ -36,6 +36,16 @@ SCHEDULE_QUANTITIES = ("inflight",)
 #: bound by the interpreter inside runtime blocks: the stage, and its model bytes (static + dynamic)
 RUNTIME_NAMES = ("stage", "model_bytes")
 RUNTIME_QUANTITIES = ("bytes",)
+#: bound by the interpreter inside cost blocks: the stage, and the schedule's ``bubble`` (idle
+#: micro-batch slots of a stage per step) and ``overlap`` (the fraction of compute under which the
+#: schedule runs other micro-batches' expert and pipeline transfers)
+COST_NAMES = ("stage", "bubble", "overlap")
+COST_QUANTITIES = ("seconds",)
+#: optional cost-block quantities: the seconds the stage's model FLOPs would take at peak (MFU),
+#: and the tokens the whole job trains on per step (tokens/s)
+COST_OPTIONAL = ("ideal_seconds", "tokens")
+#: the schedule quantities bound by the same names in cost blocks
+SCHEDULE_TIME_QUANTITIES = ("bubble", "overlap")
 #: optional layer quantity: bytes of the layer held in host (CPU) memory, e.g. offloaded states
 HOST_QUANTITY = "host_bytes"
 
@@ -62,7 +72,7 @@ class QuantityDef:
 
 @dataclass
 class BlockDef:
-    kind: str  # block | comm | schedule
+    kind: str  # block | comm | schedule | runtime | cost
     name: str
     base: str | None
     loc: Loc
@@ -150,6 +160,10 @@ class Program:
     def runtimes(self) -> dict[str, BlockDef]:
         """Runtime blocks, in declaration order: their ``bytes`` make up the ``runtime`` category."""
         return {n: b for n, b in self.blocks.items() if b.kind == "runtime"}
+
+    def costs(self) -> dict[str, BlockDef]:
+        """Cost blocks, in declaration order: their ``seconds`` make up each stage's step time."""
+        return {n: b for n, b in self.blocks.items() if b.kind == "cost"}
 
     # ---------------------------------------------------------------- building
     def _claim(self, namespace: str, name: str, loc: Loc, previous: Loc | None) -> None:

@@ -28,7 +28,7 @@ from ..lang.program import Program
 from ..resources import resolve_display_path, templates_dir
 from ..units import human_bytes, human_count, signed_bytes
 from .chart import CAPACITY_COLOR, CATEGORY_COLORS, CATEGORY_LABELS, PEAK_COLOR, axis_for
-from .table import setup_line  # noqa: F401 (re-exported: plot, templates)
+from .table import setup_line, time_line  # noqa: F401 (re-exported: plot, templates)
 
 if TYPE_CHECKING:
     from ..analysis.compare import Comparison
@@ -333,6 +333,7 @@ def context(est: Estimate) -> dict[str, Any]:
         "setup": Lazy(lambda: est.setup),
         "parameters": Lazy(lambda: est.parameters),
         "setup_line": LazyText(lambda: setup_line(est)),
+        "time_line": time_line(est),   # the step-time model's line ("" without one)
         "layer_labels": [est.terminal_label(s.stage) for s in est.stages],
         "symbols": symbols,
         "options": options,

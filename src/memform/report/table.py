@@ -47,7 +47,23 @@ def table_context(est: Any) -> dict[str, Any]:
         "framework": est.framework, "capacity_bytes": est.capacity_bytes, "setup_line": setup_line(est),
         "stages": est.stages, "layer_labels": [est.terminal_label(s.stage) for s in est.stages],
         "peak_stage": est.peak_stage, "peak_bytes": est.peak_bytes, "fits": est.fits,
+        "time_line": time_line(est),
     }
+
+
+def time_line(est: Any) -> str:
+    """``step ≈ 4.37 s (compute 2.64, tp 0.85, bubble 0.66, ...; slowest stage 3), MFU 45.7 %, 120,081 tokens/s``,
+    or "" without a time model (no device peak FLOP/s)."""
+    if not est.has_time:
+        return ""
+    d = est.time_dict()
+    parts = ", ".join(f"{k} {v:.3g}" for k, v in sorted(d["parts"].items(), key=lambda kv: -kv[1]) if v > 0)
+    line = f"step ≈ {d['step_seconds']:.3g} s ({parts}; slowest stage {d['slowest_stage']})"
+    if d["mfu"] is not None:
+        line += f", MFU {100 * d['mfu']:.1f} %"
+    if d["tokens_per_second"] is not None:
+        line += f", {d['tokens_per_second']:,.0f} tokens/s"
+    return line
 
 
 @lru_cache(maxsize=1)

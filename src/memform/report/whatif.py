@@ -18,15 +18,17 @@ No formula lives here: the page data is built from the engine's and the analysis
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import shlex
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import sympy
 
-from ..analysis.compiled import NUMERIC_KEYS, CompiledModel
+from ..analysis.compiled import NUMERIC_KEYS, CompiledModel, compile_structures
 from ..analysis.exact import JS_HELPERS, compile_js
 from ..analysis.search import body_layers, stage_split
 from ..engine.binding import get_path
@@ -219,8 +221,13 @@ def build_whatif(model: Model, *, vary: Sequence[str] = (), pp: Sequence[int] | 
                  vpp: Sequence[int] | None = None, schedules: Sequence[str] | None = None,
                  recompute: Sequence[str] | None = None, zero: Sequence[int] | None = None,
                  config_label: str | None = None, overrides: Sequence[str] = (),
-                 max_variants: int = MAX_VARIANTS) -> WhatIf:
-    """The page data for ``model`` (a loaded config, its ``--set`` overrides applied)."""
+                 max_variants: int = MAX_VARIANTS, cache: bool = True) -> WhatIf:
+    """The page data for ``model`` (a loaded config, its ``--set`` overrides applied).
+
+    Each structural variant is compiled once and kept, with its JavaScript and stage labels, in the
+    on-disk store (:func:`memform.analysis.compiled.compile_structures`, purpose ``whatif-…``;
+    ``cache=False``: neither read nor written): the page for the same config is then built without
+    sympy's work."""
     keys = numeric_keys(model, vary)
     axes = default_axes(model, pp=pp, vpp=vpp, schedules=schedules, recompute=recompute, zero=zero)
     combos = list(itertools.product(*(a.values for a in axes)))
@@ -234,12 +241,21 @@ def build_whatif(model: Model, *, vary: Sequence[str] = (), pp: Sequence[int] | 
         name, b = _binding_of(model, key)
         inputs.append({"key": key, "symbol": str(model.bound.symbols[name]), "doc": b.doc,
                        "value": str(_plain(model.bound.value_of(name)))})
-    variants, functions = [], []
+    variants: list[dict[str, Any]] = []
+    functions: list[str | None] = []
+    todo: list[tuple[int, dict[str, Any]]] = []
     for combo in combos:
         choice = dict(zip((a.key for a in axes), combo))
-        variant, fn = _variant(model, keys, choice, {a.key: a.base for a in axes}, body, st)
+        variant, structure = _variant(model, choice, {a.key: a.base for a in axes}, body, st)
+        if structure is not None:
+            todo.append((len(variants), structure))
         variants.append(variant)
-        functions.append(fn)
+        functions.append(None)
+    # every variant at once: stored ones are read back, the rest compiled in parallel processes
+    built = compile_structures(model, [o for _, o in todo], keys, cache=cache, purpose=_store_purpose(),
+                               extra=_page_part)
+    for (i, _), cm in zip(todo, built):
+        functions[i] = _fill(variants[i], cm)
     degrees = []
     for key in DEVICE_KEYS:
         found = _binding_of(model, key)
@@ -275,9 +291,10 @@ def build_whatif(model: Model, *, vary: Sequence[str] = (), pp: Sequence[int] | 
     return WhatIf(data, functions)
 
 
-def _variant(model: Model, keys: Sequence[str], choice: Mapping[str, Any], bases: Mapping[str, Any], body: int,
-             st: Any) -> tuple[dict[str, Any], str | None]:
-    """One structural combination: its stage labels, require messages and compiled JS (or why not)."""
+def _variant(model: Model, choice: Mapping[str, Any], bases: Mapping[str, Any], body: int,
+             st: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """One structural combination: its page entry (filled in by :func:`_fill` once compiled) and
+    the overrides to compile it with (None: it cannot be built, ``error`` says why)."""
     own = choice["parallel.pp"] == st.pp and choice["parallel.vpp"] == st.vpp
     overrides: dict[str, Any] = {k: v for k, v in choice.items()}
     overrides["parallel.devices"] = None  # the page checks the device count itself
@@ -293,21 +310,38 @@ def _variant(model: Model, keys: Sequence[str], choice: Mapping[str, Any], bases
         overrides["parallel.stage_layers"] = split or None
         if split or get_path(model.data, "parallel.stage_layers", None) is not None:
             shown["parallel.stage_layers"] = split or None
-    try:
-        smodel = rebind(model, overrides, check=False)
-        cm = CompiledModel.build(smodel, keys)
-        part = partition_of(smodel, smodel.evaluator(keep=frozenset()))
-        flat = [e[c] for e in cm.exprs for c in CATEGORIES] + [cond for _, cond in cm.requires]
-        fn = compile_js(flat, cm.symbols)
-    except MemformError as exc:
-        info["error"] = exc.message.splitlines()[0]
-        return info, None
-    info["stages"] = cm.stages
-    info["labels"] = [" ".join(f"{g.count_value}x{g.block}" + (f"({g.mode})" if g.mode != "none" else "")
-                               for c in part.chunks[i] for g in c.groups) for i in range(cm.stages)]
-    info["requires"] = [message for message, _ in cm.requires]
     info["set"] = {k: _show(v) for k, v in shown.items()}
-    return info, fn
+    return info, overrides
+
+
+def _page_part(smodel: Model, cm: CompiledModel) -> dict[str, Any]:
+    """What the page needs of a compiled structure beyond its numbers: the JavaScript of its closed
+    forms and its stage labels (run where the structure is compiled, and stored with it)."""
+    part = partition_of(smodel, smodel.evaluator(keep=frozenset()))
+    flat = [e[c] for e in cm.exprs for c in CATEGORIES] + [cond for _, cond in cm.requires]
+    labels = [" ".join(f"{g.count_value}x{g.block}" + (f"({g.mode})" if g.mode != "none" else "")
+                       for c in part.chunks[i] for g in c.groups) for i in range(cm.stages)]
+    return {"js": compile_js(flat, cm.symbols), "labels": labels}
+
+
+@lru_cache(maxsize=1)
+def _store_purpose() -> str:
+    """The store's purpose for page entries. Their labels are written by this module, whose code the
+    store's own code digest does not cover (it covers lang, engine and analysis), so its source is
+    part of the name: an entry written by other page code is never read."""
+    return "whatif-" + hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
+def _fill(info: dict[str, Any], cm: "CompiledModel | MemformError") -> str | None:
+    """A variant's page entry from its compiled structure (or the reason it has none); its JS."""
+    if isinstance(cm, MemformError):
+        info["error"] = cm.message.splitlines()[0]
+        info["set"] = {}
+        return None
+    info["stages"] = cm.stages
+    info["labels"] = list(cm.extra["labels"])
+    info["requires"] = [message for message, _ in cm.requires]
+    return cm.extra["js"]
 
 
 def _leaves(node: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:

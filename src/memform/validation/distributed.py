@@ -47,9 +47,14 @@ from . import ranks
 from .compare import Point
 from .samples import StorageSamples
 
-#: largest |relative error| per category (issue 13): static 2 %, activations and their peak 10 %, comm 25 %
-THRESHOLDS: dict[str, float] = {"params": 0.02, "grads": 0.02, "optimizer": 0.02, "activations": 0.10,
-                                "activations_peak": 0.10, "comm": 0.25}
+#: largest |relative error| per category, each set just above the precision the whole sweep achieves, so
+#: that a formula error larger than that fails (issue 17): `python bench/validate.py --distributed`
+#: (24 cases, 67 rank rows, torch 2.13 on the CPU, 2026-12-03) measured max |error| params 0.000 %,
+#: grads 0.000 %, optimizer 1.494 % (zero1 n4, rank 3), activations
+#: 0.832 % (ep n4), activations_peak 4.721 % (1f1b p4 m8 rank 2), comm 12.000 % (dualpipev p2 m4, both
+#: ranks; every other row 0.000 %)
+THRESHOLDS: dict[str, float] = {"params": 0.001, "grads": 0.001, "optimizer": 0.016, "activations": 0.01,
+                                "activations_peak": 0.05, "comm": 0.125}
 CATEGORIES = tuple(THRESHOLDS)
 TITLES = {"activations_peak": "act.peak", "activations": "act", "optimizer": "optim"}
 
@@ -690,5 +695,5 @@ def summary(rows: list[Row], failed: list[tuple[Case, str]] = (), thresholds: di
     over = sum(1 for r in rows if r.failures(thresholds))
     time = f" in {elapsed:.0f} s" if elapsed is not None else ""
     return (f"{len(cases)} cases, {len(rows)} rank rows{time}; max |error|: "
-            + ", ".join(f"{TITLES.get(c, c)} {worst[c]:.1%} (≤{thresholds[c]:.0%})" for c in CATEGORIES)
+            + ", ".join(f"{TITLES.get(c, c)} {worst[c]:.1%} (≤{thresholds[c]:.1%})" for c in CATEGORIES)
             + f"; {over} rows over threshold; {len(failed)} cases not run")

@@ -41,14 +41,18 @@ from . import ranks
 from .compare import Point
 from .samples import StorageSamples
 
-#: the compared categories and the largest |relative error| each may show: the static ones and the
-#: activations as in :data:`.compare.THRESHOLDS`; FSDP2's buffers (memform's comm) 10 %
-THRESHOLDS: dict[str, float] = {"params": 0.05, "grads": 0.05, "optimizer": 0.05, "activations": 0.10,
-                                "activations_peak": 0.10, "comm": 0.10}
+#: the compared categories and the largest |relative error| each may show, each set just above the
+#: precision the whole sweep achieves, so that a formula error larger than that fails (issue 17):
+#: `python bench/validate.py --fsdp2` (26 cases, torch 2.13 on the CPU, 2026-12-03) measured max |error|
+#: params 0.000 %, grads 0.000 %, optimizer 0.029 % (the 4-rank cases), activations 0.310 % (L4),
+#: activations_peak 4.122 % (h128 ac=op), comm (FSDP2's buffers) 0.000 %
+THRESHOLDS: dict[str, float] = {"params": 0.001, "grads": 0.001, "optimizer": 0.001, "activations": 0.005,
+                                "activations_peak": 0.045, "comm": 0.001}
 #: the dynamic peak (activations and FSDP buffers live at once): memform adds the largest layer's buffers
 #: to the largest activation moment, an upper bound -- it may exceed the measurement (by design: FSDP2
-#: holds little at the loss backward) but not fall short of it by more than this
-PEAK_UNDER = 0.05
+#: holds little at the loss backward) but not fall short of it by more than this. The same sweep measured
+#: the estimate +15.2 % ... +56.9 % over: never under, so none is allowed
+PEAK_UNDER = 0.0
 CATEGORIES = (*THRESHOLDS, "peak")
 
 
@@ -373,7 +377,7 @@ def format_table(rows: list[Row], thresholds: dict[str, float] = THRESHOLDS) -> 
         lines.append("mean error: " + ", ".join(f"{c} {sum(r.error(c) for r in rows) / len(rows):+.2%}"
                                                 for c in CATEGORIES))
         lines.append("max |error|: " + ", ".join(f"{c} {max(abs(r.error(c)) for r in rows):.2%} "
-                                                 f"(limit {thresholds[c]:.0%})" for c in thresholds)
+                                                 f"(limit {thresholds[c]:.1%})" for c in thresholds)
                      + f"; peak {min(r.error('peak') for r in rows):+.2%} … {max(r.error('peak') for r in rows):+.2%}"
                        f" (an upper bound: at most {PEAK_UNDER:.0%} under)")
     return "\n".join(lines)

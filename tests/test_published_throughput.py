@@ -1,0 +1,74 @@
+"""memform's step-time model against published training throughput (issue 14).
+
+Each run of tests/data/published_throughput.yaml (Narayanan et al. 2021 Table 1, Korthikanti et al.
+2022 Table 5 and §6.3, the Llama 3 report Table 4; the file cites the table and row of every figure)
+is rebuilt by bench/throughput.py on its paper's device preset. The predicted MFU must be within
+25 % of the published one. The runs the model misses by more are listed in KNOWN_MISSES with the
+error measured by `python bench/throughput.py`; they are strict xfails, so a model change that brings
+one inside the tolerance fails here until it is removed from the list.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from cli_helpers import ROOT
+
+_spec = importlib.util.spec_from_file_location("memform_bench_throughput", ROOT / "bench" / "throughput.py")
+throughput = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(throughput)
+
+#: run id -> why it misses (measured with `python bench/throughput.py`, 2026-12-03): the GEMM-only
+#: compute at the best-shape matmul efficiency (MAMF) and the memory-bound traffic estimate still
+#: leave Megatron's 2021-2022 A100 runs faster in the model than measured; Llama 3's 16K-GPU row is
+#: slower in the model (its interleaving degree is not stated: one chunk per stage is assumed)
+KNOWN_MISSES = {
+    "narayanan2021-table1-39.1b": "+27 %: A100 runs predicted too fast",
+    "narayanan2021-table1-76.1b": "+29 %: A100 runs predicted too fast",
+    "narayanan2021-table1-145.6b": "+27 %: A100 runs predicted too fast",
+    "korthikanti2022-table5-22b-selective": "+33 %: A100 runs predicted too fast",
+    "korthikanti2022-table5-175b-selective": "+28 %: A100 runs predicted too fast",
+    "dubey2024-table4-row2": "-25 %: interleaving degree not stated; vpp 1 assumed",
+}
+
+RUNS = throughput.runs()
+
+
+@pytest.mark.parametrize("run", [pytest.param(r, id=r["id"], marks=pytest.mark.xfail(
+    strict=True, reason=KNOWN_MISSES[r["id"]])) if r["id"] in KNOWN_MISSES else pytest.param(r, id=r["id"])
+    for r in RUNS])
+def test_predicted_mfu_is_within_a_quarter_of_the_published(run):
+    row = throughput.predict(run)
+    assert row["published_mfu"] and row["predicted_mfu"]
+    assert abs(row["relative_error"]) <= throughput.TOLERANCE, row
+
+
+def test_every_run_is_rebuilt_with_its_stated_strategy():
+    for run in RUNS:
+        cfg = throughput.config_of(run)
+        for key in ("tp", "pp", "dp"):
+            assert cfg["parallel"][key] == run["parallel"][key]
+        assert cfg["parallel"]["devices"] == run["cluster"]["devices"]
+        assert cfg["device"]["preset"] == run["cluster"]["device"]
+
+
+def test_published_175b_strategy_ranks_among_the_top_plans():
+    # Korthikanti et al. 2022 Table 3: GPT-3 175B on 64 A100s, tp 8, pp 8 (interleaved, 3 chunks),
+    # selective recompute + sequence parallelism, batch 64: among memform's best three plans for the
+    # same model, device count, recompute and micro-batch size
+    import memform
+    from memform.analysis.search import default_space, search
+    from memform.engine.model import load_model
+    run = next(r for r in RUNS if r["id"] == "korthikanti2022-table5-175b-selective")
+    cfg = throughput.config_of(run)
+    del cfg["parallel"]["devices"]
+    model = load_model(cfg)
+    space = default_space(model, 64, recompute=["selective"], zero=[0], micro_batch=[1])
+    result = search(model, space)
+    top = [(r["tp"], r["pp"], r["vpp"]) for r in result.plans(top=3)]
+    assert (8, 8, 3) in top, top
+    # and its predicted step is the estimate's for that plan
+    best = next(r for r in result.plans() if (r["tp"], r["pp"], r["vpp"]) == (8, 8, 3))
+    assert best["step_seconds"] == pytest.approx(memform.estimate(cfg).step_seconds, rel=1e-6)

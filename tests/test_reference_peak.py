@@ -1,0 +1,174 @@
+"""The backward peak of one training step, measured with PyTorch, against the estimate byte for byte.
+
+Reference: the PyTorch harness (memform/validation): one step of a one-layer model runs on the CPU and
+:class:`~memform.validation.timeline.StorageTimeline` samples the live activation-side bytes after
+every ATen op of forward + backward (measure.py: ``activations_peak``); memform's number is the
+stage's largest moment (the ``backward`` moment of the schedule). Each case is chosen so that one
+layer's backward sets the peak -- the output head's (the default vocabulary), the SwiGLU MLP's (a
+vocabulary of 32, so that the head's loss gradients are small), or the eager a·s² attention core's
+(s = 256) -- and the measured peak must equal the estimate plus a remainder in which every byte is
+accounted for (read off the timeline's per-op record at the peak, ``StorageTimeline.live_at``):
+
+* ``LOSS`` -- the 0-dim fp32 loss (nll_loss_forward) and its gradient (ones_like): 8 bytes;
+* ``NORM_STAT`` -- every norm whose statistic is alive at the peak keeps a per-token fp32 1/rms
+  (``_RMSNormFn.forward``'s ``rstd``), 4 bytes per token per norm, which dense.mf's ``norm.act``
+  leaves out (the same remainder as tests/test_reference_layers.py);
+* output head peak (``_log_softmax_backward_data`` writes the fp32 logits' gradient while
+  ``nll_loss_backward``'s fp32 log-prob gradient is live): dense.mf's ``backward`` moment adds the
+  head's whole ``act[none]`` as same-sized gradients, but the gradients of the final norm's input and
+  of the head GEMM's input (bf16, h wide each) are made only after that, when the log-prob gradient has
+  been freed: ``-2·bytes_a·h`` per token. This is the "4·b·s·h" the last session found unexplained
+  (bf16: 2 tensors × 2 bytes × h). Three norm statistics are alive (two in the layer, the final one);
+* SwiGLU peak (inside the fused stand-in's backward, ``_SwiGLUFn.backward``): autograd has released
+  fc2's saved input, the f-wide SwiGLU output, once fc2's backward ran, which dense.mf's
+  ``mlp.bwd_grads = (2 + gated)·f`` keeps (torch.mf's ``(1 + gated)`` does not): ``-bytes_a·f``; the
+  gradient of the residual stream arriving from the head, h wide, is live and no term counts it:
+  ``+bytes_a·h``; two norm statistics; and the stand-in's per-block fp32 temporaries, ``FUSED_ROWS``
+  rows of f elements of 4 bytes: 8 such f-wide rows in bf16 (the fp32 copies of [gate | up] (2) and of
+  the output gradient (1), the sigmoid (1), two products (2) and the concatenated result (2)), 5 in
+  fp32 (no copies to make);
+* attention-core peak (``_softmax_backward_data`` writes the scores' gradient while the softmax
+  output's gradient is live): V (saved by the P·V bmm, g·d_h wide) is gone once that bmm's backward ran
+  and its gradient dV, of the same size, is live -- they cancel; so do the o_proj input autograd has
+  released (h wide, a·d_h = h here) and the residual gradient that arrived (h wide); the statistic of
+  the attention's norm is alive (the MLP's was released with the MLP's backward).
+
+So a change of a backward-transient term -- dense.mf's ``attention.bwd_grads``, ``mlp.bwd_grads``,
+the decoder's ``bwd_extra`` and the head's ``bwd_extra``, torch.mf's ``mlp.bwd_grads`` -- or of the
+``backward`` moment itself fails one of these cases. Skipped only when PyTorch is not installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+
+pytest.importorskip("torch", reason="PyTorch (the 'validate' extra) is not installed")
+
+import memform  # noqa: E402
+from memform.validation.compare import Point  # noqa: E402
+from memform.validation.measure import measure_step  # noqa: E402
+from memform.validation.torch_models import FUSED_ROWS  # noqa: E402
+
+LOSS = 8
+BYTES = {"bf16-mixed": 2, "fp32": 4}
+#: f-wide fp32 rows the fused SwiGLU stand-in's backward has live per block at its peak (module docstring)
+SCRATCH_ROWS = {"bf16-mixed": 8, "fp32": 5}
+
+
+def head_peak(p: Point) -> int:
+    return p.b * p.s * (-2 * BYTES[p.precision] * p.h + 3 * 4) + LOSS
+
+
+def swiglu_peak(p: Point, framework: str | None) -> int:
+    freed_fc2_input = 0 if framework == "torch" else BYTES[p.precision] * p.ffn
+    scratch = FUSED_ROWS * p.ffn * 4 * SCRATCH_ROWS[p.precision]
+    return p.b * p.s * (BYTES[p.precision] * p.h - freed_fc2_input + 2 * 4) + LOSS + scratch
+
+
+def core_peak(p: Point) -> int:
+    assert p.h == p.heads * p.head_dim   # the o_proj input and the residual gradient cancel
+    return p.b * p.s * 4 + LOSS
+
+
+#: name -> (harness point, framework profile or None for the default, remainder)
+CASES = {
+    "head: default vocabulary 512, flash": (Point(L=1), None, head_peak),
+    "head: eager core": (Point(L=1, flash=False), None, head_peak),
+    "SwiGLU: vocabulary 32, flash": (Point(L=1, vocab=32), None, swiglu_peak),
+    "SwiGLU: vocabulary 32, eager core": (Point(L=1, vocab=32, flash=False), None, swiglu_peak),
+    "SwiGLU: full recompute, vocabulary 64": (Point(L=1, vocab=64, recompute="full"), None, swiglu_peak),
+    "SwiGLU: fp32, torch profile": (Point(L=1, vocab=32, precision="fp32"), "torch", swiglu_peak),
+    "SwiGLU: fp32, torch profile, full recompute": (Point(L=1, vocab=64, precision="fp32", recompute="full"),
+                                                    "torch", swiglu_peak),
+    "a·s² core: s 256, eager": (Point(L=1, vocab=32, s=256, b=1, flash=False), None, core_peak),
+    "a·s² core: s 256, eager, full recompute": (Point(L=1, vocab=32, s=256, b=1, flash=False, recompute="full"),
+                                               None, core_peak),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _measured_peak(point: Point) -> int:
+    return measure_step(point.config(), point.precision).activations_peak
+
+
+def _estimated_peak(point: Point, framework: str | None) -> int:
+    cfg = point.config()
+    if framework:
+        cfg["training"]["framework"] = framework
+    return memform.estimate(cfg).stages[0].values["activations"]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_backward_peak_measured_equals_formula(name):
+    point, framework, remainder = CASES[name]
+    extra = remainder(point, framework) if remainder is swiglu_peak else remainder(point)
+    measured, estimated = _measured_peak(point), _estimated_peak(point, framework)
+    assert measured == estimated + extra, (
+        f"{name}: measured peak {measured} B, formula {estimated} B + remainder {extra} B "
+        f"(off by {measured - estimated - extra} B)")
+
+
+def test_swiglu_backward_transient_by_hand():
+    """The SwiGLU case from tensor shapes alone (b = 2, s = 64: 128 tokens; h = 64, f = 176, 4 heads of 16,
+    2 KV heads; bf16), at the op where the fused backward writes its last block, per token:
+      the embedding output (the layer input, saved by the first norm) 2h = 128, the norm output (the
+      Q/K/V input) 128, Q and K after RoPE 128 + 64, V 64, the flash output (o_proj input) 128 and its
+      fp32 log-sum-exp 4·4 = 16, the residual sum (the second norm's input) 128, its norm output (the
+      gate/up input) 128, [gate | up] 2·2f = 704 -- the layer's saved tensors without the SwiGLU output,
+      which fc2's backward has released (Korthikanti et al. 2022 §4.1 counts, with the GQA widths of
+      Ainslie et al. 2023 and the log-sum-exp of Dao et al. 2022 §3.1) -- 1616;
+      the gradient arriving from the head 2h = 128, the SwiGLU output's gradient 2f = 352 and
+      [gate | up]'s gradient 2·2f = 704; two fp32 norm statistics 8
+    = 2808 bytes per token, plus the loss and its gradient (8 B) and the last block's fp32 temporaries
+    (4 rows · 176 · 4 B · 8 = 22,528 B)."""
+    point = Point(L=1, vocab=32)
+    assert _measured_peak(point) == 128 * 2808 + 8 + 22_528
+
+
+def test_attention_core_backward_by_hand():
+    """The a·s² case from tensor shapes alone (b = 1, s = 256; h = 64, 4 heads of 16, 2 KV heads; bf16;
+    eager core), per token, at _softmax_backward_data:
+      the layer input 2h = 128 and the norm output 128, Q and K after RoPE 128 + 64; the softmax output
+      2·a·s = 2048 (Korthikanti et al. 2022 §4.1), its gradient 2048 and the scores' gradient 2048; dV
+      2·g·d_h = 64; the gradient arriving from the MLP's residual 128; the attention norm's fp32
+      statistic 4
+    = 6788 bytes per token, plus the loss and its gradient (8 B)."""
+    point = Point(L=1, vocab=32, s=256, b=1, flash=False)
+    assert _measured_peak(point) == 256 * 6788 + 8
+
+
+
+#: (harness point, framework, parallel keys): per-rank estimates that must be the one-rank ones halved
+SPLITS = [
+    (point, framework, par)
+    for point, framework, _ in CASES.values()
+    for par in ({"cp": 2},) + (({"tp": 2, "sequence_parallel": True},) if framework is None else ())
+]
+
+
+@pytest.mark.parametrize("point, framework, par", SPLITS,
+                         ids=[f"{p.label()} {fw or 'megatron'} {' '.join(f'{k}={v}' for k, v in par.items())}"
+                              for p, fw, par in SPLITS])
+def test_backward_peak_splits_over_tensor_and_context_parallel_ranks(point, framework, par):
+    """The cases above hold at one rank; their transients must split like the tensors they are gradients
+    of. Tensor parallelism with sequence parallelism splits every activation of a layer t ways -- the
+    norm and dropout regions along the sequence, the GEMM-internal ones (Q, K, V, the a·s² core, the
+    MLP's f-wide tensors) along heads or f (Korthikanti et al. 2022 §4.2.2: eq. (4) is eq. (1) / t) --
+    and the vocabulary-parallel head its logits (Shoeybi et al. 2019 §3); context parallelism gives each
+    rank s/cp tokens of every tensor, the core's local queries against all s keys (Megatron-LM context
+    parallelism; Liu et al. 2023). A gradient has the shape of its tensor, so at t = 2 or cp = 2 every
+    moment of the one-layer model -- forward's end and the backward peak -- is exactly half. (DTensor's
+    TP under the torch profile keeps h-wide tensors whole, torch.mf, so only its CP split is exact.)"""
+    def moments(parallel):
+        cfg = point.config()
+        if framework:
+            cfg["training"]["framework"] = framework
+        cfg["parallel"].update(parallel)
+        return dict(memform.estimate(cfg).stages[0].moments)
+
+    one, split = moments({}), moments(par)
+    assert "backward" in one and split.keys() == one.keys()
+    assert {k: 2 * v for k, v in split.items()} == one

@@ -1,0 +1,139 @@
+"""`memform search` with the step-time model: ranked by step time, tp inside a node, equivalent rows
+merged, dominated plans dropped, the Pareto view, JSON fields and the HTML chart (issue 14)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import memform
+from memform.analysis.search import default_space, merge_equivalent, pareto_front, search
+from memform.engine.model import load_model
+
+from cli_helpers import ROOT, run_memform
+
+CFG = ROOT / "configs" / "llama3-8b.yaml"
+SMALL = ("--zero", "1", "--mbs", "1,2")
+
+
+@pytest.fixture(scope="module")
+def result():
+    model = load_model(CFG)
+    return search(model, default_space(model, 16, zero=[1], micro_batch=[1, 2]))
+
+
+def _dominated(r, rows):
+    return any(o["step_seconds"] <= r["step_seconds"] and o["peak_bytes"] <= r["peak_bytes"]
+               and (o["step_seconds"] < r["step_seconds"] or o["peak_bytes"] < r["peak_bytes"]) for o in rows)
+
+
+def test_plans_are_ranked_by_step_time_and_none_is_dominated(result):
+    assert result.timed
+    plans = result.plans()
+    steps = [r["step_seconds"] for r in plans]
+    assert steps == sorted(steps) and len(plans) >= 3
+    everything = result.plans(keep_all=True)
+    assert len(everything) > len(plans)
+    assert not any(_dominated(r, everything) for r in plans)
+    # every plan left out is beaten in both by one kept
+    kept = {id(r) for r in pareto_front(everything)}
+    assert all(_dominated(r, plans) for r in everything if id(r) not in kept)
+
+
+def test_tensor_parallelism_stays_inside_a_node():
+    # configs/devices/h100-sxm.yaml: 8 devices per node; tp 16 only with --tp-across-nodes
+    model = load_model(CFG)
+    assert max(default_space(model, 32).tp) == 8
+    assert 16 in default_space(model, 32, tp_across_nodes=True).tp
+
+
+def test_rows_with_equal_memory_and_time_are_merged(result):
+    # Llama-3-8B uses flash attention: selective recompute keeps what no recompute keeps, at the same cost
+    plans = result.plans(keep_all=True)
+    merged = [r for r in plans if "recompute=selective" in r["equivalent"]]
+    assert merged and all(r["recompute"] == "none" for r in merged)
+    keys = [(r["devices_used"], r["peak_bytes"], r["peak_stage"], r["step_seconds"]) for r in plans]
+    assert len(keys) == len(set(keys))
+
+
+def test_step_seconds_are_the_estimates(result):
+    for r in result.plans(top=3):
+        est = memform.estimate(CFG, {"parallel.dp": r["dp"], "parallel.tp": r["tp"], "parallel.pp": r["pp"],
+                                     "parallel.cp": r["cp"], "parallel.zero": r["zero"],
+                                     "training.recompute": r["recompute"],
+                                     "training.micro_batch_size": r["micro_batch_size"]})
+        assert r["step_seconds"] == pytest.approx(est.step_seconds, abs=2e-6)
+        assert r["mfu"] == pytest.approx(est.mfu, abs=1e-4)
+        assert r["peak_bytes"] == est.peak_bytes
+
+
+def test_cli_json_rows_carry_time_fields():
+    r = run_memform("search", CFG, "--devices", "16", *SMALL, "--format", "json", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["timed"] and d["ranking"] == ["step_seconds", "peak_bytes"]
+    for row in d["rows"]:
+        assert row["step_seconds"] > 0 and 0 < row["mfu"] < 1 and row["tokens_per_second"] > 0
+        assert row["tp"] <= 8
+
+
+def test_cli_pareto_view_and_all():
+    r = run_memform("search", CFG, "--devices", "16", *SMALL, "--pareto", "--top", "0", "--format", "json",
+                    "--no-progress")
+    rows = json.loads(r.stdout)["rows"]
+    peaks = [x["peak_bytes"] for x in rows]
+    steps = [x["step_seconds"] for x in rows]
+    assert peaks == sorted(peaks) and steps == sorted(steps, reverse=True)
+    r_all = run_memform("search", CFG, "--devices", "16", *SMALL, "--all", "--top", "0", "--format", "json",
+                        "--no-progress")
+    assert len(json.loads(r_all.stdout)["rows"]) > len(rows)
+
+
+def test_cli_table_and_html_chart(tmp_path):
+    r = run_memform("search", CFG, "--devices", "16", *SMALL, "--no-progress")
+    assert r.returncode == 0 and "ranked by estimated step time" in r.stdout and "MFU %" in r.stdout
+    out = tmp_path / "s.html"
+    r = run_memform("search", CFG, "--devices", "16", *SMALL, "--format", "html", "--output", out, "--no-progress")
+    assert r.returncode == 0, r.stderr
+    page = out.read_text()
+    assert "<svg" in page and 'class="front"' in page and "step time (s)" in page
+    assert len(re.findall(r'<circle class="plan front"', page)) >= 3
+
+
+def test_without_a_time_model_the_memory_ranking_stays(tmp_path):
+    r = run_memform("search", ROOT / "configs" / "llama2-7b.yaml", "--devices", "8", "--zero", "1", "--mbs", "1",
+                    "--format", "json", "--no-progress")
+    d = json.loads(r.stdout)
+    assert not d["timed"] and d["ranking"] == ["devices_wasted", "peak_bytes"]
+    assert "step_seconds" not in d["rows"][0]
+    r = run_memform("search", ROOT / "configs" / "llama2-7b.yaml", "--devices", "8", "--pareto", "--no-progress")
+    assert r.returncode == 2 and "needs a time model" in r.stderr
+
+
+def test_progress_bar_is_drawn_by_tqdm():
+    r = run_memform("search", CFG, "--devices", "8", "--zero", "1", "--mbs", "1", "--progress", "--top", "1")
+    assert r.returncode == 0 and "structures" in r.stderr and "|" in r.stderr
+
+
+_row = st.fixed_dictionaries({"step_seconds": st.integers(1, 6).map(float), "peak_bytes": st.integers(1, 6),
+                              "devices_used": st.just(8), "peak_stage": st.just(0),
+                              "dp": st.integers(1, 3), "tp": st.just(1), "pp": st.just(1), "vpp": st.just(1),
+                              "cp": st.just(1), "ep": st.just(1), "zero": st.just(1),
+                              "recompute": st.sampled_from(["none", "selective", "full"]), "schedule": st.just("1f1b"),
+                              "micro_batch_size": st.just(1), "num_micro_batches": st.just(1),
+                              "stage_layers": st.just(""), "equivalent": st.just("")})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_row, min_size=1, max_size=12))
+def test_front_and_merge_properties(rows):
+    rows = [dict(r, devices_wasted=0, peak_gib=0, headroom_bytes=0, mfu=None, tokens_per_second=None) for r in rows]
+    merged = merge_equivalent(rows)
+    assert len({(r["step_seconds"], r["peak_bytes"]) for r in merged}) == len(merged)
+    assert {(r["step_seconds"], r["peak_bytes"]) for r in merged} == {(r["step_seconds"], r["peak_bytes"]) for r in rows}
+    front = pareto_front(merged)
+    assert front and not any(_dominated(r, merged) for r in front)
+    assert all(_dominated(r, front) for r in merged if r not in front)

@@ -1,0 +1,253 @@
+"""The step-time model (formulas/time.mf, `cost` blocks): the language, exact FLOP and traffic
+references from the papers, device presets, and the estimate's time outputs.
+
+Reference numbers are the papers' own equations evaluated by hand here, not the formula files'
+expressions: Narayanan et al. 2021 eq. (3) for the FLOPs of a step with full recomputation,
+Korthikanti et al. 2022 eq. (7) for the model FLOPs behind MFU, Shoeybi et al. 2019 (Fig. 4: four
+all-reduces per layer in forward and backward) with the ring all-reduce's 2(n-1)/n volume
+(Patarasuk & Yuan 2009), and the 1F1B bubble (p - 1)/(m·vp) of Narayanan et al. 2021 §2.2.
+"""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import pytest
+
+import memform
+from memform.engine.results import PS_PER_SECOND
+from memform.errors import MemformError
+
+from cli_helpers import ROOT, run_memform
+
+#: a device whose figures make seconds easy to read back: 10^12 FLOP/s at efficiency 1 (so compute
+#: picoseconds = FLOPs), 10^12 bytes/s links (picoseconds = bytes), no memory-bound time
+UNIT_DEVICE = {"peak_flops_bf16": 10 ** 12, "efficiency": 1, "intra_node_bandwidth": 10 ** 12,
+               "inter_node_bandwidth": 10 ** 12, "devices_per_node": 8, "capacity_gib": 80}
+
+
+def gpt(h=2048, a=16, L=4, s=1024, v=51200, b=2, m=4, **parallel):
+    """A GPT-3-style model (GeLU, f = 4h, MHA, no flash) on the unit device."""
+    return {"name": "gpt", "formulas": ["dense.mf"],
+            "model": {"hidden_size": h, "num_heads": a, "num_layers": L, "vocab_size": v, "seq_length": s,
+                      "activation": "gelu", "norm": "layernorm", "bias": True, "dropout": True},
+            "parallel": {"dp": 1, "tp": 1, "pp": 1, **parallel},
+            "training": {"micro_batch_size": b, "num_micro_batches": m, "recompute": "full"},
+            "device": dict(UNIT_DEVICE)}
+
+
+# ---------------------------------------------------------------------------------- FLOPs
+
+
+@pytest.mark.parametrize("h,a,L,s,v,b,m", [(2048, 16, 4, 1024, 51200, 2, 4), (4096, 32, 2, 2048, 50257, 1, 3),
+                                           (1536, 12, 6, 512, 32000, 4, 1)])
+def test_full_recompute_step_flops_are_narayanan_eq3(h, a, L, s, v, b, m):
+    # Narayanan et al. 2021 eq. (3): F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) per iteration, B sequences,
+    # with activation recomputation (4 passes of the layers, 3 of the logits); on one device at 10^12 FLOP/s
+    # and efficiency 1 the compute part in picoseconds is F itself
+    est = memform.estimate(gpt(h, a, L, s, v, b, m))
+    B = b * m
+    F = Fraction(96 * B * s * L * h * h) * (1 + Fraction(s, 6 * h) + Fraction(v, 16 * L * h))
+    assert est.stages[0].time_ps["compute"] == F
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_ideal_seconds_are_korthikanti_eq7_model_flops(recompute):
+    # Korthikanti et al. 2022 eq. (7): model FLOPs 72·B·L·s·h²·(1 + s/(6h) + v/(12·h·L)), whatever is
+    # recomputed; summed over the pipeline stages (two here)
+    h, a, L, s, v, b, m = 2048, 16, 4, 1024, 51200, 2, 4
+    cfg = gpt(h, a, L, s, v, b, m, pp=2)
+    cfg["training"]["recompute"] = recompute
+    est = memform.estimate(cfg)
+    B = b * m
+    model_flops = Fraction(72 * B * L * s * h * h) * (1 + Fraction(s, 6 * h) + Fraction(v, 12 * h * L))
+    assert sum(st.ideal_ps for st in est.stages) == model_flops
+    # MFU = model FLOPs / (devices · step · peak): two stages of one device each
+    assert est.mfu == pytest.approx(float(model_flops) / 1e12 / (2 * est.step_seconds), rel=1e-12)
+
+
+def test_selective_recompute_adds_the_attention_core_forward():
+    # Korthikanti et al. 2022 §5-6: selective recompute runs QKᵀ and scores·V again, 4·b·s²·h per layer
+    h, a, L, s, v, b, m = 2048, 16, 4, 1024, 51200, 2, 4
+    times = {}
+    for mode in ("none", "selective"):
+        cfg = gpt(h, a, L, s, v, b, m)
+        cfg["training"]["recompute"] = mode
+        times[mode] = memform.estimate(cfg).stages[0].time_ps["compute"]
+    assert times["selective"] - times["none"] == m * L * 4 * b * s * s * h
+
+
+def test_gqa_and_swiglu_flops_follow_the_projection_shapes():
+    # 2 FLOPs per weight and token (Kaplan et al. 2020 §2.1) for Llama-2-7B-like shapes with GQA:
+    # q/o h×h, k/v h×(g·h/a), gate/up/down h×f; the core 4·s²·h per sequence (Narayanan §5.1)
+    h, a, g, f, s, b = 4096, 32, 8, 11008, 2048, 1
+    cfg = {"name": "llama", "formulas": ["dense.mf"],
+           "model": {"hidden_size": h, "num_heads": a, "num_kv_heads": g, "ffn_hidden_size": f, "num_layers": 1,
+                     "vocab_size": 32000, "seq_length": s, "activation": "swiglu", "norm": "rmsnorm", "bias": False,
+                     "dropout": False},
+           "training": {"micro_batch_size": b, "recompute": "none"}, "device": dict(UNIT_DEVICE)}
+    est = memform.estimate(cfg)
+    kv = g * h // a
+    layer_fwd = 2 * s * b * (2 * h * h + 2 * h * kv + 3 * h * f) + 4 * b * s * s * h
+    head_fwd = 2 * s * b * h * 32000
+    assert est.stages[0].time_ps["compute"] == 3 * (layer_fwd + head_fwd)
+
+
+# ---------------------------------------------------------------------------------- communication
+
+
+def test_tensor_parallel_traffic_is_four_all_reduces_per_layer():
+    # Shoeybi et al. 2019 Fig. 4: "4 total communication operations in the forward and backward pass of a
+    # single model parallel transformer layer", each an all-reduce of s·b·h activations (2 bytes), moving
+    # 2(t-1)/t of them per rank (ring all-reduce, Patarasuk & Yuan 2009); full recompute repeats the
+    # forward's two; the vocabulary-parallel embedding and head add one all-reduce each
+    h, a, L, s, b, m, t = 2048, 16, 4, 1024, 2, 4, 8
+    for mode, per_layer in (("none", 4), ("full", 6)):
+        cfg = gpt(h, a, L, s, 51200, b, m, tp=t)
+        cfg["training"]["recompute"] = mode
+        est = memform.estimate(cfg)
+        allreduce = Fraction(2 * (t - 1), t) * 2 * s * b * h
+        assert est.stages[0].time_ps["tp"] == m * (L * per_layer + 2) * allreduce
+
+
+def test_groups_beyond_a_node_use_the_inter_node_bandwidth():
+    # tp = 8 on 8-device nodes stays on the intra-node links; 16 ranks cross nodes
+    cfg = gpt(tp=8)
+    cfg["device"]["inter_node_bandwidth"] = 10 ** 11
+    inside = memform.estimate(cfg).stages[0].time_ps["tp"]
+    cfg["parallel"]["tp"] = 16
+    across = memform.estimate(cfg).stages[0].time_ps["tp"]
+    # the same bytes per rank up to (t-1)/t, at a tenth of the bandwidth
+    assert across == pytest.approx(inside * 10 * Fraction(15, 16) / Fraction(7, 8), rel=1e-9)
+
+
+def test_one_f_one_b_bubble_is_p_minus_one_over_m_vp():
+    # Narayanan et al. 2021 §2.2.1-2.2.2: bubble time fraction (p - 1)/(m·vp) of the ideal step
+    for pp, vpp, m in ((4, 1, 8), (4, 2, 8), (2, 1, 3)):
+        cfg = gpt(L=8, m=m, pp=pp, vpp=vpp)
+        est = memform.estimate(cfg)
+        for st in est.stages:
+            busy = sum(v for k, v in st.time_ps.items() if k not in ("bubble", "dp", "optimizer"))
+            assert st.time_ps["bubble"] == pytest.approx(busy * Fraction(pp - 1, m * vpp), abs=8)
+
+
+def test_zero_bubble_schedules_have_no_bubble_and_gpipe_has_p_minus_one():
+    for schedule, slots in (("zero-bubble-v", 0), ("dualpipev", 0), ("gpipe", 3)):
+        cfg = gpt(L=8, m=8, pp=4, pp_schedule=schedule, vpp=1 if schedule == "gpipe" else 2)
+        st = memform.estimate(cfg).stages[0]
+        busy = sum(v for k, v in st.time_ps.items() if k not in ("bubble", "dp", "optimizer"))
+        assert st.time_ps["bubble"] == pytest.approx(busy * Fraction(slots, 8), abs=8)
+
+
+def test_data_parallel_gradients_are_all_reduced_once_per_step():
+    # DDP: one all-reduce of the fp32 main gradients per step, 2(d-1)/d of 4·Φ bytes per rank (ZeRO §7.1:
+    # 2Ψ); the distributed optimizer: reduce-scatter of the gradients + all-gather of the bf16 parameters
+    cfg = gpt(dp=4)
+    est = memform.estimate(cfg)
+    phi = est.stages[0].param_count
+    assert est.stages[0].time_ps["dp"] == pytest.approx(Fraction(2 * 3, 4) * 4 * phi, abs=16)
+    cfg["parallel"]["distributed_optimizer"] = True
+    est = memform.estimate(cfg)
+    assert est.stages[0].time_ps["dp"] == pytest.approx(Fraction(3, 4) * (4 + 2) * phi, abs=16)
+
+
+# ---------------------------------------------------------------------------------- presets and outputs
+
+
+def test_device_preset_and_overrides():
+    est = memform.estimate(ROOT / "configs" / "llama3-8b.yaml", {"device": "h200"})
+    assert est.capacity_bytes == int(141 * 2 ** 30) or est.capacity_bytes > 80 * 2 ** 30
+    slower = memform.estimate(ROOT / "configs" / "llama3-8b.yaml",
+                              {"device": {"preset": "h200", "efficiency": 0.4}})
+    assert slower.stages[0].time_ps["compute"] == pytest.approx(2 * est.stages[0].time_ps["compute"] * 0.803 / 0.8,
+                                                              rel=1e-9)
+    with pytest.raises(MemformError, match="no such device preset.*h100-sxm"):
+        memform.estimate(ROOT / "configs" / "llama3-8b.yaml", {"device": "h100"})
+
+
+def test_no_peak_flops_means_no_time_model():
+    cfg = gpt()
+    cfg["device"] = {"capacity_gib": 80}
+    est = memform.estimate(cfg)
+    assert not est.has_time and est.step_seconds is None and est.mfu is None
+    assert "time" not in est.numbers_dict()
+    with pytest.raises(MemformError, match="bandwidth must be positive"):
+        memform.estimate(cfg, {"device.peak_flops_bf16": 1e15})
+    with pytest.raises(MemformError, match="efficiency must be in"):
+        memform.estimate(cfg, {"device": {"preset": "h100-sxm", "efficiency": 1.5}})
+
+
+def test_fast_path_and_interpreter_agree_on_time():
+    from memform.engine.model import estimate as interpreted
+    for name in ("llama3-70b", "deepseek-v3", "gpt3-175b"):
+        path = ROOT / "configs" / f"{name}.yaml"
+        fast, full = memform.estimate(path), interpreted(path)
+        assert type(fast).__name__ == "FastEstimate"
+        assert fast.numbers_dict() == full.numbers_dict()
+        assert fast.step_seconds == full.step_seconds and fast.step_seconds > 0
+
+
+def test_cli_prints_and_emits_the_step_time():
+    r = run_memform("estimate", ROOT / "configs" / "llama3-70b.yaml")
+    assert r.returncode == 0 and "step ≈" in r.stdout and "MFU" in r.stdout and "tokens/s" in r.stdout
+    r = run_memform("estimate", ROOT / "configs" / "llama3-70b.yaml", "--json")
+    d = json.loads(r.stdout)
+    assert set(d["time"]) >= {"step_seconds", "mfu", "tokens_per_second", "parts", "slowest_stage"}
+    assert d["time"]["step_seconds"] == pytest.approx(sum(d["time"]["parts"].values()), rel=1e-9)
+    # tokens per step: global batch 64 × 8192 (configs/llama3-70b.yaml)
+    assert d["time"]["tokens_per_second"] * d["time"]["step_seconds"] == pytest.approx(64 * 8192)
+
+
+def test_derive_time_prints_the_closed_form():
+    r = run_memform("derive", ROOT / "configs" / "llama3-70b.yaml", "--keep", "b,s", "--time", "--stage", "1")
+    assert r.returncode == 0, r.stderr
+    assert "T_compute" in r.stdout and "T_bubble" in r.stdout and "b*s" in r.stdout.replace(" ", "")
+    r = run_memform("derive", ROOT / "configs" / "llama2-7b.yaml", "--time", "--set", "device.capacity_gib=80")
+    assert r.returncode == 2 and "no time model" in r.stderr
+
+
+# ---------------------------------------------------------------------------------- the language
+
+
+def _profile(tmp_path, text):
+    (tmp_path / "p.mf").write_text(text)
+    cfg = gpt()
+    return cfg, {"training.framework": str(tmp_path / "p.mf")}
+
+
+def test_cost_blocks_see_the_stage_and_each_other(tmp_path):
+    cfg, ov = _profile(tmp_path, "cost extra { seconds = (stage + 1) * compute.seconds }\n")
+    cfg["parallel"]["pp"] = 2
+    est = memform.estimate(cfg, ov)
+    for st in est.stages:
+        assert st.time_ps["extra"] == pytest.approx((st.stage + 1) * st.time_ps["compute"], abs=2)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("cost nothing { flops = 1 }\n", "cost 'nothing' must define seconds"),
+    ("let x = overlap\n", "'overlap' is only defined inside cost blocks"),
+    ("let y = layers_sum(params)\n", "runtime and cost blocks"),
+    ("schedule mine { inflight = 1 }\n", "schedule 'mine' must define bubble, overlap"),
+])
+def test_cost_mistakes_are_clear_errors(tmp_path, text, message):
+    (tmp_path / "p.mf").write_text(text)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps(gpt()))
+    r = run_memform("estimate", cfg, "--set", f"training.framework={tmp_path / 'p.mf'}")
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_moe_flops_follow_the_active_parameters():
+    # Mixtral 8x7B: "12.9B active parameters" per token of 46.7B (Mistral AI, "Mixtral of experts", 2023-12-11;
+    # Jiang et al. 2024 §2: 13B), embedding included. Model FLOPs per token are 6 × the active parameters a
+    # token multiplies (Kaplan et al. 2020 §2.1; the embedding is a lookup) + the attention core 12·s·h per
+    # layer (3 × Narayanan's 4·s²·h per sequence)
+    cfg = ROOT / "configs" / "mixtral-8x7b.yaml"
+    over = {"parallel.dp": 1, "parallel.tp": 1, "parallel.pp": 1, "parallel.ep": 1, "model.capacity_factor": None,
+            "training.global_batch_size": None, "training.num_micro_batches": 1, "device": dict(UNIT_DEVICE)}
+    est = memform.estimate(cfg, over)
+    h, L, s, v = 4096, 32, 4096, 32000
+    tokens = s   # one sequence
+    active = (est.stages[0].ideal_ps / tokens - 12 * L * s * h) / 6 + v * h
+    assert active == pytest.approx(12.9e9, rel=0.01)
