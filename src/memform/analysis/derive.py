@@ -136,13 +136,7 @@ def render_time_text(d: Derivation, stages: Iterable[int]) -> str:
     if not any(f.time for f in d.stages):
         raise MemformError("--time: no time model for this config: give it a device with peak FLOP/s "
                            "(e.g. --set device=h100-sxm; presets in configs/devices/)")
-    st = d.estimate.model.structure
-    kept = "every symbol" if d.keep is None else ", ".join(d.keep) or "no symbol"
-    out = [f"{d.name}: closed-form step time per stage in {kept} ({st.schedule}, recompute={st.recompute}), "
-           f"seconds"]
-    if d.substituted:
-        out.append("other symbols at their config values: " +
-                   ", ".join(f"{k}={_show(v)}" for k, v in sorted(d.substituted.items())))
+    out = _heading(d, "step time", ", seconds")
     for i in stages:
         f = d.stages[i]
         out.append("")
@@ -150,6 +144,22 @@ def render_time_text(d: Derivation, stages: Iterable[int]) -> str:
         for k, e in f.time.items():
             out.append(f"  T_{k:<10s}= {_seconds(e)}")
         out.append(f"  T          = {_seconds(sympy.Add(*f.time.values()))}")
+    return _finish(d, out)
+
+
+def _heading(d: Derivation, what: str, suffix: str = "") -> list[str]:
+    """The first lines of ``derive``'s text: what is derived, in which symbols, the rest's values."""
+    st = d.estimate.model.structure
+    kept = "every symbol" if d.keep is None else ", ".join(d.keep) or "no symbol"
+    out = [f"{d.name}: closed-form {what} per stage in {kept} ({st.schedule}, recompute={st.recompute}){suffix}"]
+    if d.substituted:
+        out.append("other symbols at their config values: " +
+                   ", ".join(f"{k}={_show(v)}" for k, v in sorted(d.substituted.items())))
+    return out
+
+
+def _finish(d: Derivation, out: list[str]) -> str:
+    """``out`` with the conditions the closed forms hold under, as text."""
     if d.assumptions:
         out.append("")
         out.extend(assumption_lines(d.assumptions))
@@ -157,12 +167,7 @@ def render_time_text(d: Derivation, stages: Iterable[int]) -> str:
 
 
 def render_text(d: Derivation, stages: Iterable[int]) -> str:
-    st = d.estimate.model.structure
-    kept = "every symbol" if d.keep is None else ", ".join(d.keep) or "no symbol"
-    out = [f"{d.name}: closed-form peak per stage in {kept} ({st.schedule}, recompute={st.recompute})"]
-    if d.substituted:
-        out.append("other symbols at their config values: " +
-                   ", ".join(f"{k}={_show(v)}" for k, v in sorted(d.substituted.items())))
+    out = _heading(d, "peak")
     for i in stages:
         f = d.stages[i]
         out.append("")
@@ -179,10 +184,7 @@ def render_text(d: Derivation, stages: Iterable[int]) -> str:
         out.append(f"  M_act    = {_text(f.categories['activations'])}")
         out.append(f"  M_comm   = {_text(f.categories['comm'])}")
         out.append(f"  M        = {_text(f.total)}")
-    if d.assumptions:
-        out.append("")
-        out.extend(assumption_lines(d.assumptions))
-    return "\n".join(out) + "\n"
+    return _finish(d, out)
 
 
 def render_latex(d: Derivation, stages: Iterable[int]) -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from ..errors import MemformError
-from ..lang.program import HOST_QUANTITY, SCHEDULE_TIME_QUANTITIES, Program
+from ..lang.program import COST_OPTIONAL, COST_QUANTITIES, HOST_QUANTITY, SCHEDULE_TIME_QUANTITIES, Program
 from .evaluator import Evaluator, LayerSlot, lattice
 from .partition import Partition
 from .results import CATEGORIES, MODEL, PS_PER_SECOND, STATIC, StageNumbers  # noqa: F401 (CATEGORIES, MODEL re-exported)
@@ -242,7 +242,7 @@ class Interpreter:
             self.check_number(e, f"schedule {self.schedule}: {qname} at stage {index}", q.loc)
             extra += ((qname, e),)
         for name in costs:
-            for qname in ("seconds", "ideal_seconds", "tokens"):
+            for qname in COST_QUANTITIES + COST_OPTIONAL:
                 q = self.program.pick(name, qname, None)
                 if q is None:
                     continue
