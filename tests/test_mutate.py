@@ -17,12 +17,22 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def mutate():
+    import memform.analysis.fastcache as fastcache
+    import memform.lang.parser as parser
+
     spec = importlib.util.spec_from_file_location("memform_bench_mutate", ROOT / "bench" / "mutate.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
+    read_text, fast_estimate = parser.read_text, fastcache.fast_estimate
     yield module
     module.serve(None)
+    # classify() routes memform's formula reader through the served mutants and turns the fast path
+    # off for the whole process (bench/mutate.py install_reader, disable_fast_path): undo both, so the
+    # tests that run after these in the same process see memform as it is
+    parser.read_text = read_text
+    if fastcache.fast_estimate is not fast_estimate:
+        module._replace_everywhere(fastcache.fast_estimate, fast_estimate)
     sys.modules.pop(spec.name, None)
 
 
