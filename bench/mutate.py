@@ -8,7 +8,7 @@
     python bench/mutate.py --jobs 2            # worker processes (default: 2)
     python bench/mutate.py --list              # only print the mutants, run nothing
     python bench/mutate.py --exclude 'frameworks/*'   # leave files out (repeatable)
-    python bench/mutate.py --time              # also the step-time model (skipped by default)
+    python bench/mutate.py --time              # also the step-time model and its tests (skipped by default)
 
 Mutants are made mechanically on the parse tree of the project's own grammar (memform.lang.parser), so
 every one is syntactically valid and touches exactly one token or term: each numeric literal +1, -1
@@ -77,6 +77,9 @@ SWAPS = {"h": "f", "f": "h", "t": "cp", "cp": "t", "g": "a", "a": "g"}
 DEFAULT_TESTS = ("tests/test_reference_*.py", "tests/test_pipeline.py", "tests/test_models.py",
                  "tests/test_validate.py", "tests/test_frameworks.py", "tests/test_framework_*.py",
                  "tests/test_distributed.py")
+
+#: added to the default selection with ``--time``: the step-time model's own references
+TIME_TESTS = ("tests/test_time.py", "tests/test_search_time.py", "tests/test_published_throughput.py")
 
 #: formula files a default run leaves alone: the step-time model (issue 14), which its own tests pin;
 #: ``--time`` mutates it too (see :func:`formula_files`)
@@ -748,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--tests", action="append", metavar="GLOB",
                     help="test files (globs relative to the repository, or node ids) run against each mutant; "
-                         f"default: {' '.join(DEFAULT_TESTS)}")
+                         f"default: {' '.join(DEFAULT_TESTS)}; with --time also {' '.join(TIME_TESTS)}")
     ap.add_argument("--max-test-seconds", type=float, default=10.0,
                     help="leave out tests slower than this unmutated (default 10; a first PyTorch "
                          "measurement is slow once, then cached)")
@@ -794,7 +797,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(no estimate number changes on any config), "
           + (f"{len(timed)} step-time only (skipped: --time), " if timed else "")
           + f"{len(live)} to test; {time.perf_counter() - start:.0f} s so far", flush=True)
-    tests = expand_tests(args.tests or list(DEFAULT_TESTS))
+    tests = expand_tests(args.tests or list(DEFAULT_TESTS) + (list(TIME_TESTS) if args.time else []))
     # the run's workers share their PyTorch measurements (see _patch_measurements)
     measured = tempfile.TemporaryDirectory(prefix="memform-mutate-measured-")
     os.environ.setdefault(MEASURE_DIR, measured.name)

@@ -280,6 +280,32 @@ def test_threshold(tiny, thr):
     assert est.stages[0].values["optimizer"] == pytest.approx(optimizer_bytes(tiny_tensors(0, thr)), rel=1e-12)
 
 
+# a learned position table (s x h = 1024 x 1024, 4096 KB in fp32) is replicated over all dp·tp = 8 ranks
+# of the stage like the table with vocab_emb_dp (LlamaEmbedding's position table carries no tp split):
+# sharded 8 ways at a threshold of exactly its size, whole one KB above (the threshold compares the
+# parameter's own full size: opt_param_mgr.cc)
+@pytest.mark.parametrize("thr", [4096, 4097])
+def test_threshold_learned_position_table(tiny, thr):
+    s = 1024
+    est = memform.estimate(tiny(), {"mindspore.parallel_optimizer_threshold": thr,
+                                    "model.position_embedding": "learned"})
+    shard = 1 if s * h * 4 < thr * 1024 else dp * tp
+    want = optimizer_bytes(tiny_tensors(0, thr) + [(s * h, shard)])
+    assert est.stages[0].values["optimizer"] == pytest.approx(want, rel=1e-12)
+
+
+# the parallel optimizer all-gathers a sharded parameter's slice before use: the embedding's buffer is
+# the table's whole slice in its stored dtype (fp32 here), v x h per rank with vocab_emb_dp, v x h / tp
+# without; under a threshold above the table's size nothing of it is gathered
+@pytest.mark.parametrize("vocab_dp, thr, want", [(True, 64, v * h * 4), (False, 64, v * h // tp * 4),
+                                                 (True, 128001, 0)])
+def test_embedding_all_gather_buffer_is_the_table_slice(tiny, vocab_dp, thr, want):
+    est = memform.estimate(tiny(), {"mindspore.parallel_optimizer_threshold": thr,
+                                    "mindspore.vocab_emb_dp": vocab_dp})
+    (emb,) = [e for e in est.stages[0].layers if e.block == "embedding"]
+    assert int(emb.per_layer_values["comm"]) == want
+
+
 @pytest.mark.parametrize("m, accum_shard, sharded", [(4, False, False), (4, True, True), (1, False, True)])
 def test_gradient_accumulation_shard(tiny, m, accum_shard, sharded):
     """accu_grads keep the unsharded slice unless gradient_accumulation_shard (or no accumulation)."""

@@ -152,6 +152,203 @@ def test_data_parallel_gradients_are_all_reduced_once_per_step():
     assert est.stages[0].time_ps["dp"] == pytest.approx(Fraction(3, 4) * (4 + 2) * phi, abs=16)
 
 
+def test_a_dense_model_has_no_expert_parallel_time():
+    # no routed experts: no dispatch / combine all-to-all (Lepikhin et al. 2021 §3), not even a byte
+    for overrides in ({}, {"dp": 2, "tp": 2}):
+        est = memform.estimate(gpt(**overrides))
+        assert all(st.time_ps["ep"] == 0 for st in est.stages)
+
+
+def test_pipeline_transfers_are_one_activation_each_way_per_micro_batch():
+    # Megatron-LM p2p_communication: every micro-batch each stage boundary carries the activations
+    # forward and their gradient back, s·b·h in bf16 (no scatter-gather at t = 1); one stage: nothing
+    h, s, b, m = 2048, 1024, 2, 4
+    assert memform.estimate(gpt(h=h, s=s, b=b, m=m)).stages[0].time_ps["pp"] == 0
+    est = memform.estimate(gpt(h=h, s=s, b=b, m=m, pp=2))
+    # pipeline neighbours are 2·t·cp·d = 2 ranks apart: one node, at 10^12 bytes/s (picoseconds = bytes)
+    assert [st.time_ps["pp"] for st in est.stages] == [m * 2 * 2 * s * b * h] * 2
+    # with t·cp·d = 8 ranks per stage the neighbours are 8 apart: a 16-rank span crosses 8-device nodes,
+    # and each tensor-parallel rank sends its 1/t share (Megatron-LM's scatter-gather)
+    cfg = gpt(h=h, s=s, b=b, m=m, pp=2, tp=2, dp=4)
+    cfg["device"]["inter_node_bandwidth"] = 10 ** 10
+    est = memform.estimate(cfg)
+    assert [st.time_ps["pp"] for st in est.stages] == [m * 2 * 2 * s * b * h // 2 * 100] * 2
+
+
+def test_a_ring_slower_than_the_attention_shows_its_excess():
+    # Ring attention (Liu et al. 2023 §3) overlaps the K,V block transfers with the blockwise attention;
+    # only what the attention cannot hide shows. Each rank receives the other cp - 1 chunks' K and V
+    # (s/cp tokens, 2h wide, bf16) once in forward; backward brings K,V again and returns dK,dV (3
+    # passes), full recompute runs the forward's pass again (4). Hidden under the core's FLOPs:
+    # 4·b·(s/cp)·s·h per forward (QKᵀ and scores·V), twice that in eager backward, again when recomputed.
+    h, L, s, b, m, cp = 2048, 4, 1024, 2, 4, 2
+    cfg = gpt(h=h, L=L, s=s, b=b, m=m, cp=cp)
+    cfg["device"]["intra_node_bandwidth"] = 10 ** 8  # 10^4 ps per byte: the ring is the slower
+    est = memform.estimate(cfg)
+    ring_bytes = 4 * (cp - 1) * 2 * (s // cp) * b * 2 * h
+    core = 4 * b * (s // cp) * s * h
+    hidden_ps = core + 2 * core + core  # at 10^12 FLOP/s: picoseconds = FLOPs
+    assert est.stages[0].time_ps["cp"] == m * L * (ring_bytes * 10 ** 4 - hidden_ps)
+    cfg["device"]["intra_node_bandwidth"] = 10 ** 12  # fast links: the attention hides the ring
+    assert memform.estimate(cfg).stages[0].time_ps["cp"] == 0
+
+
+def _dp_allreduce_ps(est, d, bandwidth):
+    """DDP's ring all-reduce of the fp32 main gradients, 2(d-1)/d of 4·Φ bytes per rank (ZeRO §7.1)."""
+    return Fraction(2 * (d - 1), d) * 4 * est.stages[0].param_count * Fraction(10 ** 12, bandwidth)
+
+
+def test_overlapped_gradient_reduction_shows_only_what_the_backward_cannot_hide():
+    # Megatron-LM --overlap-grad-reduce (PyTorch DDP buckets) runs the gradient all-reduce under the
+    # last micro-batch's backward, which is 2/3 of its compute here (Narayanan §5.1: backward = 2 ×
+    # forward; no recompute)
+    d, m = 4, 4
+    cfg = gpt(dp=d, m=m, overlap_grad_reduce=True)
+    cfg["training"]["recompute"] = "none"
+    cfg["device"]["intra_node_bandwidth"] = 10 ** 8  # the all-reduce takes longer than one backward
+    est = memform.estimate(cfg)
+    st = est.stages[0]
+    backward_ps = Fraction(2, 3) * st.time_ps["compute"] / m
+    assert 0 < st.time_ps["dp"] == pytest.approx(_dp_allreduce_ps(est, d, 10 ** 8) - backward_ps, abs=16)
+    cfg["device"]["intra_node_bandwidth"] = 10 ** 12  # now it hides entirely
+    assert memform.estimate(cfg).stages[0].time_ps["dp"] == 0
+    cfg["parallel"]["overlap_grad_reduce"] = False  # and without overlap all of it shows
+    est = memform.estimate(cfg)
+    assert est.stages[0].time_ps["dp"] == pytest.approx(_dp_allreduce_ps(est, d, 10 ** 12), abs=16)
+
+
+def test_the_data_parallel_group_spans_tp_times_cp_times_dp_ranks():
+    # Megatron-LM's rank order tp-cp-ep-dp-pp: a dp group's members are t·cp apart, so it spans
+    # t·cp·d consecutive ranks; gradients are reduced over the dp × cp ranks (parallel_state's
+    # data-parallel group with context parallelism). t = 2, cp = 4, d = 2: 16 ranks on 8-device nodes
+    t, cp, d = 2, 4, 2
+    cfg = gpt(tp=t, cp=cp, dp=d)
+    cfg["device"]["inter_node_bandwidth"] = 10 ** 10
+    est = memform.estimate(cfg)
+    assert est.stages[0].time_ps["dp"] == pytest.approx(_dp_allreduce_ps(est, d * cp, 10 ** 10), abs=16)
+    cfg["parallel"]["cp"] = 2  # 8 ranks: one node
+    est = memform.estimate(cfg)
+    assert est.stages[0].time_ps["dp"] == pytest.approx(_dp_allreduce_ps(est, d * 2, 10 ** 12), abs=16)
+
+
+def test_the_bubble_idles_every_busy_part_of_a_micro_batch():
+    # the bubble (Narayanan §2.2.1) is (p - 1)/(m·vp) micro-batch slots, each as long as this stage's
+    # busy micro-batch: compute, memory-bound kernels, tp, cp, ep and pp transfers alike
+    pp, m = 2, 4
+    cfg = gpt(L=4, m=m, pp=pp, tp=2, cp=2)
+    cfg["device"]["memory_bandwidth"] = 10 ** 12
+    cfg["device"]["intra_node_bandwidth"] = 10 ** 8   # a slow ring: cp time shows
+    est = memform.estimate(cfg)
+    for st in est.stages:
+        parts = {k: v for k, v in st.time_ps.items() if k not in ("bubble", "dp", "optimizer")}
+        assert all(parts[k] > 0 for k in ("compute", "memory", "tp", "cp", "pp")), parts
+        assert st.time_ps["bubble"] == pytest.approx(sum(parts.values()) * Fraction(pp - 1, m), abs=8)
+
+
+@pytest.mark.regression
+def test_full_recompute_adds_two_passes_of_memory_bound_traffic():
+    # regression (restates time.mf's pass count, no measurement): the memory-bound kernels read and
+    # write what a layer keeps for backward 5 times without recompute and 7 times with a full one
+    cfg = gpt()
+    cfg["device"]["memory_bandwidth"] = 10 ** 12
+    full = memform.estimate(cfg)
+    cfg["training"]["recompute"] = "none"
+    none = memform.estimate(cfg)
+    assert full.stages[0].time_ps["memory"] == pytest.approx(Fraction(7, 5) * none.stages[0].time_ps["memory"],
+                                                             abs=8)
+
+
+def _mixtral(schedule="1f1b", **extra):
+    """Mixtral 8x7B (top-2 of 8 experts, h = 4096, 32 layers, s = 4096) on two stages, ep = 2, unit device."""
+    over = {"parallel.dp": 2, "parallel.tp": 1, "parallel.pp": 2, "parallel.ep": 2, "model.capacity_factor": None,
+            "training.global_batch_size": None, "training.num_micro_batches": 4, "training.micro_batch_size": 1,
+            "training.recompute": "none", "device": dict(UNIT_DEVICE), "parallel.pp_schedule": schedule, **extra}
+    return memform.estimate(ROOT / "configs" / "mixtral-8x7b.yaml", over)
+
+
+def test_expert_all_to_alls_are_exposed_in_1f1b_and_the_bubble_idles_them_too():
+    # GShard (Lepikhin et al. 2021 §3): each token's hidden vector goes to its k experts (dispatch) and
+    # comes back (combine), (ep - 1)/ep of it to other ranks; backward runs both again. bf16, k = 2:
+    # per layer and micro-batch 2 passes × 2 all-to-alls × k·s·b·h·2 bytes × (ep - 1)/ep
+    est = _mixtral()
+    k, s, b, h, m, ep, layers = 2, 4096, 1, 4096, 4, 2, 16
+    per_layer = 2 * 2 * k * s * b * h * 2 * Fraction(ep - 1, ep)
+    for st in est.stages:
+        assert st.time_ps["ep"] == m * layers * per_layer  # at 10^12 bytes/s: picoseconds = bytes
+        busy = st.time_ps["compute"] + st.time_ps["ep"] + st.time_ps["pp"]
+        assert st.time_ps["bubble"] == pytest.approx(busy * Fraction(1, m), abs=8)  # (p - 1)/m, p = 2
+
+
+def test_dualpipev_hides_expert_and_pipeline_transfers_under_compute():
+    # DeepSeek-V3 §3.2.1 (DualPipe): a forward and a backward chunk run together, so the all-to-alls
+    # and pipeline transfers of one run under the other's compute (here compute is far longer)
+    est = _mixtral("dualpipev", **{"parallel.vpp": 2})
+    assert all(st.time_ps["ep"] == 0 and st.time_ps["pp"] == 0 for st in est.stages)
+    assert all(st.time_ps["pp"] > 0 for st in _mixtral().stages)
+
+
+def test_tokens_per_second_count_every_data_parallel_replica():
+    # a step trains d·m·b sequences of s tokens (the global batch), in step_seconds
+    d, m, b, s = 4, 3, 2, 1024
+    est = memform.estimate(gpt(s=s, b=b, m=m, dp=d))
+    assert est.tokens_per_second * est.step_seconds == pytest.approx(d * m * b * s, rel=1e-9)
+
+
+def test_a_context_parallel_ring_across_nodes_uses_the_inter_node_links():
+    # the cp group's ranks are t apart (Megatron-LM's tp-cp-ep-dp-pp order): it spans t·cp ranks;
+    # t = 2, cp = 8 span 16 ranks of 8-device nodes, so the ring runs at the inter-node bandwidth
+    h, L, s, b, m, t, cp = 2048, 4, 1024, 2, 4, 2, 8
+    cfg = gpt(h=h, L=L, s=s, b=b, m=m, tp=t, cp=cp)
+    cfg["device"]["inter_node_bandwidth"] = 10 ** 8
+    est = memform.estimate(cfg)
+    ring_bytes = 4 * (cp - 1) * 2 * (s // cp) * b * 2 * h // t   # K,V of the t-split heads (as above)
+    core = 4 * b * (s // cp) * s * h // t
+    assert est.stages[0].time_ps["cp"] == m * L * (ring_bytes * 10 ** 4 - 4 * core)
+
+
+def test_zero_2_and_zero_3_data_parallel_traffic():
+    # ZeRO (Rajbhandari et al. 2020) §7.1-7.2, in DeepSpeed's bf16 (it communicates in the model's dtype):
+    # ZeRO-2 reduce-scatters the gradients and all-gathers the updated parameters once per step (2Ψ);
+    # ZeRO-3 all-gathers the parameters for forward and again for backward and reduce-scatters the
+    # gradients, every micro-batch (3Ψ), prefetched under that micro-batch's compute: only the excess shows
+    d, m = 4, 4
+    cfg = gpt(dp=d, m=m, zero=2)
+    cfg["training"]["framework"] = "deepspeed"
+    cfg["device"]["intra_node_bandwidth"] = 10 ** 8  # 10^4 ps per byte
+    est = memform.estimate(cfg)
+    phi = est.stages[0].param_count
+    ring = Fraction(d - 1, d) * phi * 2 * 10 ** 4    # one reduce-scatter or all-gather of Φ bf16 values
+    assert est.stages[0].time_ps["dp"] == pytest.approx(2 * ring, abs=16)
+    cfg["parallel"]["zero"] = 3
+    est = memform.estimate(cfg)
+    st = est.stages[0]
+    assert st.time_ps["dp"] == pytest.approx(m * 3 * ring - st.time_ps["compute"], abs=64)
+    # Megatron-LM (the default profile) reduces its fp32 main gradients (as for DDP above) and does not
+    # overlap the step's reduction: with ZeRO-3 there is none left at the step's end, only the per
+    # micro-batch gathers (bf16) and reduce-scatters (fp32)
+    del cfg["training"]["framework"]
+    est = memform.estimate(cfg)
+    st = est.stages[0]
+    per_mb = Fraction(d - 1, d) * phi * (2 + 2 + 4) * 10 ** 4
+    assert st.time_ps["dp"] == pytest.approx(m * per_mb - st.time_ps["compute"], abs=64)
+
+
+def test_a_multi_token_prediction_module_adds_its_block_head_and_embedding_collectives():
+    # DeepSeek-V3 §2.2: an MTP module embeds the next token with the shared embedding, projects, runs one
+    # transformer block and the shared head. In Shoeybi et al.'s count (one all-reduce of s·b·h each):
+    # the block's 4, the vocabulary-parallel embedding's 1 and the head's 1; the copy of the embedding
+    # table the last stage holds for it (pp > 1) moves nothing of its own
+    h, s, b, m, t = 2048, 1024, 2, 4, 2
+    allreduce = Fraction(2 * (t - 1), t) * 2 * s * b * h
+    last = []
+    for n in (0, 1):
+        cfg = gpt(h=h, s=s, b=b, m=m, L=4, tp=t, pp=2)
+        cfg["formulas"], cfg["model"]["mtp_layers"], cfg["training"]["recompute"] = ["moe.mf"], n, "none"
+        last.append(memform.estimate(cfg).stages[-1].time_ps["tp"])
+    assert last[0] == m * (2 * 4 + 1) * allreduce   # two body layers and the head
+    assert last[1] - last[0] == m * (4 + 1 + 1) * allreduce
+
+
 # ---------------------------------------------------------------------------------- presets and outputs
 
 
@@ -222,6 +419,20 @@ def test_cost_blocks_see_the_stage_and_each_other(tmp_path):
     est = memform.estimate(cfg, ov)
     for st in est.stages:
         assert st.time_ps["extra"] == pytest.approx((st.stage + 1) * st.time_ps["compute"], abs=2)
+
+
+def test_stages_with_the_same_layers_share_costs_unless_a_cost_reads_the_stage(tmp_path):
+    """The interpreter evaluates the cost blocks once per distinct stage (same layer groups, bubble
+    and overlap); a cost block that names ``stage`` itself must still get every stage's own value."""
+    cfg = gpt(L=4, pp=4)  # stages 1 and 2 hold one body layer each, nothing else
+    plain = memform.estimate(cfg)
+    assert plain.stages[1].time_ps == plain.stages[2].time_ps
+    assert plain.stages[1].time_exprs["compute"] is plain.stages[2].time_exprs["compute"]  # shared
+    _, ov = _profile(tmp_path, "cost extra { seconds = (stage + 1) * compute.seconds }\n")
+    est = memform.estimate(cfg, ov)
+    got = [st.time_ps["extra"] for st in est.stages]
+    assert got[2] == pytest.approx(3 * est.stages[2].time_ps["compute"], abs=3)
+    assert got[1] == pytest.approx(2 * est.stages[1].time_ps["compute"], abs=3) and got[1] != got[2]
 
 
 @pytest.mark.parametrize("text,message", [

@@ -315,11 +315,33 @@ def _derived_symbols(model: Model, searched: frozenset[str]) -> dict[str, sympy.
 
 
 def _substitute(expr: Any, follow: dict[sympy.Symbol, sympy.Expr]) -> Any:
+    """``expr`` with every derived symbol replaced by its default in the searched symbols.
+
+    Chains (a default naming another derived symbol) are resolved once per ``follow``, so each
+    expression takes one ``xreplace`` (one pass; no ``free_symbols`` pass over a large tree first)."""
+    if not follow or not isinstance(expr, sympy.Basic):
+        return expr
+    return expr.xreplace(_closed(follow))
+
+
+_CLOSED: dict[int, tuple[dict, dict]] = {}
+
+
+def _closed(follow: dict[sympy.Symbol, sympy.Expr]) -> dict[sympy.Symbol, sympy.Expr]:
+    """``follow`` with its values free of its own keys (substituted into each other to a fixed point)."""
+    hit = _CLOSED.get(id(follow))
+    if hit is not None and hit[0] is follow:
+        return hit[1]
+    closed = dict(follow)
     for _ in range(len(follow) + 1):
-        if not isinstance(expr, sympy.Basic) or not (expr.free_symbols & set(follow)):
+        keys = set(closed)
+        if not any(isinstance(v, sympy.Basic) and v.free_symbols & keys for v in closed.values()):
             break
-        expr = expr.xreplace(follow)
-    return expr
+        closed = {k: v.xreplace(closed) if isinstance(v, sympy.Basic) else v for k, v in closed.items()}
+    if len(_CLOSED) > 64:
+        _CLOSED.clear()
+    _CLOSED[id(follow)] = (follow, closed)
+    return closed
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:

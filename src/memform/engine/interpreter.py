@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import sympy
 
 from ..errors import MemformError
+from ..lang import ast
+from ..lang.checker import walk
 from ..lang.program import COST_OPTIONAL, COST_QUANTITIES, HOST_QUANTITY, SCHEDULE_TIME_QUANTITIES, Program
 from .evaluator import Evaluator, LayerSlot, lattice
 from .partition import Partition
@@ -113,6 +115,9 @@ class Interpreter:
         self.schedule = schedule
         self._layer_cache: dict[tuple[str, str], tuple[dict, dict, dict]] = {}
         self._host_cache: dict[tuple[str, str, str], tuple[sympy.Expr, sympy.Expr]] = {}
+        #: cost results by stage signature (see :meth:`costs`); None where the cost blocks read
+        #: ``stage`` or ``chunk`` themselves, so that no two stages may share them
+        self._cost_cache: dict[tuple, _StageTime] | None = None if _costs_read_position(program) else {}
 
     def layer(self, block: str, mode: str) -> tuple[dict[str, sympy.Expr], dict[str, sympy.Expr], dict[str, str]]:
         key = (block, mode)
@@ -241,6 +246,19 @@ class Interpreter:
             e = self.ev.as_expr(self.ev.quantity(self.schedule, qname, None, extra=(stage,)), q.loc)
             self.check_number(e, f"schedule {self.schedule}: {qname} at stage {index}", q.loc)
             extra += ((qname, e),)
+        # Stages with the same layer groups (in the same order) and the same bubble and overlap get
+        # the same cost closed forms: the cost blocks see a stage only through those (checked once
+        # per program, _costs_read_position). A pipeline's middle stages are usually alike, so
+        # this evaluates the cost blocks for a few stages instead of every one.
+        key = None
+        if self._cost_cache is not None:
+            slots = self.ev.stage_layers.get(index, ())
+            ranks = tuple(sorted(range(len(slots)), key=lambda k: slots[k].order))
+            key = (tuple((sl.chunk, sl.block, sl.mode, sl.count) for sl in slots), ranks, extra[1:])
+            hit = self._cost_cache.get(key)
+            if hit is not None:
+                return _StageTime(dict(hit.exprs), dict(hit.ps), hit.ideal_expr, hit.ideal_value, hit.ideal_ps,
+                                  hit.tokens_expr, hit.tokens)
         for name in costs:
             for qname in COST_QUANTITIES + COST_OPTIONAL:
                 q = self.program.pick(name, qname, None)
@@ -257,6 +275,10 @@ class Interpreter:
                 else:
                     out.tokens_expr, out.tokens = e, to_bytes(v)
         out.ideal_ps = to_bytes(out.ideal_value * PS_PER_SECOND)
+        if key is not None:
+            self._cost_cache[key] = out
+            return _StageTime(dict(out.exprs), dict(out.ps), out.ideal_expr, out.ideal_value, out.ideal_ps,
+                              out.tokens_expr, out.tokens)
         return out
 
     def moments(self, index: int, partition: Partition, sums: dict[str, sympy.Expr],
@@ -287,3 +309,14 @@ class Interpreter:
         sums["activations"] = expr if self.ev.resolve or len(distinct) == 1 else lattice(sympy.Max, distinct)
         exact["activations"] = value
         return name, {n: to_bytes(v) for n, _, v in found}, {n: e for n, e, _ in found}
+
+
+def _costs_read_position(program: Program) -> bool:
+    """Whether a cost block or a function names ``stage`` or ``chunk`` itself (not only through
+    ``layers_*``, ``bubble`` and ``overlap``): then every stage's costs are evaluated on their own.
+    Layer quantities and ``let``s are evaluated without a stage, so they cannot read it."""
+    exprs = [q.expr for b in program.costs().values() for qd in b.quantities.values()
+             for q in ([qd.default] if qd.default is not None else []) + list(qd.variants.values())]
+    exprs += [d.expr for d in program.defs.values() if not {"stage", "chunk"} & set(d.params)]
+    return any(isinstance(n, ast.Ref) and n.attr is None and n.name in ("stage", "chunk")
+               for e in exprs for n in walk(e))
