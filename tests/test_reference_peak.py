@@ -33,8 +33,28 @@ accounted for (read off the timeline's per-op record at the peak, ``StorageTimel
   released (h wide, a·d_h = h here) and the residual gradient that arrived (h wide); the statistic of
   the attention's norm is alive (the MLP's was released with the MLP's backward).
 
+* MoE experts' peak (2 experts, top-2, vocabulary 32: every token is routed to both experts, so each
+  expert gets exactly its balanced share b·s, which moe.mf's non-grouped ``experts.bwd_grads`` assumes;
+  the harness runs the experts one at a time, as Megatron-LM's SequentialMLP) -- inside the first expert's
+  fused SwiGLU backward (the last one run in forward), at ``cat`` of its last block. Live there, read off
+  ``live_at``: the whole forward less the head's activations (freed as for the SwiGLU case) and less
+  what the combine's and this expert's backward released; the remainder is, per token, the layer's two
+  norm statistics (8); the router's bookkeeping still held -- fp32 softmax 4E, top-k values and int64
+  indices 12k, the int64 expert ids 8k (floor_divide) and the fp32 weight sum 4, the sort permutation
+  (8k) and the bf16 weights cast (2k) having been released by the combine's backward -- less router.act's
+  4·(2E + k) (the same bookkeeping as tests/test_reference_layers.py's ``ROUTING``); the fp32 gradient of
+  the router weights (``index_add``, 4k); the residual gradient from the head (``bytes_a·h``); and the
+  loss, the stand-in's scratch as above, the expert's released SwiGLU output (``-bytes_a·f`` per token
+  of the expert, as the dense case). The combine: moe.mf's ``experts.bwd_grads`` adds
+  ``2·expert_tokens·bytes_a·h`` (two h-wide gradients of all routed tokens), but at the experts' peak the
+  harness holds one, the weighted output's gradient (``mul``, k·b·s·h), and has released the
+  concatenated expert outputs the weighting saved (``cat``, the same size, counted in experts.act):
+  net 0, so ``-2·bytes_a·h·k·b·s`` (the gathered output gradient, the second one, lives only during the
+  weighting's own backward, before the experts' backward starts).
+
 So a change of a backward-transient term -- dense.mf's ``attention.bwd_grads``, ``mlp.bwd_grads``,
-the decoder's ``bwd_extra`` and the head's ``bwd_extra``, torch.mf's ``mlp.bwd_grads`` -- or of the
+the decoder's ``bwd_extra`` and the head's ``bwd_extra``, torch.mf's ``mlp.bwd_grads``, moe.mf's
+``experts.bwd_grads`` (its f-wide and its h-wide term) -- or of the
 ``backward`` moment itself fails one of these cases. Skipped only when PyTorch is not installed.
 """
 
@@ -73,6 +93,18 @@ def core_peak(p: Point) -> int:
     return p.b * p.s * 4 + LOSS
 
 
+def moe_peak(p: Point) -> int:
+    """The MoE experts' peak remainder (module docstring); every token picks every expert (k = E)."""
+    assert p.top_k == p.experts and p.precision == "bf16-mixed", "measured for k = E, bf16"
+    tokens, nbytes, e, k = p.b * p.s, BYTES[p.precision], p.experts, p.top_k
+    routing_live = 4 * e + 12 * k + 8 * k + 4 - 4 * (2 * e + k)
+    per_token = 2 * 4 + routing_live + 4 * k + nbytes * p.h
+    scratch = FUSED_ROWS * p.ffn * 4 * SCRATCH_ROWS[p.precision]
+    freed_swiglu_output = nbytes * p.ffn * tokens          # one expert's share: all b·s tokens (k = E)
+    combine = 2 * nbytes * p.h * k * tokens                # moe.mf's two h-wide gradients; net 0 measured
+    return tokens * per_token + LOSS + scratch - freed_swiglu_output - combine
+
+
 #: name -> (harness point, framework profile or None for the default, remainder)
 CASES = {
     "head: default vocabulary 512, flash": (Point(L=1), None, head_peak),
@@ -90,8 +122,13 @@ CASES = {
 
 
 @functools.lru_cache(maxsize=None)
+def _step(point: Point):
+    """One measured training step per point (a measurement never reads the formula files)."""
+    return measure_step(point.config(), point.precision)
+
+
 def _measured_peak(point: Point) -> int:
-    return measure_step(point.config(), point.precision).activations_peak
+    return _step(point).activations_peak
 
 
 def _estimated_peak(point: Point, framework: str | None) -> int:
@@ -139,6 +176,26 @@ def test_attention_core_backward_by_hand():
     point = Point(L=1, vocab=32, s=256, b=1, flash=False)
     assert _measured_peak(point) == 256 * 6788 + 8
 
+
+
+#: MoE cases, kept out of CASES (whose one-rank moments SPLITS below halves over TP / CP ranks)
+MOE_CASES = {
+    "MoE experts: 2 experts top-2, vocabulary 32, flash": (Point(L=1, vocab=32, experts=2, top_k=2), None),
+    "MoE experts: same, fsdp2 profile": (Point(L=1, vocab=32, experts=2, top_k=2), "fsdp2"),
+}
+
+
+@pytest.mark.parametrize("name", list(MOE_CASES))
+def test_moe_experts_backward_peak_measured_equals_formula(name):
+    """The experts' backward sets the peak (the fused SwiGLU stand-in's scratch, ``sigmoid``, is live: the
+    peak is inside an expert's backward, not the combine's or the head's) and every remainder byte is
+    accounted for (module docstring). fsdp2 redefines no experts term: the same remainder."""
+    point, framework = MOE_CASES[name]
+    assert _step(point).peak_phase == "backward" and "sigmoid" in _step(point).peak_by_op
+    measured, estimated, extra = _measured_peak(point), _estimated_peak(point, framework), moe_peak(point)
+    assert measured == estimated + extra, (
+        f"{name}: measured peak {measured} B, formula {estimated} B + remainder {extra} B "
+        f"(off by {measured - estimated - extra} B)")
 
 
 #: (harness point, framework, parallel keys): per-rank estimates that must be the one-rank ones halved

@@ -245,6 +245,20 @@ def test_the_bubble_idles_every_busy_part_of_a_micro_batch():
         assert st.time_ps["bubble"] == pytest.approx(sum(parts.values()) * Fraction(pp - 1, m), abs=8)
 
 
+def test_selective_recompute_reruns_the_core_kernels_over_what_it_drops():
+    # Korthikanti et al. 2022 §5: selective recompute drops the attention core's 5·a·s²·b bytes per layer
+    # (scores and softmax output in bf16, the 1-byte dropout mask) and recomputes them in backward, so
+    # the memory-bound kernels write and read them once more: 2 passes, at the memory bandwidth
+    a, L, s, b, m = 16, 4, 1024, 2, 4
+    cfg = gpt(a=a, L=L, s=s, b=b, m=m)
+    cfg["device"]["memory_bandwidth"] = 10 ** 12   # picoseconds = bytes
+    cfg["training"]["recompute"] = "none"
+    none = memform.estimate(cfg).stages[0].time_ps["memory"]
+    cfg["training"]["recompute"] = "selective"
+    selective = memform.estimate(cfg).stages[0].time_ps["memory"]
+    assert selective - none == pytest.approx(m * L * 2 * 5 * a * s * s * b, abs=8)
+
+
 @pytest.mark.regression
 def test_full_recompute_adds_two_passes_of_memory_bound_traffic():
     # regression (restates time.mf's pass count, no measurement): the memory-bound kernels read and
