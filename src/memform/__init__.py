@@ -17,7 +17,8 @@ from typing import Any
 # sympy memoizes its core constructors in LRU caches of SYMPY_CACHE_SIZE entries (default 1000,
 # read once, when sympy is imported). Building one structure's closed forms touches far more
 # distinct sub-expressions than that, so the default cache thrashes: 20,000 entries made a
-# 1024-device search's compile about 16 % faster (bench/search_speed.py). A user's own setting wins.
+# 1024-device search's compile about 16 % faster (measured in one process; compare the compile line of
+# `SYMPY_CACHE_SIZE=1000 python bench/search_speed.py` with a plain run). A user's own setting wins.
 os.environ.setdefault("SYMPY_CACHE_SIZE", "20000")
 
 __all__ = ["Estimate", "MemformError", "Model", "estimate", "estimate_model", "load_model", "load_program",

@@ -122,7 +122,7 @@ class CompiledModel:
         keep = frozenset(s.name for s in symbols) | frozenset(derived)
         est = estimate_model(model, resolve=False, keep=keep)
         ev = model.evaluator(resolve=False, keep=keep)
-        follow = {model.bound.symbols[name]: e for name, e in derived.items()}
+        follow = _follow(model, derived)
         requires = []
         for r in model.program.requires:
             cond = ev.truth(ev.eval(r.expr, Ctx()), r.loc)
@@ -314,34 +314,24 @@ def _derived_symbols(model: Model, searched: frozenset[str]) -> dict[str, sympy.
     return derived
 
 
-def _substitute(expr: Any, follow: dict[sympy.Symbol, sympy.Expr]) -> Any:
-    """``expr`` with every derived symbol replaced by its default in the searched symbols.
+def _follow(model: Model, derived: dict[str, sympy.Expr]) -> dict[sympy.Symbol, sympy.Expr]:
+    """Each derived symbol (:func:`_derived_symbols`) -> its default in the searched symbols only:
+    chains (a default naming another derived symbol) substituted into each other once, here, so that
+    :func:`_substitute` is one ``xreplace`` per expression."""
+    follow = {model.bound.symbols[name]: e for name, e in derived.items()}
+    for _ in range(len(follow) + 1):
+        keys = set(follow)
+        if not any(isinstance(v, sympy.Basic) and v.free_symbols & keys for v in follow.values()):
+            break
+        follow = {k: v.xreplace(follow) if isinstance(v, sympy.Basic) else v for k, v in follow.items()}
+    return follow
 
-    Chains (a default naming another derived symbol) are resolved once per ``follow``, so each
-    expression takes one ``xreplace`` (one pass; no ``free_symbols`` pass over a large tree first)."""
+
+def _substitute(expr: Any, follow: dict[sympy.Symbol, sympy.Expr]) -> Any:
+    """``expr`` with every derived symbol replaced by its default (``follow`` from :func:`_follow`)."""
     if not follow or not isinstance(expr, sympy.Basic):
         return expr
-    return expr.xreplace(_closed(follow))
-
-
-_CLOSED: dict[int, tuple[dict, dict]] = {}
-
-
-def _closed(follow: dict[sympy.Symbol, sympy.Expr]) -> dict[sympy.Symbol, sympy.Expr]:
-    """``follow`` with its values free of its own keys (substituted into each other to a fixed point)."""
-    hit = _CLOSED.get(id(follow))
-    if hit is not None and hit[0] is follow:
-        return hit[1]
-    closed = dict(follow)
-    for _ in range(len(follow) + 1):
-        keys = set(closed)
-        if not any(isinstance(v, sympy.Basic) and v.free_symbols & keys for v in closed.values()):
-            break
-        closed = {k: v.xreplace(closed) if isinstance(v, sympy.Basic) else v for k, v in closed.items()}
-    if len(_CLOSED) > 64:
-        _CLOSED.clear()
-    _CLOSED[id(follow)] = (follow, closed)
-    return closed
+    return expr.xreplace(follow)
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ from ..engine.interpreter import CATEGORIES, MAX_BYTES, PS_PER_SECOND
 from ..engine.model import SETUP_KEYS, Model, estimate_model, parameter_exprs, setup_of
 from ..engine.values import get_path
 from ..errors import MemformError
-from .compiled import _derived_symbols, _substitute
+from .compiled import _derived_symbols, _follow, _substitute
 from .exact import NotExact
 from .scalar import compile_scalar
 
@@ -57,7 +57,7 @@ def compile_entry(model: Model, candidates: Sequence[str]) -> dict[str, Any]:
     derived = _derived_symbols(model, kept)
     keep = kept | frozenset(derived)
     keep_syms = {model.bound.symbols[n] for n in keep}
-    follow = {model.bound.symbols[name]: e for name, e in derived.items()}
+    follow = _follow(model, derived)
     _refuse_input_dependent(model, keep, keep_syms)
 
     est = estimate_model(model, resolve=False, keep=keep)

@@ -20,6 +20,7 @@ comes from the formula files; this module only decides *where* each formula appl
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import sympy
@@ -104,6 +105,10 @@ class _StageTime:
     ideal_ps: int = 0
     tokens_expr: sympy.Expr = sympy.Integer(0)
     tokens: int = 0
+
+    def copy(self) -> "_StageTime":
+        """A copy whose dicts a stage may own (a shared cost result stays unchanged)."""
+        return dataclasses.replace(self, exprs=dict(self.exprs), ps=dict(self.ps))
 
 
 class Interpreter:
@@ -257,8 +262,7 @@ class Interpreter:
             key = (tuple((sl.chunk, sl.block, sl.mode, sl.count) for sl in slots), ranks, extra[1:])
             hit = self._cost_cache.get(key)
             if hit is not None:
-                return _StageTime(dict(hit.exprs), dict(hit.ps), hit.ideal_expr, hit.ideal_value, hit.ideal_ps,
-                                  hit.tokens_expr, hit.tokens)
+                return hit.copy()
         for name in costs:
             for qname in COST_QUANTITIES + COST_OPTIONAL:
                 q = self.program.pick(name, qname, None)
@@ -277,8 +281,7 @@ class Interpreter:
         out.ideal_ps = to_bytes(out.ideal_value * PS_PER_SECOND)
         if key is not None:
             self._cost_cache[key] = out
-            return _StageTime(dict(out.exprs), dict(out.ps), out.ideal_expr, out.ideal_value, out.ideal_ps,
-                              out.tokens_expr, out.tokens)
+            return out.copy()
         return out
 
     def moments(self, index: int, partition: Partition, sums: dict[str, sympy.Expr],
@@ -315,8 +318,7 @@ def _costs_read_position(program: Program) -> bool:
     """Whether a cost block or a function names ``stage`` or ``chunk`` itself (not only through
     ``layers_*``, ``bubble`` and ``overlap``): then every stage's costs are evaluated on their own.
     Layer quantities and ``let``s are evaluated without a stage, so they cannot read it."""
-    exprs = [q.expr for b in program.costs().values() for qd in b.quantities.values()
-             for q in ([qd.default] if qd.default is not None else []) + list(qd.variants.values())]
+    exprs = [q.expr for b in program.costs().values() for qd in b.quantities.values() for q in qd.all()]
     exprs += [d.expr for d in program.defs.values() if not {"stage", "chunk"} & set(d.params)]
     return any(isinstance(n, ast.Ref) and n.attr is None and n.name in ("stage", "chunk")
                for e in exprs for n in walk(e))
