@@ -167,6 +167,13 @@ def test_persistence_threshold_keeps_small_tensors_gathered():
     assert s.runtime["zero3_persistent"] == 2 * tensors
 
 
+def test_rmsnorm_weights_stay_gathered_below_the_persistence_threshold():
+    # a Llama-style block without biases: its small tensors are the two RMSNorm weights (h each, no bias:
+    # Zhang & Sennrich 2019), + the final norm's h; all below 1e5 elements (mark_persistent_parameters)
+    s = stage0({"parallel.zero": 3, "model.norm": "rmsnorm", "model.bias": False})
+    assert s.runtime["zero3_persistent"] == 2 * 500_000_000 + 2 * (L * 2 * H + H)
+
+
 # ---- offload: device bytes drop, host bytes as DeepSpeed allocates them ------------------------------
 OFFLOAD_CASES = [
     # ZeRO-2 offload_optimizer, 2 GPUs on 1 node (16 > 4N: the estimator's cpu term is the states'): device

@@ -21,8 +21,12 @@ The measured layer must equal memform's layer plus one documented remainder, and
 
 Everything else is exact, so any change of an attention, MLP or norm activation term of dense.mf
 fails one of these cases (the cases pick out GQA, MQA, MHA, flash against the eager a·s² core, fused
-against eager SwiGLU -- in the MLP and in routed experts --, GeLU + LayerNorm with and without dropout,
-fp32, and each recompute mode).
+against eager SwiGLU -- in the MLP, in routed experts and in shared experts --, GeLU + LayerNorm with and
+without dropout, fp32, and each recompute mode). Shared experts (DeepSeek-V3 report §2.1.2: every token
+also passes through N_s ungated experts whose output is added to the routed one; the harness builds them
+as one MLP of width N_s·f_exp, torch_models.MoE) read the router's input and add no remainder: the
+tracker sees exactly their [gate | up] GEMM output and SwiGLU output (``mm``, ``mul``; eager SwiGLU also
+``silu``), moe.mf's ``shared_experts.act``.
 
 Framework profiles. The default profile (megatron) loads formulas/frameworks/megatron/moe.mf, which
 redefines ``experts.act`` and ``shared_experts.act`` (Transformer Engine's grouped GEMM keeps the fc2
@@ -69,6 +73,8 @@ CASES = {
     "wider: h=128, s=128, b=1, MQA": {"h": 128, "s": 128, "b": 1, "kv_heads": 1, "flash": False},
     "MoE, 4 experts, top-2": {"experts": 4, "top_k": 2},
     "MoE, eager SwiGLU experts": {"experts": 4, "top_k": 2, "swiglu_impl": "eager"},
+    "MoE + 1 shared expert": {"experts": 4, "top_k": 2, "shared_experts": 1},
+    "MoE + 1 shared expert, eager SwiGLU": {"experts": 4, "top_k": 2, "shared_experts": 1, "swiglu_impl": "eager"},
 }
 
 #: cases estimated under a profile that keeps moe.mf's / dense.mf's generic layer lines (module docstring):
@@ -77,7 +83,7 @@ PROFILE_CASES = {
     f"{name} [{framework}]": (name, framework)
     for framework in ("fsdp2",)
     for name in ("GQA g=a/2, flash", "eager SwiGLU (silu(gate) * up)", "MoE, 4 experts, top-2",
-                 "MoE, eager SwiGLU experts")
+                 "MoE, eager SwiGLU experts", "MoE + 1 shared expert", "MoE + 1 shared expert, eager SwiGLU")
 }
 
 
@@ -148,6 +154,54 @@ def test_eager_swiglu_experts_keep_one_more_f_wide_tensor():
     eager = dataclasses.replace(fused, swiglu_impl="eager")
     assert _layer(eager)[0] - _layer(fused)[0] == 256 * 2 * 176
     assert _layer(eager, "fsdp2")[1] - _layer(fused, "fsdp2")[1] == 256 * 2 * 176
+
+
+@pytest.mark.parametrize("framework", [None, "fsdp2"])
+def test_shared_expert_keeps_its_mlp_tensors_and_no_input(framework):
+    """One shared expert of f = 176 (DeepSeek-V3 §2.1.2) runs on all b·s = 128 tokens and keeps, per token,
+    its [gate | up] GEMM output 2·2f = 704 bytes and its SwiGLU output (the down projection's input) 2f = 352
+    (Korthikanti et al. 2022 §4.1 with SwiGLU's two f-wide GEMMs); its input is the router's, already kept:
+    128 × 1056 = 135,168 bytes more than the routed experts alone, measured and estimated (megatron's
+    redefined ``shared_experts.act`` and moe.mf's generic one under fsdp2) alike. Eager SwiGLU keeps
+    silu(gate) as well (PyTorch derivatives.yaml: mul saves both factors), 2f = 352 bytes per token more."""
+    routed = dataclasses.replace(BASE, experts=4, top_k=2)
+    shared = dataclasses.replace(routed, shared_experts=1)
+    for impl, per_token in (("fused", 3 * 2 * 176), ("eager", 4 * 2 * 176)):
+        without, with_shared = (dataclasses.replace(p, swiglu_impl=impl) for p in (routed, shared))
+        assert _layer(with_shared)[0] - _layer(without)[0] == 128 * per_token, impl
+        assert _layer(with_shared, framework)[1] - _layer(without, framework)[1] == 128 * per_token, impl
+
+
+def _layer_of(point: Point, framework: str | None, **model) -> tuple[int, int]:
+    """As :func:`_layer`, with ``model.*`` keys that :class:`Point` does not write set in both configs."""
+    cfgs = []
+    for L in (1, 2):
+        cfg = dataclasses.replace(point, L=L).config()
+        cfg["model"].update(model)
+        if framework:
+            cfg["training"]["framework"] = framework
+        cfgs.append(cfg)
+    measured = [measure_step(c, point.precision).activations for c in cfgs]
+    estimated = [memform.estimate(c).stages[0].moments["warmup"] for c in cfgs]
+    return measured[1] - measured[0], estimated[1] - estimated[0]
+
+
+@pytest.mark.parametrize("framework", [None, "fsdp2"])
+def test_shared_experts_width(framework):
+    """The shared experts' total width is model.shared_expert_ffn_hidden_size when given (Qwen2-MoE's
+    shared_expert_intermediate_size, Megatron-LM's --moe-shared-expert-intermediate-size), else
+    num_shared_experts × moe_ffn_hidden_size (DeepSeek-V3 §2.1.2: each shared expert is as wide as a
+    routed one), in the harness and in moe.mf's ``f_sh`` alike. Widths that differ from the dense
+    ffn_hidden_size f = 176: a total of 96 keeps 128 tokens × 3 × 2 × 96 bytes; 2 shared experts of
+    moe_ffn_hidden_size 48 keep 128 × 3 × 2 × 96 as well (not 2 × f)."""
+    routed = dataclasses.replace(BASE, experts=4, top_k=2)
+    # (shared experts, model keys of both sides, model keys of the shared side only)
+    for n_shared, both, shared_only in ((1, {}, {"shared_expert_ffn_hidden_size": 96}),
+                                        (2, {"moe_ffn_hidden_size": 48}, {})):
+        without = _layer_of(routed, framework, **both)
+        point = dataclasses.replace(routed, shared_experts=n_shared)
+        with_shared = _layer_of(point, framework, **both, **shared_only)
+        assert with_shared[0] - without[0] == with_shared[1] - without[1] == 128 * 3 * 2 * 96, (n_shared, both)
 
 
 def test_layer_bytes_by_hand_gqa_flash():

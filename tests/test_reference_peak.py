@@ -52,9 +52,20 @@ accounted for (read off the timeline's per-op record at the peak, ``StorageTimel
   net 0, so ``-2·bytes_a·h·k·b·s`` (the gathered output gradient, the second one, lives only during the
   weighting's own backward, before the experts' backward starts).
 
+* Shared experts' peak (2 experts, top-2, and 2 shared experts, one MLP of width f_sh = 2f wider than the
+  routed ones, so that moe.mf's ``shared_experts.bwd_grads`` -- (2 + gated)·f_sh per token, dense.mf's
+  mlp.bwd_grads at the shared width -- is the largest backward transient of the layer; vocabulary 32):
+  the shared output is added after the routed one in forward, so autograd runs the shared experts'
+  backward first, and the peak is at ``cat`` of the last block of their fused SwiGLU backward (its
+  ``sigmoid`` scratch is f_sh wide, which identifies it). The remainder, per token: the two norm
+  statistics (8); all of the router's bookkeeping beyond router.act (nothing of the combine's backward
+  has run: 4E + 12k + 16k + 8 − 4·(2E + k), tests/test_reference_layers.py's ``ROUTING``); the residual
+  gradient from the head (``bytes_a·h``); less the shared SwiGLU output fc2's backward released
+  (``−bytes_a·f_sh``, as the dense case); plus the loss and the stand-in's scratch at width f_sh.
+
 So a change of a backward-transient term -- dense.mf's ``attention.bwd_grads``, ``mlp.bwd_grads``,
 the decoder's ``bwd_extra`` and the head's ``bwd_extra``, torch.mf's ``mlp.bwd_grads``, moe.mf's
-``experts.bwd_grads`` (its f-wide and its h-wide term) -- or of the
+``experts.bwd_grads`` (its f-wide and its h-wide term), ``shared_experts.bwd_grads`` -- or of the
 ``backward`` moment itself fails one of these cases. Skipped only when PyTorch is not installed.
 """
 
@@ -193,6 +204,38 @@ def test_moe_experts_backward_peak_measured_equals_formula(name):
     point, framework = MOE_CASES[name]
     assert _step(point).peak_phase == "backward" and "sigmoid" in _step(point).peak_by_op
     measured, estimated, extra = _measured_peak(point), _estimated_peak(point, framework), moe_peak(point)
+    assert measured == estimated + extra, (
+        f"{name}: measured peak {measured} B, formula {estimated} B + remainder {extra} B "
+        f"(off by {measured - estimated - extra} B)")
+
+
+def shared_peak(p: Point) -> int:
+    """The shared experts' peak remainder (module docstring), at their total width f_sh = N_s·f."""
+    assert p.precision == "bf16-mixed", "measured for bf16"
+    tokens, nbytes, e, k, f_sh = p.b * p.s, BYTES[p.precision], p.experts, p.top_k, p.shared_experts * p.ffn
+    routing_live = 4 * e + 12 * k + 16 * k + 8 - 4 * (2 * e + k)
+    per_token = 2 * 4 + routing_live + nbytes * p.h - nbytes * f_sh
+    return tokens * per_token + LOSS + FUSED_ROWS * f_sh * 4 * SCRATCH_ROWS[p.precision]
+
+
+#: shared-experts cases (as MOE_CASES, out of SPLITS): name -> (harness point, framework)
+SHARED_CASES = {
+    "shared experts: 2 experts top-2 + 2 shared, vocabulary 32": (
+        Point(L=1, vocab=32, experts=2, top_k=2, shared_experts=2), None),
+    "shared experts: same, fsdp2 profile": (Point(L=1, vocab=32, experts=2, top_k=2, shared_experts=2), "fsdp2"),
+}
+
+
+@pytest.mark.parametrize("name", list(SHARED_CASES))
+def test_shared_experts_backward_peak_measured_equals_formula(name):
+    """The shared experts' backward sets the peak (the fused stand-in's ``sigmoid`` scratch live at the peak
+    is one block of the shared width, FUSED_ROWS·f_sh fp32 values, not of a routed expert's f) and every
+    remainder byte is accounted for (module docstring). fsdp2 redefines no shared-experts term."""
+    point, framework = SHARED_CASES[name]
+    f_sh = point.shared_experts * point.ffn
+    assert _step(point).peak_phase == "backward"
+    assert _step(point).peak_by_op.get("sigmoid") == FUSED_ROWS * f_sh * 4
+    measured, estimated, extra = _measured_peak(point), _estimated_peak(point, framework), shared_peak(point)
     assert measured == estimated + extra, (
         f"{name}: measured peak {measured} B, formula {estimated} B + remainder {extra} B "
         f"(off by {measured - estimated - extra} B)")

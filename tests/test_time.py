@@ -111,6 +111,24 @@ def test_tensor_parallel_traffic_is_four_all_reduces_per_layer():
         assert est.stages[0].time_ps["tp"] == m * (L * per_layer + 2) * allreduce
 
 
+def test_sequence_parallel_traffic_adds_the_weight_gradient_regathers():
+    # Korthikanti et al. 2022 §4.2.2: with sequence parallelism each of Shoeybi's all-reduces becomes an
+    # all-gather + a reduce-scatter, (t-1)/t of s·b·h each: forward 2 all-gathers and 2 reduce-scatters per
+    # layer, backward their 4 conjugates, and the two column-parallel GEMMs (QKV, fc1) all-gather their
+    # input once more for the weight gradient (Megatron-LM tensor_parallel/layers.py,
+    # LinearWithGradAccumulationAndAsyncCommunication.backward with sequence_parallel): 10 per layer; full
+    # recompute repeats the forward's 4. The embedding reduce-scatters its output (and all-gathers the
+    # gradient), the column-parallel head all-gathers its input, reduce-scatters its gradient and
+    # re-gathers for its weight gradient: 2 + 3
+    h, a, L, s, b, m, t = 2048, 16, 4, 1024, 2, 4, 8
+    for mode, per_layer in (("none", 10), ("selective", 10), ("full", 14)):
+        cfg = gpt(h, a, L, s, 51200, b, m, tp=t, sequence_parallel=True)
+        cfg["training"]["recompute"] = mode
+        est = memform.estimate(cfg)
+        one = Fraction(t - 1, t) * 2 * s * b * h
+        assert est.stages[0].time_ps["tp"] == m * (L * per_layer + 2 + 3) * one, mode
+
+
 def test_groups_beyond_a_node_use_the_inter_node_bandwidth():
     # tp = 8 on 8-device nodes stays on the intra-node links; 16 ranks cross nodes
     cfg = gpt(tp=8)
@@ -363,6 +381,23 @@ def test_a_multi_token_prediction_module_adds_its_block_head_and_embedding_colle
     assert last[1] - last[0] == m * (4 + 1 + 1) * allreduce
 
 
+def test_multi_token_prediction_full_recompute_reruns_the_block_and_the_projection():
+    # Full recompute reruns each transformer block's forward (Korthikanti §6: one more forward pass); an
+    # MTP module's block is one more such block, and its projection M (2h -> h: 2·s·b·2h·h FLOPs per
+    # micro-batch, DeepSeek-V3 §2.2) runs again with it; the shared head is not recomputed (Megatron-LM's
+    # full recompute covers the transformer layers). The block's rerun is read off the same model without
+    # MTP, (full - none) / L
+    h, s, b, m, L = 2048, 1024, 2, 4, 4
+    compute = {}
+    for n in (0, 1):
+        for mode in ("none", "full"):
+            cfg = gpt(h=h, s=s, b=b, m=m, L=L)
+            cfg["formulas"], cfg["model"]["mtp_layers"], cfg["training"]["recompute"] = ["moe.mf"], n, mode
+            compute[n, mode] = memform.estimate(cfg).stages[-1].time_ps["compute"]
+    rerun = {n: compute[n, "full"] - compute[n, "none"] for n in (0, 1)}
+    assert rerun[1] - rerun[0] - Fraction(rerun[0], L) == m * 2 * s * b * 2 * h * h
+
+
 # ---------------------------------------------------------------------------------- presets and outputs
 
 
@@ -476,3 +511,27 @@ def test_moe_flops_follow_the_active_parameters():
     tokens = s   # one sequence
     active = (est.stages[0].ideal_ps / tokens - 12 * L * s * h) / 6 + v * h
     assert active == pytest.approx(12.9e9, rel=0.01)
+
+
+@pytest.mark.parametrize("shared", [0, 2])
+def test_moe_model_flops_count_every_gemm_a_token_passes_exactly(shared):
+    # Model FLOPs (Korthikanti eq. 7: forward + backward = 3 × forward, no recompute) of an MoE model, counted
+    # by hand per token and layer: 2 FLOPs per weight of the QKV (GQA: h·(h + 2·g·d_h)) and output (h·h)
+    # projections (Narayanan §5.1), the attention core 4·s·h (Narayanan's 4·b·s²·h per sequence), the router
+    # h -> E (2·h·E: the gate's matmul, Shazeer et al. 2017 eq. 3), top-k SwiGLU experts of 3·h·f weights
+    # each (Jiang et al. 2024 §2.1) and the always-active shared experts, f wide each (DeepSeek-V3 §2.1.2);
+    # per token the head 2·h·v. No biases (model.bias false)
+    h, a, g, L, s, v, b, E, k, f = 1024, 16, 4, 3, 512, 32000, 2, 8, 2, 1536
+    cfg = {"name": "moe", "formulas": ["moe.mf"],
+           "model": {"hidden_size": h, "num_heads": a, "num_kv_heads": g, "num_layers": L, "vocab_size": v,
+                     "seq_length": s, "activation": "swiglu", "norm": "rmsnorm", "bias": False,
+                     "num_experts": E, "moe_top_k": k, "moe_ffn_hidden_size": f, "num_shared_experts": shared},
+           "parallel": {"dp": 1, "tp": 1, "pp": 1},
+           "training": {"micro_batch_size": b, "num_micro_batches": 1, "recompute": "none"},
+           "device": dict(UNIT_DEVICE)}
+    d_h = h // a
+    per_token_layer = 2 * (h * (h + 2 * g * d_h) + h * h) + 4 * s * h + 2 * h * E + (k + shared) * 2 * 3 * h * f
+    expected = 3 * s * b * (L * per_token_layer + 2 * h * v)
+    est = memform.estimate(cfg)
+    assert est.stages[0].ideal_ps == expected
+    assert est.stages[0].time_ps["compute"] == expected    # no recompute, no memory-bound time on this device

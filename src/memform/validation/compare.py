@@ -57,6 +57,7 @@ class Point:
     precision: str = "bf16-mixed"    # a measure.PRECISIONS set-up, or an autocast one (measure.AMP)
     experts: int = 1                # > 1: Mixtral-style MoE (needs formulas/moe.mf)
     top_k: int = 2
+    shared_experts: int = 0         # with experts > 1: DeepSeekMoE shared experts, each ffn wide, ungated
     arch: str = "llama"             # llama: RMSNorm, SwiGLU, RoPE, no biases; gpt: LayerNorm, GeLU, learned positions, biases
     dropout: bool = False
 
@@ -83,7 +84,8 @@ class Point:
         if self.swiglu_impl != "fused":
             parts.append(f"swiglu-{self.swiglu_impl}")
         if self.experts > 1:
-            parts.append(f"moe{self.experts}x{self.top_k}")
+            shared = f"+{self.shared_experts}shared" if self.shared_experts else ""
+            parts.append(f"moe{self.experts}x{self.top_k}{shared}")
         return " ".join(parts)
 
     def config(self) -> dict[str, Any]:
@@ -111,6 +113,8 @@ class Point:
             cfg.update(overlay)
         if self.experts > 1:
             model.update(num_experts=self.experts, moe_top_k=self.top_k, moe_ffn_hidden_size=self.ffn)
+            if self.shared_experts > 0:   # DeepSeek-V3 §2.1.2: always-active experts beside the routed ones
+                model.update(num_shared_experts=self.shared_experts)
             cfg["parallel"].update(ep=1, expert_tp=1)
             cfg["formulas"] = ["moe.mf"]
         return cfg

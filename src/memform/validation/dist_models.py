@@ -84,6 +84,8 @@ class ExpertParallelMoE(nn.Module):
         super().__init__()
         if moe.n != world:
             raise ValueError(f"ExpertParallelMoE holds one expert per rank: {moe.n} experts on {world} ranks")
+        if moe.shared is not None:  # not carried over: it would be dropped silently
+            raise ValueError("ExpertParallelMoE has no shared experts (model.num_shared_experts must be 0)")
         self.top_k, self.n, self.rank, self.world, self.group = moe.top_k, moe.n, rank, world, group
         self.router = moe.router
         self.expert = moe.experts[rank]

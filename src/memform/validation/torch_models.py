@@ -29,6 +29,9 @@ production framework keeps:
 - MoE (``model.num_experts`` > 1, dropless): a softmax router picks ``model.moe_top_k`` experts per
   token (Mixtral, Jiang et al. 2024 §2.1); tokens are permuted by expert, run through that expert's
   MLP, weighted by their renormalised router probabilities and scattered back (see :class:`MoE`).
+  ``model.num_shared_experts`` > 0 adds DeepSeekMoE's always-active shared experts (DeepSeek-V3
+  report, arXiv:2412.19437, §2.1.2: output = x + Σ shared + Σ gated routed), as one MLP of their total
+  width (``model.shared_expert_ffn_hidden_size``, else num_shared_experts × moe_ffn_hidden_size).
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class Shape:
     experts: int = 1
     top_k: int = 1
     expert_ffn: int = 0
+    shared_ffn: int = 0     # total width of the shared experts (0: none), moe.mf's f_sh
 
     @property
     def head_dim(self) -> int:
@@ -89,6 +93,13 @@ class Shape:
                 raise ValueError(f"model.{key} must be one of {', '.join(allowed)}, got {m(key)!r}")
         h, a = int(m("hidden_size")), int(m("num_heads"))
         experts = int(m("num_experts", 1) or 1)
+        expert_ffn = int(m("moe_ffn_hidden_size", m("ffn_hidden_size", 4 * h)))
+        if m("shared_expert_gate", False):
+            raise ValueError("the PyTorch harness's shared experts are DeepSeekMoE's, ungated "
+                             "(model.shared_expert_gate: false)")
+        # moe.mf's f_sh: the total width if given (Qwen2-MoE / Megatron-LM), else n_shared experts of f_exp
+        shared_ffn = (int(m("shared_expert_ffn_hidden_size", 0) or 0)
+                      or int(m("num_shared_experts", 0) or 0) * expert_ffn)
         return cls(hidden=h, heads=a, kv_heads=int(m("num_kv_heads", a)), ffn=int(m("ffn_hidden_size", 4 * h)),
                    layers=int(m("num_layers")), vocab=int(m("vocab_size")), seq=int(m("seq_length")),
                    activation=str(m("activation", "gelu")), norm=str(m("norm", "layernorm")),
@@ -98,7 +109,7 @@ class Shape:
                    swiglu_impl=str(m("swiglu_impl", "fused")),
                    recompute=str(get_path(cfg, "training.recompute", "none")), experts=experts,
                    top_k=int(m("moe_top_k", 2)) if experts > 1 else 1,
-                   expert_ffn=int(m("moe_ffn_hidden_size", m("ffn_hidden_size", 4 * h))))
+                   expert_ffn=expert_ffn, shared_ffn=shared_ffn if experts > 1 else 0)
 
 
 #: dropout probability (its value does not change what is stored)
@@ -308,6 +319,13 @@ class MoE(nn.Module):
     runs on its slice, the concatenated outputs are multiplied by their router weights and scattered back
     with ``scatter_add`` over an expanded index (a view), so only the index is kept for the combine —
     ``index_add`` would also keep its weighted source.
+
+    Shared experts (``sh.shared_ffn`` > 0): every token also passes through them, ungated, and their
+    output is added to the routed one (DeepSeek-V3 §2.1.2, eq. 12; DeepSeekMoE, Dai et al. 2024,
+    arXiv:2401.06066, §3.2).
+    The N_s experts of width f_exp are one MLP of width N_s·f_exp: the same GEMMs with their weights
+    concatenated along f (Megatron-LM's SharedExpertMLP builds them so), and so the same saved tensors.
+    They read the router's input, so they keep no input of their own.
     """
 
     def __init__(self, sh: Shape):
@@ -315,6 +333,7 @@ class MoE(nn.Module):
         self.top_k, self.n = sh.top_k, sh.experts
         self.router = nn.Linear(sh.hidden, sh.experts, bias=False)
         self.experts = nn.ModuleList(make_mlp(sh, sh.expert_ffn) for _ in range(sh.experts))
+        self.shared = make_mlp(sh, sh.shared_ffn) if sh.shared_ffn else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -330,6 +349,8 @@ class MoE(nn.Module):
         w = weight.flatten().index_select(0, order).to(x.dtype)
         y = torch.cat(outs) * w.unsqueeze(-1)
         out = x.new_zeros(x.shape).scatter_add(0, token.unsqueeze(-1).expand(-1, x.shape[-1]), y)
+        if self.shared is not None:
+            out = out + self.shared(x)
         return out.view(shape)
 
 
