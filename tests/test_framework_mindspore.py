@@ -306,6 +306,19 @@ def test_embedding_all_gather_buffer_is_the_table_slice(tiny, vocab_dp, thr, wan
     assert int(emb.per_layer_values["comm"]) == want
 
 
+# a sharded table leaves its fp32 slice (1/k of it) on the rank and, with optimizer levels 1 and 2, keeps
+# the slice all-gathered in forward, cast to the bf16 compute dtype, until backward; level3 re-gathers
+# it there instead ("to release the memory used by the forward pass allgather", optimizer_parallel.md)
+@pytest.mark.parametrize("vocab_dp, level", [(True, "level1"), (False, "level1"), (True, "level3")])
+def test_embedding_keeps_its_gathered_bf16_table_until_backward(tiny, vocab_dp, level):
+    est = memform.estimate(tiny(), {"mindspore.parallel_optimizer_threshold": 64,
+                                    "mindspore.vocab_emb_dp": vocab_dp, "mindspore.optimizer_level": level})
+    (emb,) = [e for e in est.stages[0].layers if e.block == "embedding"]
+    local, ranks = (v * h, dp * tp) if vocab_dp else (v * h // tp, dp)
+    kept = 0 if level == "level3" else local * 2
+    assert int(emb.per_layer_values["params"]) == local // ranks * 4 + kept
+
+
 @pytest.mark.parametrize("m, accum_shard, sharded", [(4, False, False), (4, True, True), (1, False, True)])
 def test_gradient_accumulation_shard(tiny, m, accum_shard, sharded):
     """accu_grads keep the unsharded slice unless gradient_accumulation_shard (or no accumulation)."""

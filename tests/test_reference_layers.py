@@ -20,13 +20,29 @@ The measured layer must equal memform's layer plus one documented remainder, and
   probabilities, 4·(2E + k) = 40 -- so 40 bytes per token more are measured than estimated.
 
 Everything else is exact, so any change of an attention, MLP or norm activation term of dense.mf
-fails one of these cases (the cases pick out GQA, MQA, MHA, flash against the eager a·s² core, fused
+(or of mla.mf's ``attention`` block, see MLA below) fails one of these cases (the cases pick out GQA, MQA, MHA, flash against the eager a·s² core, fused
 against eager SwiGLU -- in the MLP, in routed experts and in shared experts --, GeLU + LayerNorm with and
 without dropout, fp32, and each recompute mode). Shared experts (DeepSeek-V3 report §2.1.2: every token
 also passes through N_s ungated experts whose output is added to the routed one; the harness builds them
 as one MLP of width N_s·f_exp, torch_models.MoE) read the router's input and add no remainder: the
 tracker sees exactly their [gate | up] GEMM output and SwiGLU output (``mm``, ``mul``; eager SwiGLU also
 ``silu``), moe.mf's ``shared_experts.act``.
+
+MLA (multi-head latent attention, DeepSeek-V2, arXiv:2405.04434, §2.1.2-2.1.3, formulas/mla.mf): the
+harness's ``torch_models.MLAttention`` follows eqs. (9)-(19) as Megatron-LM's ``MLASelfAttention`` builds
+them (query latent + RMSNorm + up-projection, or a direct query projection without query compression;
+one h -> d_c + d_h^R down projection split into the KV latent and the shared rotary key; RMSNorm on the
+latent; up-projection to n_h·(d_h + d_v); RoPE on the rotary parts; the flash or unfused core; W^O). The
+tracker sees exactly mla.mf's ``linear`` terms (by-op, default case: ``mm`` the query latent and the
+[c^KV | k^R] down-projection output -- the KV norm's input is a view of it, so the d_h^R-wide rotary
+key is kept with it --, ``mul`` the two latents' norm outputs, ``cat`` Q and K, ``clone`` V and the
+output, the flash log-sum-exp), so MLA adds no remainder of its own, only more norms to ``NORM_STAT``:
+its KV-latent RMSNorm, and with query compression (q_lora_rank > 0) its query-latent RMSNorm, each keep
+their fp32 1/rms per token as the block's two norms do (4 or 3 norms in all). PyTorch's CPU flash kernel
+needs one head size for Q, K and V; with d_v ≠ d_h + d_h^R (DeepSeek: 128 against 192) the harness uses
+``torch_models._FlashDiffVFn``, which keeps what a kernel with separate K and V head sizes keeps (the
+kernel Megatron-LM gives MLA) and pads to the CPU kernel's single head size only inside forward and
+backward; :func:`test_mla_flash_stand_in_keeps_what_the_kernel_keeps` holds it against the real kernel.
 
 Framework profiles. The default profile (megatron) loads formulas/frameworks/megatron/moe.mf, which
 redefines ``experts.act`` and ``shared_experts.act`` (Transformer Engine's grouped GEMM keeps the fc2
@@ -39,7 +55,10 @@ precision (bf16 parameters with fp32 gradients), mindspore redefines mlp, attent
 So the MoE and eager-SwiGLU cases are run once more with ``training.framework = "fsdp2"``: the
 measurement is the same (the harness never reads the profile; ``_measured`` is cached per point), the
 estimate is taken with the profile set, and the remainder is the same norm_stat + routing -- which pins
-moe.mf's generic ``experts.act`` and dense.mf's ``mlp.act`` as the non-Megatron profiles use them.
+moe.mf's generic ``experts.act`` and dense.mf's ``mlp.act`` as the non-Megatron profiles use them. No
+profile redefines mla.mf's attention block except mindspore's, so the default-profile MLA cases pin it;
+two MLA cases run under fsdp2 as well. None with selective recompute: fsdp2's ``recompute: selective``
+is torchtitan's op-level SAC by default (``fsdp2.selective_ac: op``), which the harness does not build.
 Skipped only when PyTorch is not installed.
 """
 
@@ -75,6 +94,21 @@ CASES = {
     "MoE, eager SwiGLU experts": {"experts": 4, "top_k": 2, "swiglu_impl": "eager"},
     "MoE + 1 shared expert": {"experts": 4, "top_k": 2, "shared_experts": 1},
     "MoE + 1 shared expert, eager SwiGLU": {"experts": 4, "top_k": 2, "shared_experts": 1, "swiglu_impl": "eager"},
+    # MLA (Point's defaults: d_c' = 48, d_c = 32, d_h^R = 8, d_h = d_v = 16, i.e. d_v < d_h + d_h^R = 24 as
+    # in DeepSeek-V2/V3's 128 < 192; the flash cases then run torch_models._FlashDiffVFn)
+    "MLA, query latent, flash": {"attention": "mla"},
+    "MLA, no query compression (V2-Lite), flash": {"attention": "mla", "q_rank": 0},
+    "MLA, flash, d_v = d_h + d_h^R (PyTorch's SDPA kernel)": {"attention": "mla", "d_v": 24},
+    "MLA, flash, d_v > d_h + d_h^R": {"attention": "mla", "d_nope": 8, "d_v": 24, "kv_rank": 40},
+    "MLA, query latent, eager a*s^2 core": {"attention": "mla", "flash": False},
+    "MLA, no query compression, eager core": {"attention": "mla", "q_rank": 0, "flash": False},
+    "MLA, eager core + dropout masks": {"attention": "mla", "flash": False, "dropout": True},
+    "MLA, selective recompute, eager core": {"attention": "mla", "recompute": "selective", "flash": False},
+    "MLA, selective recompute, flash": {"attention": "mla", "recompute": "selective"},
+    "MLA, full recompute": {"attention": "mla", "recompute": "full"},
+    "MLA, fp32": {"attention": "mla", "precision": "fp32"},
+    "MLA + MoE + 1 shared expert (a DeepSeek-V2 layer)": {"attention": "mla", "experts": 4, "top_k": 2,
+                                                           "shared_experts": 1},
 }
 
 #: cases estimated under a profile that keeps moe.mf's / dense.mf's generic layer lines (module docstring):
@@ -83,7 +117,8 @@ PROFILE_CASES = {
     f"{name} [{framework}]": (name, framework)
     for framework in ("fsdp2",)
     for name in ("GQA g=a/2, flash", "eager SwiGLU (silu(gate) * up)", "MoE, 4 experts, top-2",
-                 "MoE, eager SwiGLU experts", "MoE + 1 shared expert", "MoE + 1 shared expert, eager SwiGLU")
+                 "MoE, eager SwiGLU experts", "MoE + 1 shared expert", "MoE + 1 shared expert, eager SwiGLU",
+                 "MLA, query latent, flash", "MLA + MoE + 1 shared expert (a DeepSeek-V2 layer)")
 }
 
 
@@ -112,8 +147,10 @@ def _layer(point: Point, framework: str | None = None) -> tuple[int, int]:
 
 
 def norm_stat(point: Point) -> int:
-    """4 bytes per token for each of the layer's 2 norms (module docstring); none under full recompute."""
-    return 0 if point.recompute == "full" else 2 * 4 * point.b * point.s
+    """4 bytes per token for each of the layer's norms (module docstring): the block's 2, and with MLA the
+    KV latent's and, with query compression, the query latent's; none under full recompute."""
+    norms = 2 + (1 + (point.q_rank > 0) if point.attention == "mla" else 0)
+    return 0 if point.recompute == "full" else norms * 4 * point.b * point.s
 
 
 def routing(point: Point) -> int:
@@ -233,3 +270,81 @@ def test_eager_core_against_flash_is_measured():
     expected = 2 * (2 * 4 * 64 * 64 - 4 * 4 * 64)
     assert _layer(eager)[0] - _layer(flash)[0] == expected
     assert _layer(eager)[1] - _layer(flash)[1] == expected
+
+
+def test_layer_bytes_by_hand_mla_flash():
+    """The default MLA case derived from tensor shapes, independently of both mla.mf and the harness
+    (b = 2, s = 64: 128 tokens; h = 64, n_h = 4 heads; d_c' = 48, d_c = 32, d_h^R = 8, d_h = d_v = 16;
+    f = 176; bf16; RMSNorm, SwiGLU, no biases, no dropout; DeepSeek-V2 eqs. (9)-(19)), per token:
+      2 block RMSNorm inputs 2·2h = 256 (Korthikanti §4.1); the down projections' input 2h = 128;
+      c^Q (eq. 12) 2·48 = 96 and its RMSNorm output (W^UQ's input) 96; the [c^KV | k^R] down-projection
+      output (eqs. 9, 14; the KV norm's input is a view of it) 2·(32 + 8) = 80 and the normalised c^KV
+      (W^UKV's input, eqs. 10-11) 2·32 = 64; Q and K (eqs. 16-17) 2·n_h·(d_h + d_h^R) = 192 each; V
+      2·n_h·d_v = 128; flash log-sum-exp fp32 per head 4·n_h = 16 (Dao et al. 2022 §3.1); the output /
+      W^O input (eq. 19) 2·n_h·d_v = 128; MLP input 2h = 128, [gate|up] 2·2f = 704, SwiGLU output 2f = 352;
+      the fp32 1/rms of the 4 RMSNorms (block 2, c^Q, c^KV) 4·4 = 16."""
+    per_token = 256 + 128 + 96 + 96 + 80 + 64 + 2 * 192 + 128 + 16 + 128 + 128 + 704 + 352 + 16
+    measured, estimated = _layer(dataclasses.replace(BASE, attention="mla"))
+    assert measured == 128 * per_token
+    assert estimated == 128 * (per_token - 16)
+
+
+def test_mla_query_latent_is_measured():
+    """Query compression (d_c' = 48, eqs. 12-13) keeps c^Q before and after its RMSNorm, 2·2·48 = 192 bytes
+    per token, which the direct h -> n_h·(d_h + d_h^R) projection of DeepSeek-V2-Lite (q_lora_rank 0, as
+    Megatron-LM's linear_q_proj) does not -- and the latent norm's fp32 1/rms, 4 bytes (NORM_STAT),
+    measured only: 128 tokens × (192 + 4) measured, 128 × 192 estimated."""
+    with_q, without = (dataclasses.replace(BASE, attention="mla", q_rank=r) for r in (48, 0))
+    assert _layer(with_q)[0] - _layer(without)[0] == 128 * (192 + 4)
+    assert _layer(with_q)[1] - _layer(without)[1] == 128 * 192
+
+
+def test_mla_flash_stand_in_keeps_what_the_kernel_keeps():
+    """d_v = 24 = d_h + d_h^R runs PyTorch's own CPU flash kernel; d_v = 16 the stand-in
+    (torch_models._FlashDiffVFn). Between them only V and the output (n_h·d_v each, Megatron-LM's
+    contiguous value and the core's output) change width: 2 tensors × 4 heads × 8 × 2 bytes = 128 bytes
+    per token, measured across the two kernels and estimated alike -- so the stand-in keeps no more and
+    no less than the kernel it stands in for."""
+    kernel, stand_in = (dataclasses.replace(BASE, attention="mla", d_v=d) for d in (24, 16))
+    assert _layer(kernel)[0] - _layer(stand_in)[0] == 128 * 2 * 4 * 8 * 2
+    assert _layer(kernel)[1] - _layer(stand_in)[1] == 128 * 2 * 4 * 8 * 2
+
+
+@pytest.mark.parametrize("d_qk,d_v", [(24, 16), (16, 24)])
+def test_mla_flash_stand_in_computes_attention(d_qk, d_v):
+    """The stand-in's output and gradients equal PyTorch's reference causal attention (the unfused math
+    path, float64) with softmax scale 1/sqrt(d_h + d_h^R), for a value head narrower and wider than the
+    query/key head."""
+    import torch
+    import torch.nn.functional as F
+
+    from memform.validation.torch_models import _FlashDiffVFn
+
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 32, 4, d_qk, generator=gen, dtype=torch.float64).transpose(1, 2).requires_grad_()
+            for _ in range(2))
+    v = torch.randn(2, 32, 4, d_v, generator=gen, dtype=torch.float64).transpose(1, 2).requires_grad_()
+    grad = torch.randn(2, 4, 32, d_v, generator=gen, dtype=torch.float64)
+    results = []
+    for attend in (_FlashDiffVFn.apply, lambda *t: F.scaled_dot_product_attention(*t, is_causal=True)):
+        out = attend(q, k, v)
+        q.grad = k.grad = v.grad = None
+        out.backward(grad)
+        results.append([out.detach(), q.grad, k.grad, v.grad])
+    for got, expected in zip(*results):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("keys,message", [({"bias": True}, "no biases"),
+                                          ({"position_embedding": "learned"}, "position_embedding: rope"),
+                                          ({"qk_rope_head_dim": 7}, "must be even"),
+                                          ({"attention": "gqa"}, "must be one of mha, mla")])
+def test_mla_harness_refuses_what_it_does_not_build(keys, message):
+    """The harness's MLA is DeepSeek-V2's (no biases, decoupled RoPE over pairs of d_h^R): other set-ups are
+    refused with a ValueError naming the key, not measured as something else."""
+    from memform.validation.torch_models import Shape
+
+    cfg = dataclasses.replace(BASE, attention="mla").config()
+    cfg["model"].update(keys)
+    with pytest.raises(ValueError, match=message):
+        Shape.from_config(cfg)

@@ -83,6 +83,36 @@ def test_exact_falls_back_to_python_ints_beyond_int64():
     assert (10 ** 36) > INT64_SAFE  # the test exercises the guarded path
 
 
+def test_rows_that_fit_int64_stay_int64_when_the_batch_bound_does_not():
+    """x·y·10⁹ over rows (10⁹, 1) and (1, 10⁹): the batch-wide bound, 10²⁷, leaves int64, each row's
+    value (10¹⁸) fits: the rows' own bounds let the int64 result stand (no Python ints); a row that
+    really leaves int64 still comes out exact."""
+    expr = x * y * 10 ** 9
+    fn = compile_exact([expr], [x, y])
+    (out,), _ = fn([np.array([10 ** 9, 1]), np.array([1, 10 ** 9])])
+    assert out.dtype == np.int64 and out.tolist() == [10 ** 18, 10 ** 18]
+    (out,), _ = fn([np.array([10 ** 9, 10 ** 9]), np.array([1, 10 ** 9])])
+    assert [int(v) for v in out] == [10 ** 18, 10 ** 27]
+
+
+def test_approximate_outputs_are_float64_with_exact_conditions():
+    """Step-time-like outputs: constants with huge common denominators, computed in float64 (relative
+    error ~1e-15) while the branch conditions stay exact; rows dividing by zero or with no branch are bad."""
+    flops = x * 10 ** 15 * sympy.Rational(3, 7)
+    rate = sympy.Rational(989_000_000_000_000) * sympy.Rational(869, 1000)
+    expr = 10 ** 12 * (flops / rate + sympy.Max(0, y * sympy.Rational(10 ** 9, 450_000_000_001) - x / rate)
+                       + sympy.Piecewise((1 / (x - 3), x > y), (sympy.Rational(1, 3), True)))
+    partial = sympy.Piecewise((x, x > 2))
+    xs, ys = np.array([1, 5, 3, 7]), np.array([2, 1, 2, 7])
+    (exact_out, partial_exact), bad_exact = compile_exact([expr, partial], [x, y])([xs, ys])
+    (approx_out, partial_approx), bad = compile_exact([expr, partial], [x, y], [True, True])([xs, ys])
+    assert approx_out.dtype == np.float64
+    assert bad.tolist() == bad_exact.tolist() == [True, False, True, False]   # x = 3 > y: 1 / 0; x = 1: no branch
+    for k in (1, 3):
+        assert float(approx_out[k]) == pytest.approx(int(exact_out[k]), rel=1e-14)
+        assert float(partial_approx[k]) == int(partial_exact[k])
+
+
 def test_exact_conditions_and_zero_denominators():
     fn = compile_exact([sympy.Eq(sympy.Mod(64, x), 0), 5 / (x - y)], [x, y])
     (divides, val), bad = fn([np.array([8, 3, 4]), np.array([1, 2, 4])])
@@ -151,6 +181,12 @@ def test_compiled_agrees_exactly_with_interpreter(config, structural, numeric):
             assert batch.values[i].tolist() == want, overrides
             assert int(batch.peak[i]) == est.peak_bytes
             assert int(batch.peak_stage[i]) == est.peak_stage
+            if batch.step_ps is not None:   # float64 step times: the estimate rounds each cost block up
+                want_ps = max(s.step_ps for s in est.stages)
+                assert float(batch.step_ps[i]) == pytest.approx(want_ps, rel=1e-12, abs=len(est.stages[0].time_ps))
+                assert float(batch.ideal[i]) == pytest.approx(sum(s.ideal_ps for s in est.stages), rel=1e-12,
+                                                              abs=len(est.stages))
+                assert int(batch.tokens[i]) == est.stages[0].tokens
     assert checked >= 10  # the sample must actually compare numbers
     assert refused >= 1 or config != "llama3-70b.yaml"  # and exercise the requires (t = 3, 16)
 

@@ -398,6 +398,32 @@ def test_multi_token_prediction_full_recompute_reruns_the_block_and_the_projecti
     assert rerun[1] - rerun[0] - Fraction(rerun[0], L) == m * 2 * s * b * 2 * h * h
 
 
+def test_a_multi_token_prediction_module_adds_its_projection_head_and_block_flops():
+    # DeepSeek-V3 §2.2: an MTP module projects [h; emb] with M (2h -> h: 2·s·b·2h·h FLOPs per micro-batch),
+    # runs one transformer block and the shared output head (2·s·b·h·v); model FLOPs are 3 × forward
+    # (Korthikanti eq. 7). The block's share is read off the model without MTP and one more layer
+    h, s, b, m, L, v = 2048, 1024, 2, 4, 4, 51200
+    ideal = {}
+    for layers, n in ((L, 0), (L + 1, 0), (L, 1)):
+        cfg = gpt(h=h, s=s, b=b, m=m, L=layers, v=v)
+        cfg["formulas"], cfg["model"]["mtp_layers"], cfg["training"]["recompute"] = ["moe.mf"], n, "none"
+        ideal[layers, n] = memform.estimate(cfg).stages[0].ideal_ps
+    block = ideal[L + 1, 0] - ideal[L, 0]
+    assert ideal[L, 1] - ideal[L, 0] - block == 3 * m * (2 * s * b * 2 * h * h + 2 * s * b * h * v)
+
+
+def test_a_multi_token_prediction_module_keeps_its_norm_inputs_and_concatenation():
+    # DeepSeek-V3 §2.2: the module normalises the hidden state and the next token's embedding (two h-wide
+    # norm inputs) and concatenates them (2h): 4h per token at 2 bytes, beside what its embedding lookup and
+    # its pass through the shared head keep (the same as the main model's embedding and head layers)
+    h, s, b = 2048, 1024, 2
+    cfg = gpt(h=h, s=s, b=b, m=1, L=4)
+    cfg["formulas"], cfg["model"]["mtp_layers"], cfg["training"]["recompute"] = ["moe.mf"], 1, "none"
+    layers = {e.block: e for e in memform.estimate(cfg).stages[0].layers}
+    act = {k: int(e.per_layer_values["activations"]) for k, e in layers.items()}
+    assert act["mtp"] == 4 * 2 * s * b * h + act["embedding"] + act["output"]
+
+
 # ---------------------------------------------------------------------------------- presets and outputs
 
 
@@ -535,3 +561,26 @@ def test_moe_model_flops_count_every_gemm_a_token_passes_exactly(shared):
     est = memform.estimate(cfg)
     assert est.stages[0].ideal_ps == expected
     assert est.stages[0].time_ps["compute"] == expected    # no recompute, no memory-bound time on this device
+
+
+def test_mla_value_width_costs_its_up_projection_output_projection_and_core():
+    # DeepSeek-V2 §2.1.2 eqs. (11), (18), (19): widening the value head d_v by Δ widens W^UV (d_c -> n_h·d_v)
+    # and W^O (n_h·d_v -> h), 2 FLOPs per weight and token, and the scores·V product, 2·s·d_v per query
+    # token and head (Narayanan §5.1's 2·s² per sequence and width; no causal saving); model FLOPs = 3 ×
+    # forward (Korthikanti eq. 7). The query/key side and the norms do not change
+    h, a, L, s, v, b, d_c = 1024, 8, 2, 1024, 32000, 2, 128
+
+    def ideal(d_v):
+        cfg = {"name": "mla", "formulas": ["mla.mf"],
+               "model": {"hidden_size": h, "num_heads": a, "num_layers": L, "vocab_size": v, "seq_length": s,
+                         "activation": "swiglu", "norm": "rmsnorm", "bias": False, "flash_attention": True,
+                         "position_embedding": "rope", "attention": "mla", "kv_lora_rank": d_c,
+                         "qk_rope_head_dim": 32, "qk_nope_head_dim": 64, "v_head_dim": d_v},
+               "parallel": {"dp": 1, "tp": 1, "pp": 1},
+               "training": {"micro_batch_size": b, "num_micro_batches": 1, "recompute": "none"},
+               "device": dict(UNIT_DEVICE)}
+        return memform.estimate(cfg).stages[0].ideal_ps
+
+    delta = 32
+    per_token_layer = 2 * d_c * a * delta + 2 * a * delta * h + 2 * s * a * delta
+    assert ideal(64 + delta) - ideal(64) == 3 * s * b * L * per_token_layer

@@ -9,7 +9,8 @@ per-stage, per-category expressions and the formula files' ``require`` condition
 compiled by :mod:`memform.analysis.exact` into one function over integer arrays.
 
 The result equals what :func:`memform.estimate_model` gives for each candidate, byte for byte
-(every category rounded up to whole bytes, as :func:`memform.engine.to_bytes` does).
+(every category rounded up to whole bytes, as :func:`memform.engine.to_bytes` does). Step times
+are the exception: float64 (relative error ~1e-15; see :mod:`memform.analysis.exact`).
 """
 
 from __future__ import annotations
@@ -47,9 +48,9 @@ class Batch:
     reasons: list[str]         # messages of the requires that failed for some candidate
     outputs: list[np.ndarray]  # stage-major: stage 0 params, grads, ..., stage 1 params, ...
     stages: int
-    #: with a time model: each stage's step time in picoseconds (rounded up once per stage; the
-    #: estimate rounds each cost block: a few picoseconds apart), the stages' summed ideal
-    #: picoseconds (MFU) and the tokens per step; None without one
+    #: with a time model: each stage's step time in picoseconds (float64, rounded up once per
+    #: stage; the estimate rounds each cost block exactly: a few picoseconds apart), the stages'
+    #: summed ideal picoseconds (MFU, float64) and the tokens per step (exact); None without one
     times: list[np.ndarray] | None = None
     ideal: np.ndarray | None = None
     tokens: np.ndarray | None = None
@@ -136,8 +137,10 @@ class CompiledModel:
                  + [_substitute(sympy.Add(*(s.ideal_expr for s in est.stages)) * PS_PER_SECOND, follow),
                     _substitute(est.stages[0].tokens_expr, follow)]) if timed else []
         flat = [e[c] for e in exprs for c in CATEGORIES] + times + [c for _, c in requires]
+        # step and ideal picoseconds in float64 (Batch.times); bytes, tokens and conditions exact
+        approximate = [False] * (len(exprs) * len(CATEGORIES)) + [True] * (len(times) - 1) + [False]
         try:
-            fn = compile_exact(flat, symbols)
+            fn = compile_exact(flat, symbols, approximate if times else ())
         except NotExact as exc:
             raise MemformError(f"the closed form cannot be evaluated exactly in integers for "
                                f"{', '.join(keys)} ({exc}); use 'memform estimate' per value instead") from None

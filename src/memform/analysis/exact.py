@@ -14,10 +14,17 @@ that works on ``int64`` arrays:
   ``ceiling``/``floor``/``Mod``/``Abs`` become integer floor division;
 * every polynomial is guarded: before it is evaluated, a float upper bound of every partial
   product and sum (``Σ |c|·Π max|x|^k``) is computed from the batch maxima; if it could
-  exceed 2**62 the polynomial is evaluated on Python-int object arrays instead (slow, still
+  exceed 2**62, each row's own bound is computed (:func:`_wide`) and only if one of those
+  could exceed it too is the polynomial evaluated on Python-int object arrays (slow, still
   exact). So results are exact whatever the magnitudes, and fast when they fit in int64.
   (The Python-int form is carried as a string and compiled only when needed, which keeps the
   generated source, and Python's compile of it, small.)
+
+One exception, asked for by name: outputs marked ``approximate`` (:func:`compile_exact`) are
+computed in float64 with exact branch conditions. The step-time model's seconds divide by device
+constants (FLOP/s × efficiency, bandwidths), whose common denominators, times 10**12 picoseconds,
+leave int64 in every row; exactly, they ran on Python ints and took most of a search's evaluation,
+for a last picosecond that means nothing in a step-time estimate.
 
 Anything that is not exact in rational arithmetic (``log`` of a searched symbol, fractional
 powers) raises :class:`NotExact` rather than giving a rounded answer.
@@ -78,6 +85,36 @@ def _on_objects(expr: str, env: Mapping[str, Any]) -> Any:
     return eval(code, {}, {name: _as_object(env[name]) for name in code.co_names})  # noqa: S307 - our own code
 
 
+def _wide(expr: str, magnitude: str, env: Mapping[str, Any], bound: float) -> tuple[Any, float]:
+    """A polynomial whose batch-wide bound (every input at its batch maximum) leaves int64:
+    ``magnitude``, the same terms with absolute coefficients over the inputs' absolute values,
+    gives each row's own bound in float64 (relative error ~1e-15; INT64_SAFE leaves a factor 2).
+    If every row's stays below INT64_SAFE, the int64 evaluation is exact (numpy's int64 products
+    wrap modulo 2**64, and a result that fits is its own residue), and that bound, far tighter
+    than the batch-wide one, goes on to the expressions that use the value; otherwise the rows
+    run on Python ints (:func:`_on_objects`). Returns (value, bound of its magnitude)."""
+    names = _names(expr)
+    if all(isinstance(env[v], np.ndarray) and env[v].dtype == np.int64 for v in names):
+        code = _OBJECT_CODE.get(magnitude)
+        if code is None:
+            code = _OBJECT_CODE[magnitude] = compile(magnitude, "<memform.analysis.exact>", "eval")
+        rows = eval(code, {}, {v: np.abs(env[v]).astype(np.float64) for v in names})  # noqa: S307 - our own code
+        top = float(np.max(rows)) if isinstance(rows, np.ndarray) and rows.size else float(rows)
+        if top < INT64_SAFE:
+            code = _OBJECT_CODE.get(expr)
+            if code is None:
+                code = _OBJECT_CODE[expr] = compile(expr, "<memform.analysis.exact>", "eval")
+            return eval(code, {}, {v: env[v] for v in names}), max(1.0, top)  # noqa: S307 - our own code
+    return _on_objects(expr, env), bound
+
+
+def _names(expr: str) -> tuple[str, ...]:
+    code = _OBJECT_CODE.get(expr)
+    if code is None:
+        code = _OBJECT_CODE[expr] = compile(expr, "<memform.analysis.exact>", "eval")
+    return code.co_names
+
+
 def _as_object(x: Any) -> Any:
     return x.astype(object) if isinstance(x, np.ndarray) and x.dtype != object else x
 
@@ -122,7 +159,8 @@ class ExactFunction:
         arrays = [np.asarray(c, dtype=np.int64) if not (isinstance(c, np.ndarray) and c.dtype == object)
                   else c for c in columns]
         n = len(arrays[0]) if arrays else 1
-        return self._fn(n, *arrays)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # approximate outputs: inf/nan are bad rows
+            return self._fn(n, *arrays)
 
 
 class _Builder:
@@ -133,6 +171,7 @@ class _Builder:
         self.sign_memo: dict[sympy.Basic, str] = {}
         self.diff_memo: dict[tuple[str, str], str] = {}
         self.poly_memo: dict[tuple[Any, ...], str] = {}
+        self.float_memo: dict[sympy.Basic, str] = {}
         self.count = 0
         self.var_of: dict[sympy.Symbol, str] = {}
         self.placeholder: dict[str, sympy.Symbol] = {}
@@ -288,9 +327,13 @@ class _Builder:
             self.emit(f"M_{out} = {max(1.0, float(abs(total)))!r}")
             return out
         # the bound also bounds the result, so no pass over the data is needed for M_out; past the
-        # int64 range the same polynomial is evaluated on Python ints (_on_objects)
+        # int64 range, _wide checks the rows' own magnitudes first (_on_objects only if they need it)
         self.emit(f"M_{out} = {' + '.join(bound_parts)}")
-        self.emit(f"{out} = {int_expr} if M_{out} < INT64_SAFE else _on_objects({int_expr!r}, locals())")
+        abs_expr = " + ".join(p.replace("M_", "") for p in bound_parts)
+        self.emit(f"if M_{out} < INT64_SAFE:")
+        self.emit(f"    {out} = {int_expr}")
+        self.emit("else:")
+        self.emit(f"    {out}, M_{out} = _wide({int_expr!r}, {abs_expr!r}, locals(), M_{out})")
         return out
 
     # ------------------------------------------------------------ atoms
@@ -418,12 +461,12 @@ class _Builder:
 
     def _emit_if_else(self, c: str, a: _Rat, b: _Rat) -> tuple[str, str | None]:
         num = self.fresh()
-        self.emit(f"{num} = np.where({c}, {a.num}, {b.num})")
+        self.emit(f"{num} = np.where({c}, {_wide_literal(a.num)}, {_wide_literal(b.num)})")
         self.emit(f"M_{num} = max({_bound(a.num)}, {_bound(b.num)}, 1.0)")
         den = None
         if a.den is not None or b.den is not None:
             den = self.fresh()
-            self.emit(f"{den} = np.where({c}, {a.den or '1'}, {b.den or '1'})")
+            self.emit(f"{den} = np.where({c}, {_wide_literal(a.den or '1')}, {_wide_literal(b.den or '1')})")
             self.emit(f"M_{den} = max({_bound(a.den or '1')}, {_bound(b.den or '1')}, 1.0)")
         return num, den
 
@@ -432,15 +475,90 @@ class _Builder:
         if not exhaustive:
             self.emit(f"bad |= ~({' | '.join(conds)})")
         num = self.fresh()
-        self.emit(f"{num} = np.select([{', '.join(conds)}], [{', '.join(_arr(v.num) for v in values)}], 0)")
+        self.emit(f"{num} = np.select([{', '.join(conds)}], [{', '.join(_wide_literal(_arr(v.num)) for v in values)}], 0)")
         self.emit(f"M_{num} = max({', '.join(_bound(v.num) for v in values)}, 1.0)")
         den = None
         if any(v.den is not None for v in values):
             den = self.fresh()
             self.emit(f"{den} = np.select([{', '.join(conds)}], "
-                      f"[{', '.join(_arr(v.den or '1') for v in values)}], 1)")
+                      f"[{', '.join(_wide_literal(_arr(v.den or '1')) for v in values)}], 1)")
             self.emit(f"M_{den} = max({', '.join(_bound(v.den or '1') for v in values)}, 1.0)")
         return num, den
+
+    # ------------------------------------------------------------ approximate (float64) outputs
+    def approx(self, e: sympy.Basic) -> str:
+        """float64 code for ``e``: the numbers it combines are rounded to doubles, its branch
+        conditions stay exact (:meth:`boolean`). For outputs whose whole-unit rounding carries no
+        meaning (step times: :func:`compile_exact`'s ``approximate``), where the exact form's common
+        denominators of device constants (FLOP/s × efficiency, bandwidths, picoseconds) overflow
+        int64 and would run on Python ints. Shared sub-expressions are computed once (memo by node),
+        which is why this is not sympy's NumPyPrinter: that prints every occurrence again, and
+        ``sympy.cse`` to avoid it costs more than the whole exact compile."""
+        memo = self.float_memo
+        if e in memo:
+            return memo[e]
+        if e.is_Number:
+            if not e.is_finite:
+                raise NotExact(f"'{e}' is not a finite number")
+            return repr(float(e)) if e >= 0 else f"({float(e)!r})"
+        if e.is_Symbol:
+            name = self.var_of.get(e)
+            if name is None:
+                raise NotExact(f"'{e}' is not an input")
+            code = f"F_{name}"
+            self.emit(f"{code} = {name}.astype(np.float64)")
+            memo[e] = code
+            return code
+        if isinstance(e, sympy.Add):
+            code = " + ".join(self.approx(a) for a in e.args)
+        elif isinstance(e, sympy.Mul):
+            num, den = [], []
+            for f in e.args:
+                if isinstance(f, sympy.Pow) and f.exp.is_Integer and f.exp < 0:
+                    den.append(self.approx(f.base) if f.exp == -1 else f"{self.approx(f.base)} ** {int(-f.exp)}")
+                elif f.is_Rational and not f.is_Integer and f.p in (1, -1):
+                    num.append(repr(float(f.p)))
+                    den.append(repr(float(f.q)))
+                else:
+                    num.append(self.approx(f))
+            code = " * ".join(num or ["1.0"]) + ("" if not den else " / (" + " * ".join(den) + ")")
+        elif isinstance(e, sympy.Pow):
+            if not e.exp.is_Integer:
+                raise NotExact(f"'{e}' is not a power with an integer exponent")
+            code = (f"{self.approx(e.base)} ** {int(e.exp)}" if e.exp > 0
+                    else f"1.0 / {self.approx(e.base)} ** {int(-e.exp)}")
+        elif isinstance(e, (sympy.Min, sympy.Max)):
+            fn = "np.minimum" if isinstance(e, sympy.Min) else "np.maximum"
+            args = [self.approx(a) for a in e.args]
+            code = args[0]
+            for a in args[1:]:
+                code = f"{fn}({code}, {a})"
+        elif isinstance(e, sympy.Piecewise):
+            conds, values = [], []
+            for value, cond in e.args:
+                values.append(self.approx(value))
+                if cond is sympy.true or isinstance(cond, BooleanTrue):
+                    conds.append("True")
+                    break
+                conds.append(self.boolean(cond))
+            if conds[-1] != "True":   # rows where no branch holds are bad, as on the exact path
+                self.emit(f"bad |= ~({' | '.join(conds)})")
+                conds.append("True")
+                values.append("0.0")
+            code = values[-1]
+            for c, v in zip(reversed(conds[:-1]), reversed(values[:-1])):
+                code = f"np.where({c}, {v}, {code})"
+        elif isinstance(e, (sympy.ceiling, sympy.floor, sympy.Abs)):
+            fn = {sympy.ceiling: "np.ceil", sympy.floor: "np.floor", sympy.Abs: "np.abs"}[type(e)]
+            code = f"{fn}({self.approx(e.args[0])})"
+        elif isinstance(e, sympy.Mod):
+            code = f"np.mod({self.approx(e.args[0])}, {self.approx(e.args[1])})"
+        else:
+            raise NotExact(f"cannot evaluate {e} in floating point")
+        v = self.fresh("f")
+        self.emit(f"{v} = {code}")
+        memo[e] = v
+        return v
 
     # ------------------------------------------------------------ conditions
     def boolean(self, cond: Any) -> str:
@@ -470,6 +588,14 @@ class _Builder:
 
 def _arr(code: str) -> str:
     return f"_full(n, {code})" if _is_literal(code) else code
+
+
+def _wide_literal(code: str) -> str:
+    """A literal beyond int64 as a Python-int (object) array: numpy cannot hold it in an int64 one."""
+    inner = code[len("_full(n, "):-1] if code.startswith("_full(n, ") else code
+    if _is_literal(inner) and abs(int(inner)) >= INT64_SAFE:
+        return f"(_as_object(_full(n, 0)) + {inner})"
+    return code
 
 
 def _bound(code: str) -> str:
@@ -695,25 +821,36 @@ def _outer_atoms(expr: sympy.Basic, symbols: set[sympy.Symbol] | None = None) ->
     return found
 
 
-def _outputs(b: "_Builder", exprs: Sequence[Any]) -> list[str]:
-    """Code for each of ``exprs``: a condition's truth, or a number rounded up to an integer."""
+def _outputs(b: "_Builder", exprs: Sequence[Any], approximate: Sequence[bool] = ()) -> list[str]:
+    """Code for each of ``exprs``: a condition's truth, or a number rounded up to an integer
+    (exactly, or in float64 where ``approximate`` says so)."""
     outs = []
-    for e in exprs:
+    for k, e in enumerate(exprs):
         if isinstance(e, bool) or (isinstance(e, Boolean) and not isinstance(e, sympy.Expr)):
             outs.append(b.boolean(e))
+            continue
+        if k < len(approximate) and approximate[k]:
+            v = b.fresh("o")
+            b.emit(f"{v} = np.ceil({b.approx(sympy.sympify(e))})")
+            b.emit(f"bad |= ~np.isfinite({v})")
+            outs.append(v)
             continue
         r = b.rational(sympy.sympify(e))
         outs.append(b._arr(r.num) if r.den is None else b._emit_ceil_output(r))
     return outs
 
 
-def compile_exact(exprs: Sequence[Any], inputs: Sequence[sympy.Symbol]) -> ExactFunction:
+def compile_exact(exprs: Sequence[Any], inputs: Sequence[sympy.Symbol],
+                  approximate: Sequence[bool] = ()) -> ExactFunction:
     """Compile ``exprs`` (numbers → ceil to integers; conditions → bools) over ``inputs``.
 
     Shared sub-expressions (the same ``Min(4, m)`` in every stage) are computed once.
+    ``approximate[k]`` true: output ``k`` is computed in float64 (relative error ~1e-15, branch
+    conditions still exact; rows where it is not finite are bad), for quantities such as step
+    times whose last unit carries no meaning. Every other output stays exact.
     """
     b = _Builder(inputs)
-    outs = _outputs(b, exprs)
+    outs = _outputs(b, exprs, approximate)
     args = ", ".join(["n"] + [b.var_of[s] for s in inputs] + [])
     body = ["bad = np.zeros(n, dtype=bool)"] + b.lines + [f"return [{', '.join(outs)}], bad"]
     source = f"def _exact({args}):\n" + "\n".join("    " + line for line in body) + "\n"
@@ -741,7 +878,7 @@ def load_exact(inputs: Sequence[str], source: str, code: str | None = None) -> E
     if compiled is None:
         compiled = compile(source, "<memform.analysis.exact>", "exec")
     namespace: dict[str, Any] = {"np": np, "_as_object": _as_object, "_maxabs": _maxabs, "_full": _full,
-                                 "_on_objects": _on_objects, "INT64_SAFE": INT64_SAFE}
+                                 "_on_objects": _on_objects, "_wide": _wide, "INT64_SAFE": INT64_SAFE}
     exec(compiled, namespace)  # noqa: S102 - our own generated code
     return ExactFunction(tuple(inputs), source, namespace["_exact"], compiled)
 

@@ -60,6 +60,15 @@ class Point:
     shared_experts: int = 0         # with experts > 1: DeepSeekMoE shared experts, each ffn wide, ungated
     arch: str = "llama"             # llama: RMSNorm, SwiGLU, RoPE, no biases; gpt: LayerNorm, GeLU, learned positions, biases
     dropout: bool = False
+    # attention "mla": DeepSeek-V2's multi-head latent attention (formulas/mla.mf; llama arch only), its
+    # widths small versions of DeepSeek-V3's (d_c' 1536, d_c 512, d_h^R 64 = d_h / 2, d_h = d_v 128):
+    # query latent d_c' (0: no query compression), KV latent d_c, rope / nope head dims, value head dim
+    attention: str = "mha"
+    q_rank: int = 48
+    kv_rank: int = 32
+    d_rope: int = 8
+    d_nope: int = 16
+    d_v: int = 16
 
     @property
     def heads(self) -> int:
@@ -72,6 +81,8 @@ class Point:
 
     @property
     def kv(self) -> int:
+        if self.attention == "mla":   # every head has its own up-projected K and V (eqs. 10-11, 17)
+            return self.heads
         if self.kv_heads is not None:
             return self.kv_heads
         return self.heads if self.arch == "gpt" else max(1, self.heads // 2)
@@ -83,6 +94,8 @@ class Point:
             parts.append("dropout")
         if self.swiglu_impl != "fused":
             parts.append(f"swiglu-{self.swiglu_impl}")
+        if self.attention == "mla":
+            parts.append(f"mla q{self.q_rank} kv{self.kv_rank} r{self.d_rope} n{self.d_nope} v{self.d_v}")
         if self.experts > 1:
             shared = f"+{self.shared_experts}shared" if self.shared_experts else ""
             parts.append(f"moe{self.experts}x{self.top_k}{shared}")
@@ -117,6 +130,10 @@ class Point:
                 model.update(num_shared_experts=self.shared_experts)
             cfg["parallel"].update(ep=1, expert_tp=1)
             cfg["formulas"] = ["moe.mf"]
+        if self.attention == "mla":   # as configs/deepseek-v2-lite.yaml: [moe.mf, mla.mf]
+            model.update(attention="mla", q_lora_rank=self.q_rank, kv_lora_rank=self.kv_rank,
+                         qk_rope_head_dim=self.d_rope, qk_nope_head_dim=self.d_nope, v_head_dim=self.d_v)
+            cfg["formulas"] = cfg.get("formulas", []) + ["mla.mf"]
         return cfg
 
 

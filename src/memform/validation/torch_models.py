@@ -15,6 +15,9 @@ production framework keeps:
   keeps Q, K, V, its output and the fp32 log-sum-exp, with GQA handled without expanding K/V);
   ``false`` runs the unfused core: scores, causal mask, softmax (its output is kept), dropout, @ V,
   with query heads grouped per KV head so K/V are never copied to ``num_heads`` width.
+- MLA (``model.attention: mla``): DeepSeek-V2's multi-head latent attention, built as Megatron-LM's
+  ``MLASelfAttention`` builds it (see :class:`MLAttention`): low-rank query and key/value latents with
+  their own RMSNorms, a decoupled rotary key shared by all heads, the same flash or unfused core.
 - Dropout is ATen's fused ``native_dropout`` (a 1-byte mask, like Megatron's kernels) after the
   embedding, on the attention probabilities, after the attention projection and after the MLP.
 - MLP: GeLU, or SwiGLU with ``model.swiglu_impl: fused`` — one autograd function over the concatenated
@@ -71,6 +74,12 @@ class Shape:
     top_k: int = 1
     expert_ffn: int = 0
     shared_ffn: int = 0     # total width of the shared experts (0: none), moe.mf's f_sh
+    attention: str = "mha"  # "mla": multi-head latent attention (mla.mf), with the five widths below
+    q_rank: int = 0         # query latent d_c' (0: queries projected directly, DeepSeek-V2-Lite)
+    kv_rank: int = 0        # key/value latent d_c
+    d_rope: int = 0         # decoupled rotary head dimension d_h^R
+    d_nope: int = 0         # per-head query/key dimension without rope d_h
+    d_v: int = 0            # per-head value dimension
 
     @property
     def head_dim(self) -> int:
@@ -92,6 +101,7 @@ class Shape:
             if m(key, default) not in allowed:
                 raise ValueError(f"model.{key} must be one of {', '.join(allowed)}, got {m(key)!r}")
         h, a = int(m("hidden_size")), int(m("num_heads"))
+        mla = _mla_widths(m, h // a)
         experts = int(m("num_experts", 1) or 1)
         expert_ffn = int(m("moe_ffn_hidden_size", m("ffn_hidden_size", 4 * h)))
         if m("shared_expert_gate", False):
@@ -109,7 +119,25 @@ class Shape:
                    swiglu_impl=str(m("swiglu_impl", "fused")),
                    recompute=str(get_path(cfg, "training.recompute", "none")), experts=experts,
                    top_k=int(m("moe_top_k", 2)) if experts > 1 else 1,
-                   expert_ffn=expert_ffn, shared_ffn=shared_ffn if experts > 1 else 0)
+                   expert_ffn=expert_ffn, shared_ffn=shared_ffn if experts > 1 else 0, **mla)
+
+
+def _mla_widths(m, head_dim: int) -> dict[str, Any]:  # noqa: ANN001
+    """The MLA fields of :class:`Shape` from mla.mf's keys (its defaults: d_h = d_v = h / a, d_c' = 0)."""
+    attention = str(m("attention", "mha"))
+    if attention not in ("mha", "mla"):
+        raise ValueError(f"model.attention must be one of mha, mla, got {attention!r}")
+    if attention == "mha":
+        return {}
+    if m("bias", True):
+        raise ValueError("the PyTorch harness's MLA has no biases, as DeepSeek-V2 (model.bias: false)")
+    if m("position_embedding", "learned") != "rope":
+        raise ValueError("MLA's decoupled rotary key (DeepSeek-V2 §2.1.3) needs model.position_embedding: rope")
+    d_rope = int(m("qk_rope_head_dim"))
+    if d_rope <= 0 or d_rope % 2:
+        raise ValueError(f"model.qk_rope_head_dim must be even and positive for rotary pairs, got {d_rope}")
+    return {"attention": attention, "q_rank": int(m("q_lora_rank", 0) or 0), "kv_rank": int(m("kv_lora_rank")),
+            "d_rope": d_rope, "d_nope": int(m("qk_nope_head_dim", head_dim)), "d_v": int(m("v_head_dim", head_dim))}
 
 
 #: dropout probability (its value does not change what is stored)
@@ -287,7 +315,7 @@ class Attention(nn.Module):
         qg = q.reshape(b, g, (a // g) * s, d)      # a view: query heads grouped per KV head
         scores = (qg @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
         probs = torch.softmax(scores.masked_fill(self.mask, float("-inf")), dim=-1)
-        return (dropout(probs, self.sh.dropout) @ v).view(b, a, s, d)
+        return (dropout(probs, self.sh.dropout) @ v).view(b, a, s, v.shape[-1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -309,6 +337,124 @@ class Attention(nn.Module):
         else:
             out = self.core(q, k, v)
         return dropout(self.o(out.transpose(1, 2).reshape(b, s, sh.heads * d)), sh.dropout)
+
+
+class _FlashDiffVFn(torch.autograd.Function):
+    """Causal flash attention whose value head dimension d_v differs from the query/key one (MLA).
+
+    PyTorch's CPU flash kernel takes one head size for Q, K and V (``F.scaled_dot_product_attention``
+    falls back to its unfused fp32 path when they differ, which keeps an fp32 a·s² softmax and fp32
+    copies of Q, K, V); the GPU kernels Megatron-LM uses for MLA take k_channels ≠ v_channels
+    (``MLASelfAttention`` builds its core attention so and pads V only for the packed THD format). This
+    stand-in keeps what such a kernel keeps -- Q, K, V at their own widths, the output at d_v and the
+    fp32 log-sum-exp (Dao et al. 2022 §3.1) -- and runs the CPU kernel with the narrower of Q/K and V
+    zero-padded to the wider head size, inside forward and inside backward only: zero columns change
+    neither q·k nor the used output columns (the scale stays 1/sqrt(d_h + d_h^R)), and the padded
+    tensors, the padded output and the padded gradients are transients, never saved. The output comes
+    back in [b, s, heads, d_v] memory (as the CPU kernel's does for [b, s, heads, d] queries), so the
+    output projection's input is a view of the kept output.
+    """
+
+    @staticmethod
+    def _padded(width: int, *ts: torch.Tensor) -> list[torch.Tensor]:
+        return [F.pad(t, (0, width - t.shape[-1])) if t.shape[-1] < width else t for t in ts]
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        width, d_v = max(q.shape[-1], v.shape[-1]), v.shape[-1]
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            *_FlashDiffVFn._padded(width, q, k, v), 0.0, True, scale=q.shape[-1] ** -0.5)
+        out = out.transpose(1, 2)[..., :d_v].contiguous().transpose(1, 2)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout: torch.Tensor):  # noqa: ANN001, ANN205
+        q, k, v, out, lse = ctx.saved_tensors
+        width = max(q.shape[-1], v.shape[-1])
+        dpad, qp, kp, vp, opad = _FlashDiffVFn._padded(width, dout, q, k, v, out)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dpad, qp, kp, vp, opad, lse, 0.0, True, scale=q.shape[-1] ** -0.5)
+        return dq[..., :q.shape[-1]], dk[..., :k.shape[-1]], dv[..., :v.shape[-1]]
+
+
+class MLAttention(nn.Module):
+    """Multi-head latent attention, DeepSeek-V2 (arXiv:2405.04434) §2.1.2-2.1.3, eqs. (9)-(19), built as
+    Megatron-LM's ``MLASelfAttention`` builds it (no biases):
+
+    - queries: W^DQ h -> d_c', an RMSNorm on the latent c^Q and W^UQ/W^QR d_c' -> n_h·(d_h + d_h^R)
+      (eqs. 12-13, 15, one GEMM for both), or, with ``q_rank`` 0 (DeepSeek-V2-Lite), one h -> n_h·(d_h +
+      d_h^R) projection (``linear_q_proj``);
+    - keys/values: W^DKV and W^KR as one h -> d_c + d_h^R GEMM (``linear_kv_down_proj``), split into the
+      latent c^KV (eq. 9) and the rotary key k^R (eq. 14, one per token, shared by all heads); an RMSNorm
+      on c^KV and W^UK/W^UV d_c -> n_h·(d_h + d_v) (eqs. 10-11, ``linear_kv_up_proj``);
+    - RoPE on q^R and k^R only (the decoupled rotary part, §2.1.3; rotate-half pairing, as the harness's
+      other RoPE -- Megatron's interleaved pairing permutes elements, it keeps no other tensor);
+    - q = [q^C, q^R], k = [k^C, k^R broadcast to every head] (eqs. 16-17), V contiguous (Megatron makes
+      query, key and value contiguous for the core), the causal core over head dim d_h + d_h^R with
+      scale 1/sqrt(d_h + d_h^R), values at d_v (eq. 18): flash (``F.scaled_dot_product_attention``, or
+      :class:`_FlashDiffVFn` when d_v ≠ d_h + d_h^R) or the unfused core of :class:`Attention`, checkpointed
+      under selective recompute;
+    - W^O n_h·d_v -> h (eq. 19), dropout.
+
+    What autograd keeps is then what Megatron's kernels keep: the layer input (read by both down
+    projections), the query latent before and after its norm, the down projection's [c^KV | k^R] output
+    (the kv norm's input is a view of it, so its storage, d_c + d_h^R wide, is what stays) and the
+    normalised c^KV, Q and K at n_h·(d_h + d_h^R), V at n_h·d_v, the core's kept tensors and the output.
+    Each latent RMSNorm also keeps its fp32 1/rms per token, as the block's norms do.
+    """
+
+    #: the unfused causal core of :class:`Attention`, with one KV head per query head (MHA-like)
+    core = Attention.core
+
+    def __init__(self, sh: Shape):
+        super().__init__()
+        self.sh = sh
+        a, q_dim = sh.heads, sh.d_nope + sh.d_rope
+        if sh.q_rank > 0:
+            self.q_down = nn.Linear(sh.hidden, sh.q_rank, bias=False)
+            self.q_norm = RMSNorm(sh.q_rank)
+            self.q_up = nn.Linear(sh.q_rank, a * q_dim, bias=False)
+        else:
+            self.q_up = nn.Linear(sh.hidden, a * q_dim, bias=False)
+        self.kv_down = nn.Linear(sh.hidden, sh.kv_rank + sh.d_rope, bias=False)
+        self.kv_norm = RMSNorm(sh.kv_rank)
+        self.kv_up = nn.Linear(sh.kv_rank, a * (sh.d_nope + sh.d_v), bias=False)
+        self.o = nn.Linear(a * sh.d_v, sh.hidden, bias=False)
+        # rotary tables over d_h^R for [b, s, heads, d_h^R] tensors (RoFormer §3.4.2), causal mask (one group)
+        inv = 1.0 / (10000 ** (torch.arange(0, sh.d_rope, 2).float() / sh.d_rope))
+        ang = torch.outer(torch.arange(sh.seq).float(), inv)
+        ang = torch.cat([ang, ang], dim=-1).unsqueeze(1)
+        self.register_buffer("cos", ang.cos(), persistent=False)
+        self.register_buffer("sin", ang.sin(), persistent=False)
+        self.register_buffer("mask", torch.ones(sh.seq, sh.seq, dtype=torch.bool).triu(1), persistent=False)
+
+    def rope(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.cos + _rotate_half(x) * self.sin
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        sh, a = self.sh, self.sh.heads
+        c_q = self.q_norm(self.q_down(x)) if sh.q_rank > 0 else x
+        q_nope, q_rope = self.q_up(c_q).view(b, s, a, sh.d_nope + sh.d_rope).split([sh.d_nope, sh.d_rope], dim=-1)
+        c_kv, k_rope = self.kv_down(x).split([sh.kv_rank, sh.d_rope], dim=-1)
+        kv = self.kv_up(self.kv_norm(c_kv)).view(b, s, a, sh.d_nope + sh.d_v)
+        k_nope, v = kv.split([sh.d_nope, sh.d_v], dim=-1)
+        q = torch.cat([q_nope, self.rope(q_rope)], dim=-1)
+        k = torch.cat([k_nope, self.rope(k_rope.unsqueeze(2)).expand(b, s, a, sh.d_rope)], dim=-1)
+        if sh.flash:   # [b, s, heads, d] memory seen as [b, heads, s, d], as in Attention.forward
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.contiguous().transpose(1, 2)
+            if sh.d_v == sh.d_nope + sh.d_rope:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                out = _FlashDiffVFn.apply(q, k, v)
+        else:          # the unfused core views [b, heads, s, d] memory
+            q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+            if sh.recompute == "selective":
+                out = checkpoint(self.core, q, k, v, use_reentrant=False, preserve_rng_state=sh.dropout)
+            else:
+                out = self.core(q, k, v)
+        return dropout(self.o(out.transpose(1, 2).reshape(b, s, a * sh.d_v)), sh.dropout)
 
 
 class MoE(nn.Module):
@@ -359,7 +505,7 @@ class Block(nn.Module):
         super().__init__()
         self.sh = sh
         self.norm1, self.norm2 = make_norm(sh), make_norm(sh)
-        self.attn = Attention(sh)
+        self.attn = MLAttention(sh) if sh.attention == "mla" else Attention(sh)
         self.mlp = MoE(sh) if sh.experts > 1 else make_mlp(sh, sh.ffn)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
