@@ -12,7 +12,7 @@ Prints, in one run and on one core (the process pins itself to one CPU where it 
 * the end-to-end `search` for D devices (candidates, evaluation and compile time), in process;
 * the command as a user runs it, `memform search CONFIG --devices D`, in fresh processes on every
   core: with an empty cache directory (cold: every structure compiled, in parallel processes),
-  again with that cache (warm), and with `--no-cache`;
+  again with that cache (warm), and with `--no-cache` (medians of --repeat rounds, default 3);
 and checks that both paths agree exactly (whole bytes, per stage and category) on those K.
 The speed-ups are printed with compile time included (what a search really costs) and without.
 Targets (issue 3): >= 100,000 candidates/s compiled, >= 50x the interpreted rate; (issue 15)
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,24 +37,31 @@ ROOT = Path(__file__).resolve().parents[1]
 MEMFORM = Path(sys.executable).with_name("memform")
 
 
-def _cli_search(config: str, devices: int) -> dict[str, tuple[float, float, str]]:
+def _cli_search(config: str, devices: int, repeat: int) -> dict[str, tuple[float, float, str]]:
     """Wall seconds, CPU seconds (the command and its worker processes, user + system) and output of
-    the search command: cold cache, warm cache, --no-cache. CPU time is what a busy machine does
-    not inflate: on an idle one, wall is about CPU over the cores used."""
+    the search command: cold cache, warm cache, --no-cache; the median of ``repeat`` rounds, each
+    with a new, empty cache directory (a 2-core machine's runs vary by 5-10 %). CPU time is what a
+    busy machine does not inflate: on an idle one, wall is about CPU over the cores used."""
     cli = [str(MEMFORM)] if MEMFORM.exists() else [sys.executable, "-m", "memform"]
-    env = {**os.environ, "MEMFORM_CACHE_DIR": tempfile.mkdtemp(prefix="memform-bench-search-")}
+    runs: dict[str, list[tuple[float, float, str]]] = {"cold": [], "warm": [], "no-cache": []}
+    for _ in range(repeat):
+        env = {**os.environ, "MEMFORM_CACHE_DIR": tempfile.mkdtemp(prefix="memform-bench-search-")}
+        for label, extra in (("cold", []), ("warm", []), ("no-cache", ["--no-cache"])):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.perf_counter()
+            r = subprocess.run(cli + ["search", config, "--devices", str(devices), "--top", "5"] + extra,
+                               cwd=ROOT, env=env, capture_output=True, text=True)
+            wall = time.perf_counter() - t0
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if r.returncode:
+                raise SystemExit(f"memform search failed: {r.stderr}")
+            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            runs[label].append((wall, cpu, r.stdout.split("\n", 1)[1]))
     out = {}
-    for label, extra in (("cold", []), ("warm", []), ("no-cache", ["--no-cache"])):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t0 = time.perf_counter()
-        r = subprocess.run(cli + ["search", config, "--devices", str(devices), "--top", "5"] + extra,
-                           cwd=ROOT, env=env, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if r.returncode:
-            raise SystemExit(f"memform search failed: {r.stderr}")
-        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-        out[label] = (wall, cpu, r.stdout.split("\n", 1)[1])
+    for label, rows in runs.items():
+        outputs = {o for _, _, o in rows}
+        out[label] = (statistics.median(w for w, _, _ in rows), statistics.median(c for _, c, _ in rows),
+                      rows[0][2] if len(outputs) == 1 else "(differs between rounds)")
     return out
 
 
@@ -72,8 +80,9 @@ def main() -> int:
     ap.add_argument("--reference", type=int, default=300, help="candidates timed on the interpreted path")
     ap.add_argument("--devices", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=3, help="rounds of the command end to end (medians printed)")
     args = ap.parse_args()
-    e2e = _cli_search(args.config, args.devices)  # before this process pins itself to one core
+    e2e = _cli_search(args.config, args.devices, args.repeat)  # before this process pins itself to one core
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
 
@@ -181,7 +190,8 @@ def main() -> int:
     print(f"  targets (>= 100,000/s, >= 50x, exact): {'met' if ok else 'NOT met'}")
     (cold, cold_cpu, cold_out), (warm, warm_cpu, warm_out), (none, none_cpu, none_out) = \
         e2e["cold"], e2e["warm"], e2e["no-cache"]
-    print(f"  memform search {name} --devices {args.devices}, fresh processes on every core: cold cache "
+    print(f"  memform search {name} --devices {args.devices}, fresh processes on every core, median of "
+          f"{args.repeat}: cold cache "
           f"{cold:.2f} s, warm cache {warm:.2f} s, --no-cache {none:.2f} s; same rows: "
           f"{'yes' if cold_out == warm_out == none_out else 'NO'}")
     print(f"    CPU seconds (command and workers, user + system): cold {cold_cpu:.2f}, warm {warm_cpu:.2f}, "
