@@ -79,9 +79,7 @@ def _on_objects(expr: str, env: Mapping[str, Any]) -> Any:
     """``expr`` (a polynomial of generated code) evaluated with every array it names as Python
     ints: the path a polynomial takes when its bound leaves the int64 range. The generated code
     carries it as a string (compiled here, rarely), so Python compiles each polynomial once."""
-    code = _OBJECT_CODE.get(expr)
-    if code is None:
-        code = _OBJECT_CODE[expr] = compile(expr, "<memform.analysis.exact>", "eval")
+    code = _code(expr)
     return eval(code, {}, {name: _as_object(env[name]) for name in code.co_names})  # noqa: S307 - our own code
 
 
@@ -93,26 +91,21 @@ def _wide(expr: str, magnitude: str, env: Mapping[str, Any], bound: float) -> tu
     wrap modulo 2**64, and a result that fits is its own residue), and that bound, far tighter
     than the batch-wide one, goes on to the expressions that use the value; otherwise the rows
     run on Python ints (:func:`_on_objects`). Returns (value, bound of its magnitude)."""
-    names = _names(expr)
+    names = _code(expr).co_names
     if all(isinstance(env[v], np.ndarray) and env[v].dtype == np.int64 for v in names):
-        code = _OBJECT_CODE.get(magnitude)
-        if code is None:
-            code = _OBJECT_CODE[magnitude] = compile(magnitude, "<memform.analysis.exact>", "eval")
-        rows = eval(code, {}, {v: np.abs(env[v]).astype(np.float64) for v in names})  # noqa: S307 - our own code
+        rows = eval(_code(magnitude), {}, {v: np.abs(env[v]).astype(np.float64) for v in names})  # noqa: S307 - our own code
         top = float(np.max(rows)) if isinstance(rows, np.ndarray) and rows.size else float(rows)
         if top < INT64_SAFE:
-            code = _OBJECT_CODE.get(expr)
-            if code is None:
-                code = _OBJECT_CODE[expr] = compile(expr, "<memform.analysis.exact>", "eval")
-            return eval(code, {}, {v: env[v] for v in names}), max(1.0, top)  # noqa: S307 - our own code
+            return eval(_code(expr), {}, {v: env[v] for v in names}), max(1.0, top)  # noqa: S307 - our own code
     return _on_objects(expr, env), bound
 
 
-def _names(expr: str) -> tuple[str, ...]:
+def _code(expr: str) -> types.CodeType:
+    """``expr`` (generated code) compiled once per process."""
     code = _OBJECT_CODE.get(expr)
     if code is None:
         code = _OBJECT_CODE[expr] = compile(expr, "<memform.analysis.exact>", "eval")
-    return code.co_names
+    return code
 
 
 def _as_object(x: Any) -> Any:
