@@ -106,5 +106,5 @@ def test_valid_where_one_per_line_prose_first():
     rest = lines[lines.index("valid where:") + 1:]
     assert rest[0].startswith("  moment ")
     assert all(", " not in l or "(" in l for l in rest)
-    prose = [i for i, l in enumerate(rest) if "is the largest" in l]
+    prose = [i for i, l in enumerate(rest) if "is the largest" in l or "is an integer" in l]
     assert prose == list(range(len(prose)))

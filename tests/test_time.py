@@ -584,3 +584,110 @@ def test_mla_value_width_costs_its_up_projection_output_projection_and_core():
     delta = 32
     per_token_layer = 2 * d_c * a * delta + 2 * a * delta * h + 2 * s * a * delta
     assert ideal(64 + delta) - ideal(64) == 3 * s * b * L * per_token_layer
+
+
+# ------------------------------------------------------------------ tile and wave quantization
+# NVIDIA, "Matrix Multiplication Background User's Guide" (DU-09799-001, 2023), §3: cuBLAS splits a GEMM's
+# M×N output into tiles (256×128 for the large A100 tiles, one per SM at a time); a GEMM takes whole waves
+# of S tiles, so its idle tile slots (the padding of partial tiles and the idle SMs of the last wave) cost
+# 2·K FLOPs per output element as if computed. The guide's own A100 example: 108 SMs, 256×128 tiles.
+
+
+def _idle_flops(M, N, K, S, tm=256, tn=128):
+    """The guide's §3 by hand: whole waves of whole tiles, minus the M·N outputs, 2·K FLOPs each."""
+    tiles = -(-M // tm) * -(-N // tn)
+    waves = -(-tiles // S)
+    return 2 * K * (waves * S * tm * tn - M * N)
+
+
+def _gemm_idle(M, N, K, S):
+    """Forward Y = X·W (M×N output) plus its backward's dX (M×K, depth N) and dW (K×N, depth M)."""
+    return _idle_flops(M, N, K, S), _idle_flops(M, K, N, S) + _idle_flops(K, N, M, S)
+
+
+def test_guides_a100_example_98_tiles_fill_one_wave_of_108():
+    # §3.2's example: a 1792×1792 output in 256×128 tiles is 7·14 = 98 tiles, one wave on 108 SMs, 10 SMs idle
+    assert _idle_flops(1792, 1792, 1, 108) == 2 * 10 * 256 * 128
+    # two more columns of tiles: 7·16 = 112 tiles take a second wave, 216 slots for 112 tiles' outputs
+    assert _idle_flops(1792, 2048, 1, 108) == 2 * (216 * 256 * 128 - 1792 * 2048)
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_gemm_tile_quantization_adds_the_idle_tile_slots_of_every_projection(recompute):
+    # GPT-3 style layer, tp 2: QKV h -> 3h/t, output h/t -> h, fc1 h -> 4h/t, fc2 4h/t -> h, head h -> v/t,
+    # over the micro-batch's b·s tokens, forward + backward, the layers' forward again when fully recomputed
+    h, a, L, s, v, b, m, t, S = 1792, 14, 2, 1000, 50000, 1, 2, 2, 108
+    base = gpt(h, a, L, s, v, b, m, tp=t)
+    base["training"]["recompute"] = recompute
+    quantized = json.loads(json.dumps(base))
+    quantized["device"]["sm_count"] = S
+    tok = s * b
+    layer = [_gemm_idle(tok, 3 * h // t, h, S), _gemm_idle(tok, h, h // t, S),
+             _gemm_idle(tok, 4 * h // t, h, S), _gemm_idle(tok, h, 4 * h // t, S)]
+    fwd, bwd = sum(x for x, _ in layer), sum(y for _, y in layer)
+    head_fwd, head_bwd = _gemm_idle(tok, v // t, h, S)
+    per_mb = L * (fwd + bwd + (fwd if recompute == "full" else 0)) + head_fwd + head_bwd
+    extra = memform.estimate(quantized).stages[0].time_ps["compute"] - memform.estimate(base).stages[0].time_ps["compute"]
+    assert per_mb > 0 and extra == m * per_mb   # unit device: picoseconds = FLOPs
+    # MFU's model FLOPs do not change: the idle slots are time, not work
+    assert memform.estimate(quantized).stages[0].ideal_ps == memform.estimate(base).stages[0].ideal_ps
+
+
+def test_shapes_that_fill_whole_waves_pay_nothing():
+    # one SM (every tile count is whole waves) and every dimension a multiple of the 256×128 tile
+    base = gpt(h=2048, a=16, L=2, s=1024, v=51200, b=1, m=2)
+    quantized = json.loads(json.dumps(base))
+    quantized["device"]["sm_count"] = 1
+    assert memform.estimate(quantized).stages[0].time_ps == memform.estimate(base).stages[0].time_ps
+
+
+def test_moe_layers_pad_their_attention_not_the_dense_mlp_they_replace():
+    # an MoE layer's FFN is the router (skinny) and grouped experts (uneven token counts): neither padded,
+    # and the dense MLP's fc1/fc2 (ffn_hidden_size, not a tile multiple here) are not in the layer at all
+    h, a, L, s, v, b = 1024, 8, 2, 1024, 32768, 1
+    cfg = {"name": "moe", "formulas": ["moe.mf"],
+           "model": {"hidden_size": h, "num_heads": a, "num_layers": L, "vocab_size": v, "seq_length": s,
+                     "activation": "swiglu", "norm": "rmsnorm", "bias": False, "ffn_hidden_size": 1000,
+                     "num_experts": 4, "moe_top_k": 2, "moe_ffn_hidden_size": 1000},
+           "parallel": {"dp": 1, "tp": 1, "pp": 1},
+           "training": {"micro_batch_size": b, "num_micro_batches": 1, "recompute": "none"},
+           "device": {**UNIT_DEVICE, "sm_count": 1}}
+    plain = json.loads(json.dumps(cfg))
+    del plain["device"]["sm_count"]
+    assert memform.estimate(cfg).stages[0].time_ps == memform.estimate(plain).stages[0].time_ps
+
+
+def test_nvidia_presets_name_their_sm_counts():
+    # A100: 108 SMs (NVIDIA A100 architecture whitepaper; the guide's §3.2 example); H100 SXM5: 132 (H100
+    # whitepaper); B200: 2 × 74 (Chips and Cheese 2025)
+    import yaml
+    for name, sms in (("a100-80g", 108), ("a100-40g", 108), ("h100-sxm", 132), ("h100-pcie", 114), ("h200", 132),
+                      ("b200", 148)):
+        preset = yaml.safe_load((ROOT / "configs" / "devices" / f"{name}.yaml").read_text())
+        assert preset["sm_count"] == sms, name
+
+
+def test_mla_pads_each_of_its_projections():
+    # DeepSeek-V2 eqs. (9)-(19): query latent h -> d_c' and up-projection d_c' -> n_h(d_h + d_h^R), key/value
+    # latent + rope key h -> d_c + d_h^R and up-projection d_c -> n_h(d_h + d_v), output n_h·d_v -> h; the head
+    # h -> v; over one micro-batch's s·b tokens on 108 SMs (the guide's §3 by hand, _gemm_idle)
+    h, a, L, s, v, b, S = 1024, 8, 2, 1000, 32000, 1, 108
+    q_c, d_c, d_r, d_n, d_v = 192, 160, 32, 64, 64
+
+    def compute(sms):
+        cfg = {"name": "mla", "formulas": ["mla.mf"],
+               "model": {"hidden_size": h, "num_heads": a, "num_layers": L, "vocab_size": v, "seq_length": s,
+                         "activation": "swiglu", "norm": "rmsnorm", "bias": False, "flash_attention": True,
+                         "position_embedding": "rope", "attention": "mla", "kv_lora_rank": d_c,
+                         "q_lora_rank": q_c, "qk_rope_head_dim": d_r, "qk_nope_head_dim": d_n, "v_head_dim": d_v,
+                         "ffn_hidden_size": 2048},
+               "parallel": {"dp": 1, "tp": 1, "pp": 1},
+               "training": {"micro_batch_size": b, "num_micro_batches": 1, "recompute": "none"},
+               "device": {**UNIT_DEVICE, **({"sm_count": sms} if sms else {})}}
+        return memform.estimate(cfg).stages[0].time_ps["compute"]
+
+    tok = s * b
+    gemms = [(tok, q_c, h), (tok, a * (d_n + d_r), q_c), (tok, d_c + d_r, h), (tok, a * (d_n + d_v), d_c),
+             (tok, h, a * d_v), (tok, 2 * 2048, h), (tok, h, 2048)]
+    per_layer = sum(sum(_gemm_idle(*g, S)) for g in gemms)
+    assert compute(S) - compute(0) == L * per_layer + sum(_gemm_idle(tok, v, h, S))
