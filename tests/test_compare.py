@@ -334,3 +334,34 @@ def test_compare_headers_carry_each_variants_setup_line():
     b = setup_line(memform.estimate(ROOT / "configs/llama2-7b.yaml", ["parallel.tp=1", "parallel.dp=4"]))
     assert f"    {a}\n" in r.stdout and f"    {b}\n" in r.stdout
     assert "parallel.tp: 2 -> 1" in r.stdout   # the two-variant form is as before
+
+
+def test_variants_with_a_device_show_their_step_time_and_its_difference():
+    # issue 14: memory is the constraint, time the objective -- a comparison of plans shows each one's
+    # step time (the estimate's own line) and its difference from the baseline's
+    data = compare_json("configs/llama3-70b.yaml", "--vary", "parallel.tp=4,8")
+    want = [estimate_json("configs/llama3-70b.yaml", f"parallel.tp={t}")["time"]["step_seconds"] for t in (4, 8)]
+    got = [v["estimate"]["time"]["step_seconds"] for v in data["variants"]]
+    assert got == want
+    assert data["variants"][0]["step_delta_seconds"] is None
+    assert data["variants"][1]["step_delta_seconds"] == pytest.approx(want[1] - want[0], rel=1e-12)
+    r = run_memform("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=4,8")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert sum(l.strip().startswith("step ≈ ") for l in lines) == 2
+    delta = next(l for l in lines if l.startswith("step B - A: "))
+    assert delta.startswith(f"step B - A: {want[1] - want[0]:+.3g} s (")
+    for fmt in ("md", "html", "tex"):
+        r = run_memform("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=4,8", "--format", fmt)
+        assert r.returncode == 0, r.stderr
+        step = "step $\\approx$ " if fmt == "tex" else "step ≈ "
+        assert r.stdout.count(step) == 2 and f"{want[1] - want[0]:+.3g} s vs A" in r.stdout, fmt
+
+
+def test_a_variant_without_a_time_model_shows_no_step_line():
+    # llama2-7b names no device peak FLOP/s: no time model, so no step line and no step difference
+    data = compare_json("configs/llama2-7b.yaml", "configs/llama3-70b.yaml")
+    assert [v["step_delta_seconds"] for v in data["variants"]] == [None, None]
+    r = run_memform("compare", "configs/llama2-7b.yaml", "configs/llama3-70b.yaml")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("step ≈ ") == 1 and "step B - A" not in r.stdout

@@ -147,6 +147,17 @@ class Comparison:
         """Per variant: its peak minus the baseline's (None for the baseline and failed variants)."""
         return [None if j == self.baseline else self._peak_minus(self.baseline, j) for j in range(len(self.variants))]
 
+    @property
+    def step_deltas(self) -> list[float | None]:
+        """Per variant: its step seconds minus the baseline's (None for the baseline, failed variants
+        and where either has no time model: no device peak FLOP/s)."""
+        base = self.variants[self.baseline].est
+        out: list[float | None] = []
+        for j, v in enumerate(self.variants):
+            ok = j != self.baseline and v.est is not None and base is not None and v.est.has_time and base.has_time
+            out.append(v.est.step_seconds - base.step_seconds if ok else None)
+        return out
+
     def _peak_minus(self, i: int, j: int) -> int | None:
         x, y = self.variants[i].est, self.variants[j].est
         return None if x is None or y is None else y.peak_bytes - x.peak_bytes
@@ -169,13 +180,14 @@ class Comparison:
         baseline's key, ``config_keys`` and, for the first two variants as before, ``a``, ``b``,
         ``config_diff``, ``peak_delta_bytes`` and per-stage ``stages`` deltas (B - A)."""
         dicts = [v.est.to_dict() if v.ok else None for v in self.variants]
-        peaks = self.peak_deltas
+        peaks, steps = self.peak_deltas, self.step_deltas
         variants = []
         for j, (v, d) in enumerate(zip(self.variants, dicts)):
             variants.append({
                 "key": v.key, "label": v.label, "config": v.config_path, "overrides": list(v.overrides),
                 "ok": v.ok, "error": v.error, "estimate": d,
                 "peak_delta_bytes": peaks[j],
+                "step_delta_seconds": steps[j],
                 "stage_deltas": [{"stage": s.stage, "delta": s.deltas[j]} for s in self.stages],
             })
 

@@ -478,20 +478,22 @@ def render_with(values: Mapping[str, Any], table: Mapping[str, str], fmt: str,
 
 def compare_context(cmp: "Comparison") -> dict[str, Any]:
     """What comparison templates see (README, "Reports"): ``variants`` (per variant a full report
-    context plus ``key``, ``label``, ``ok``, ``error``, ``index``, ``peak_delta`` vs the baseline;
+    context plus ``key``, ``label``, ``ok``, ``error``, ``index``, ``peak_delta`` vs the baseline,
+    ``step_seconds`` and ``step_delta`` vs the baseline's (None without a time model);
     a failed variant has only ``key``, ``label``, ``ok``, ``error``, ``index``, ``config``,
     ``overrides``), ``shown`` (the variants that estimated), ``baseline``, ``diffs`` (per stage:
     ``stage``, ``cells`` (per variant a StageView or None), ``deltas`` (per variant bytes minus the
     baseline's per category and ``peak``, None for the baseline and where missing), and for the
     first two variants ``a``/``b``/``delta`` B - A), ``config_keys`` (``key``, ``values``), the
     two-variant ``a``, ``b``, ``config_diff``, ``peak_delta``, and the shared chart/colour names."""
-    peaks = cmp.peak_deltas
+    peaks, steps = cmp.peak_deltas, cmp.step_deltas
     variants: list[dict[str, Any]] = []
     for j, v in enumerate(cmp.variants):
         common = {"key": v.key, "label": v.label, "ok": v.ok, "error": v.error, "index": j,
                   "config": v.config_path, "overrides": list(v.overrides), "baseline": j == cmp.baseline}
         if v.ok:
-            variants.append({**context(v.est), **common, "peak_delta": peaks[j]})
+            variants.append({**context(v.est), **common, "peak_delta": peaks[j], "step_delta": steps[j],
+                             "step_seconds": v.est.step_seconds if v.est.has_time else None})
         else:
             variants.append(common)
     diffs = []
