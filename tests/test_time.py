@@ -612,16 +612,17 @@ def test_guides_a100_example_98_tiles_fill_one_wave_of_108():
     assert _idle_flops(1792, 2048, 1, 108) == 2 * (216 * 256 * 128 - 1792 * 2048)
 
 
-@pytest.mark.parametrize("recompute", ["none", "full"])
-def test_gemm_tile_quantization_adds_the_idle_tile_slots_of_every_projection(recompute):
+@pytest.mark.parametrize("recompute,cp", [("none", 1), ("full", 1), ("none", 2)])
+def test_gemm_tile_quantization_adds_the_idle_tile_slots_of_every_projection(recompute, cp):
     # GPT-3 style layer, tp 2: QKV h -> 3h/t, output h/t -> h, fc1 h -> 4h/t, fc2 4h/t -> h, head h -> v/t,
-    # over the micro-batch's b·s tokens, forward + backward, the layers' forward again when fully recomputed
-    h, a, L, s, v, b, m, t, S = 1792, 14, 2, 1000, 50000, 1, 2, 2, 108
-    base = gpt(h, a, L, s, v, b, m, tp=t)
+    # over the micro-batch's b·s/cp tokens (CP keeps s/cp of the sequence), forward + backward, the
+    # layers' forward again when fully recomputed
+    h, a, L, s, v, b, m, t, S = 1792, 14, 2, 1000, 50000, 2, 2, 2, 108
+    base = gpt(h, a, L, s, v, b, m, tp=t, cp=cp)
     base["training"]["recompute"] = recompute
     quantized = json.loads(json.dumps(base))
     quantized["device"]["sm_count"] = S
-    tok = s * b
+    tok = s * b // cp
     layer = [_gemm_idle(tok, 3 * h // t, h, S), _gemm_idle(tok, h, h // t, S),
              _gemm_idle(tok, 4 * h // t, h, S), _gemm_idle(tok, h, 4 * h // t, S)]
     fwd, bwd = sum(x for x, _ in layer), sum(y for _, y in layer)
@@ -691,3 +692,28 @@ def test_mla_pads_each_of_its_projections():
              (tok, h, a * d_v), (tok, 2 * 2048, h), (tok, h, 2048)]
     per_layer = sum(sum(_gemm_idle(*g, S)) for g in gemms)
     assert compute(S) - compute(0) == L * per_layer + sum(_gemm_idle(tok, v, h, S))
+
+
+@pytest.mark.parametrize("mtp", [0, 1])
+def test_shared_experts_and_mtp_pad_their_gemms(mtp):
+    # shared experts (DeepSeek-V3 §2.1.2: n_shared × f wide, TP-split like the dense MLP): fc1 h -> 2·f_sh
+    # (SwiGLU gate and up) and fc2 f_sh -> h; an MTP module (§2.2): its projection 2h -> h and the shared
+    # head's logits GEMM once more; the attention and head as the dense model's; 108 SMs, by hand
+    h, a, L, s, v, b, S, f, n_sh = 1024, 8, 2, 1000, 32000, 1, 108, 1000, 2
+
+    def compute(sms):
+        cfg = {"name": "moe", "formulas": ["moe.mf"],
+               "model": {"hidden_size": h, "num_heads": a, "num_layers": L, "vocab_size": v, "seq_length": s,
+                         "activation": "swiglu", "norm": "rmsnorm", "bias": False, "num_experts": 4,
+                         "moe_top_k": 2, "moe_ffn_hidden_size": f, "num_shared_experts": n_sh, "mtp_layers": mtp},
+               "parallel": {"dp": 1, "tp": 1, "pp": 1},
+               "training": {"micro_batch_size": b, "num_micro_batches": 1, "recompute": "none"},
+               "device": {**UNIT_DEVICE, **({"sm_count": sms} if sms else {})}}
+        return memform.estimate(cfg).stages[0].time_ps["compute"]
+
+    tok = s * b
+    attention = sum(_gemm_idle(tok, 3 * h, h, S)) + sum(_gemm_idle(tok, h, h, S))
+    shared = sum(_gemm_idle(tok, 2 * n_sh * f, h, S)) + sum(_gemm_idle(tok, h, n_sh * f, S))
+    head = sum(_gemm_idle(tok, v, h, S))
+    module = sum(_gemm_idle(tok, h, 2 * h, S)) + head + attention + shared   # the MTP block is an MoE layer too
+    assert compute(S) - compute(0) == L * (attention + shared) + head + mtp * module
