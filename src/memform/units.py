@@ -30,6 +30,11 @@ def signed_bytes(n: Any) -> str:
     return ("+" if n > 0 else "-") + human_bytes(abs(n))
 
 
+def signed_seconds(x: Any) -> str:
+    """A difference in seconds with an explicit sign, 3 significant digits: ``-3.44 s``, ``+0.12 s``."""
+    return f"{float(x):+.3g} s"
+
+
 _COUNTS = (("T", 10 ** 12), ("B", 10 ** 9), ("M", 10 ** 6), ("K", 10 ** 3))
 
 

@@ -26,7 +26,7 @@ from ..engine.symbolic import assumption_lines, closed_form_latex, closed_form_t
 from ..errors import MemformError
 from ..lang.program import Program
 from ..resources import resolve_display_path, templates_dir
-from ..units import human_bytes, human_count, signed_bytes
+from ..units import human_bytes, human_count, signed_bytes, signed_seconds
 from .chart import CAPACITY_COLOR, CATEGORY_COLORS, CATEGORY_LABELS, PEAK_COLOR, axis_for
 from .table import setup_line, time_line  # noqa: F401 (re-exported: plot, templates)
 
@@ -389,6 +389,7 @@ def _add_filters(env: jinja2.Environment) -> jinja2.Environment:
     env.filters["assumption_lines"] = assumption_lines
     env.filters["ordered_assumptions"] = ordered_assumptions
     env.filters["signed_bytes"] = signed_bytes
+    env.filters["signed_seconds"] = signed_seconds
     env.filters["percent"] = percent
     env.filters["closed_form"] = closed_form_text
     env.filters["latex"] = closed_form_latex
