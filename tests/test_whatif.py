@@ -73,7 +73,7 @@ for (const ch of %s) {
   for (const k of ["gbs", "devices", "capacity_gib"]) if (k in ch) s[k] = ch[k];
   const r = evaluate(s);
   out.push({errors: r.errors, valid: r.valid, values: r.stages.map(x => x.values.map(String)),
-            fits: r.stages.map(x => x.fits), command: command(s)});
+            fits: r.stages.map(x => x.fits), time: r.time, command: command(s)});
 }
 console.log(JSON.stringify(out));
 """ % json.dumps(changes)
@@ -129,6 +129,25 @@ def test_js_backend_computes_what_the_numpy_backend_computes():
             assert got[i][0] == want, (x, y)
 
 
+@needs_node
+def test_js_float_outputs_are_the_numpy_float_outputs():
+    """The ``approximate`` (float64) path, as the page computes step times: the same doubles in the same
+    order of operations, the same rows bad (no piecewise case, not finite)."""
+    numeric = [e for e in SYNTHETIC if isinstance(e, sympy.Expr)] + [sympy.Mod(X - Y, 7) / 2]  # floored modulo
+    flags = [True] * len(numeric)
+    xs = [1, 2, 3, 4, 5, 6, 7, 9, 12, 10 ** 6, 3 * 10 ** 9]
+    grid = [(x, y) for x in xs for y in xs]
+    outs, bad = compile_exact(numeric, (X, Y), flags)([np.array([g[0] for g in grid]), np.array([g[1] for g in grid])])
+    js = compile_js(numeric, (X, Y), flags)
+    got = run_node(JS_HELPERS + f"const f = {js};\nconst rows = {json.dumps(grid)};\n"
+                   "console.log(JSON.stringify(rows.map(([x, y]) => f(BigInt(x), BigInt(y)))));")
+    assert sum(bool(b) for b in bad) > 0   # the grid has bad rows (the piecewise without a case)
+    for i, (x, y) in enumerate(grid):
+        assert got[i][1] == bool(bad[i]), (x, y)
+        if not bad[i]:
+            assert got[i][0] == pytest.approx([float(np.broadcast_to(o, (len(grid),))[i]) for o in outs], rel=1e-15), (x, y)
+
+
 def test_numpy_backend_still_exact_on_the_synthetic_expressions():
     """The refactored builder's Python output: the same exact values as sympy itself."""
     fn = compile_exact(SYNTHETIC[:5] + SYNTHETIC[6:8], (X, Y))
@@ -178,6 +197,10 @@ def test_page_data_offers_the_numeric_symbols_and_the_structural_variants():
     fixed = dict(w.data["fixed"])
     assert fixed["model.hidden_size"] == "8192" and "parallel.tp" not in fixed
     assert w.data["global_batch_size"] == "64"
+    assert w.data["timed"] and all(v["timed"] for v in w.data["variants"])  # an h100-sxm: a time model
+    # a device without peak FLOP/s (llama2-7b gives only a capacity): no step time on the page
+    plain = build_whatif(memform.load_model(config("llama2-7b.yaml")))
+    assert not plain.data["timed"] and not any(v["timed"] for v in plain.data["variants"])
 
 
 def test_page_is_self_contained_and_small(deepseek):
@@ -254,6 +277,29 @@ def test_page_script_gives_the_estimates_numbers(name, options, changes):
         est = memform.estimate(config(name), sets)
         assert r["values"] == breakdown(est), change
         assert r["fits"] == [s.fits for s in est.stages]
+        assert_same_time(r["time"], est, change)
+
+
+def assert_same_time(time: dict | None, est: memform.Estimate, change: object) -> None:
+    """The page's step time, MFU and tokens/s are the estimate's: float64 step picoseconds rounded up
+    once per stage (the estimate rounds each cost block exactly: picoseconds apart in seconds)."""
+    if not est.has_time:
+        assert time is None, change
+        return
+    assert time is not None, change
+    assert time["stageSeconds"] == pytest.approx([s.step_ps / 1e12 for s in est.stages], rel=1e-9, abs=1e-11)
+    assert time["stepSeconds"] == pytest.approx(est.step_seconds, rel=1e-9)
+    assert time["stageSeconds"][time["slowest"]] == pytest.approx(est.stages[est.time_stage].step_ps / 1e12, rel=1e-9)
+    assert time["mfu"] == pytest.approx(est.mfu, rel=1e-9)
+    assert time["tokensPerSecond"] == pytest.approx(est.tokens_per_second, rel=1e-9)
+
+
+@needs_node
+def test_page_formats_seconds_as_the_cli_does(llama70b):
+    """``fmt3g`` is Python's ``format(x, ".3g")``, which the estimate's step line uses."""
+    values = [4.657796619847, 0.0107374, 12.36, 100.0, 999.6, 1234.5, 4.1, 0.001, 3.2e-5, 86.96, 1e-4, 2.0]
+    got = run_node(core_script(llama70b) + f"console.log(JSON.stringify({json.dumps(values)}.map(fmt3g)));")
+    assert got == [format(v, ".3g") for v in values]
 
 
 @needs_node
@@ -276,6 +322,8 @@ def test_page_script_matches_the_compiled_search_on_many_values():
         assert r["valid"] == bool(batch.valid[i]), changes[i]
         if r["valid"]:
             assert r["values"] == [[str(int(v)) for v in stage] for stage in batch.values[i]]
+            # the same float64 step picoseconds as the search's (the same operations, in order)
+            assert r["time"]["stepSeconds"] == pytest.approx(float(batch.step_ps[i]) / 1e12, rel=1e-14)
 
 
 @needs_node
@@ -424,6 +472,14 @@ def test_browser_inputs_redraw_the_estimates_numbers(page_factory, llama70b):
     assert "parallel.pp=8" in sets and "training.recompute=full" in sets
     assert page_numbers(page) == json_numbers(estimate_json("llama3-70b.yaml", *sets))
     assert len(page_numbers(page)) == 8
+    # the step time, MFU and tokens/s as `memform estimate` prints them for the same values
+    text = run_memform("estimate", config("llama3-70b.yaml"), *[a for s in sets for a in ("--set", s)]).stdout
+    line = next(x for x in text.splitlines() if x.startswith("step ≈"))
+    step, slowest = re.match(r"step ≈ (\S+ s) \(.*; slowest stage (\d+)\)", line).groups()
+    assert page.text_content("#step") == step and f"(slowest stage {slowest})" in page.text_content("#summary")
+    assert page.text_content("#mfu") in line and f"{page.text_content('#tps')} tokens/s" in line
+    per_stage = page.eval_on_selector_all("#stage-body td[data-category=step]", "els => els.map(e => e.textContent)")
+    assert len(per_stage) == 8 and per_stage[int(slowest)] == step
     assert errors == []
 
 

@@ -19,7 +19,7 @@ import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Mapping, Sequence
 
@@ -108,6 +108,9 @@ class CompiledModel:
     compile_seconds: float
     timed: bool = False                 # outputs carry the step-time model (see Batch.times)
     extra: Any = None                   # what compile_structures' ``extra`` added (JSON-ready)
+    #: with a time model: each stage's step picoseconds, the stages' summed ideal picoseconds and
+    #: the tokens per step, as closed forms (the outputs after the categories; empty when read back)
+    times: list[sympy.Expr] = field(default_factory=list)
 
     @classmethod
     def build(cls, model: Model, keys: Sequence[str]) -> "CompiledModel":
@@ -145,7 +148,7 @@ class CompiledModel:
             raise MemformError(f"the closed form cannot be evaluated exactly in integers for "
                                f"{', '.join(keys)} ({exc}); use 'memform estimate' per value instead") from None
         return cls(model, tuple(keys), tuple(symbols), len(exprs), exprs, requires, fn,
-                   time.perf_counter() - start, timed)
+                   time.perf_counter() - start, timed, times=times)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any], seconds: float = 0.0) -> "CompiledModel":

@@ -486,7 +486,9 @@ class _Builder:
         denominators of device constants (FLOP/s × efficiency, bandwidths, picoseconds) overflow
         int64 and would run on Python ints. Shared sub-expressions are computed once (memo by node),
         which is why this is not sympy's NumPyPrinter: that prints every occurrence again, and
-        ``sympy.cse`` to avoid it costs more than the whole exact compile."""
+        ``sympy.cse`` to avoid it costs more than the whole exact compile. The decisions are made
+        here; the ``_f_*`` methods write them for a backend (numpy arrays here, JavaScript numbers
+        in :class:`_JSBuilder`)."""
         memo = self.float_memo
         if e in memo:
             return memo[e]
@@ -498,10 +500,8 @@ class _Builder:
             name = self.var_of.get(e)
             if name is None:
                 raise NotExact(f"'{e}' is not an input")
-            code = f"F_{name}"
-            self.emit(f"{code} = {name}.astype(np.float64)")
-            memo[e] = code
-            return code
+            memo[e] = self._f_input(name)
+            return memo[e]
         if isinstance(e, sympy.Add):
             code = " + ".join(self.approx(a) for a in e.args)
         elif isinstance(e, sympy.Mul):
@@ -521,36 +521,64 @@ class _Builder:
             code = (f"{self.approx(e.base)} ** {int(e.exp)}" if e.exp > 0
                     else f"1.0 / {self.approx(e.base)} ** {int(-e.exp)}")
         elif isinstance(e, (sympy.Min, sympy.Max)):
-            fn = "np.minimum" if isinstance(e, sympy.Min) else "np.maximum"
-            args = [self.approx(a) for a in e.args]
-            code = args[0]
-            for a in args[1:]:
-                code = f"{fn}({code}, {a})"
+            code = self._f_extreme("min" if isinstance(e, sympy.Min) else "max", [self.approx(a) for a in e.args])
         elif isinstance(e, sympy.Piecewise):
             conds, values = [], []
             for value, cond in e.args:
                 values.append(self.approx(value))
                 if cond is sympy.true or isinstance(cond, BooleanTrue):
-                    conds.append("True")
+                    conds.append(None)
                     break
                 conds.append(self.boolean(cond))
-            if conds[-1] != "True":   # rows where no branch holds are bad, as on the exact path
-                self.emit(f"bad |= ~({' | '.join(conds)})")
-                conds.append("True")
+            if conds[-1] is not None:   # rows where no branch holds are bad, as on the exact path
+                self._f_bad_unless(conds)
+                conds.append(None)
                 values.append("0.0")
             code = values[-1]
             for c, v in zip(reversed(conds[:-1]), reversed(values[:-1])):
-                code = f"np.where({c}, {v}, {code})"
+                code = self._f_where(c, v, code)
         elif isinstance(e, (sympy.ceiling, sympy.floor, sympy.Abs)):
-            fn = {sympy.ceiling: "np.ceil", sympy.floor: "np.floor", sympy.Abs: "np.abs"}[type(e)]
-            code = f"{fn}({self.approx(e.args[0])})"
+            code = self._f_call({sympy.ceiling: "ceil", sympy.floor: "floor", sympy.Abs: "abs"}[type(e)],
+                                self.approx(e.args[0]))
         elif isinstance(e, sympy.Mod):
-            code = f"np.mod({self.approx(e.args[0])}, {self.approx(e.args[1])})"
+            code = self._f_mod(self.approx(e.args[0]), self.approx(e.args[1]))
         else:
             raise NotExact(f"cannot evaluate {e} in floating point")
+        memo[e] = self._f_let(code)
+        return memo[e]
+
+    def _f_input(self, name: str) -> str:
+        self.emit(f"F_{name} = {name}.astype(np.float64)")
+        return f"F_{name}"
+
+    def _f_let(self, code: str) -> str:
         v = self.fresh("f")
         self.emit(f"{v} = {code}")
-        memo[e] = v
+        return v
+
+    def _f_extreme(self, which: str, args: list[str]) -> str:
+        code = args[0]
+        for a in args[1:]:
+            code = f"np.{which}imum({code}, {a})"
+        return code
+
+    def _f_where(self, cond: str, a: str, b: str) -> str:
+        return f"np.where({cond}, {a}, {b})"
+
+    def _f_bad_unless(self, conds: list[str]) -> None:
+        self.emit(f"bad |= ~({' | '.join(conds)})")
+
+    def _f_call(self, fn: str, arg: str) -> str:
+        return f"np.{fn}({arg})"
+
+    def _f_mod(self, a: str, b: str) -> str:
+        return f"np.mod({a}, {b})"
+
+    def _f_output(self, code: str) -> str:
+        """A float output rounded up; rows where it is not finite are bad."""
+        v = self.fresh("o")
+        self.emit(f"{v} = np.ceil({code})")
+        self.emit(f"bad |= ~np.isfinite({v})")
         return v
 
     # ------------------------------------------------------------ conditions
@@ -823,10 +851,7 @@ def _outputs(b: "_Builder", exprs: Sequence[Any], approximate: Sequence[bool] = 
             outs.append(b.boolean(e))
             continue
         if k < len(approximate) and approximate[k]:
-            v = b.fresh("o")
-            b.emit(f"{v} = np.ceil({b.approx(sympy.sympify(e))})")
-            b.emit(f"bad |= ~np.isfinite({v})")
-            outs.append(v)
+            outs.append(b._f_output(b.approx(sympy.sympify(e))))
             continue
         r = b.rational(sympy.sympify(e))
         outs.append(b._arr(r.num) if r.den is None else b._emit_ceil_output(r))
@@ -878,10 +903,12 @@ def load_exact(inputs: Sequence[str], source: str, code: str | None = None) -> E
 
 # ---------------------------------------------------------------- JavaScript backend
 #: helpers the generated JavaScript calls (define them once, before the compiled functions):
-#: floor division of BigInts by a positive BigInt, and the sign of a BigInt
+#: floor division of BigInts by a positive BigInt, the sign of a BigInt, and the floored modulo
+#: of two numbers (numpy's ``np.mod``: the sign of the divisor) for the float outputs
 JS_HELPERS = """\
 function _fdiv(a, b) { const q = a / b; return (a % b !== 0n && a < 0n) ? q - 1n : q; }
 function _sgn(x) { return x > 0n ? 1n : (x < 0n ? -1n : 0n); }
+function _fmod(a, b) { const r = a % b; return (r !== 0 && (r < 0) !== (b < 0)) ? r + b : r; }
 """
 
 _JS_REL = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "===", "!=": "!=="}
@@ -990,14 +1017,42 @@ class _JSBuilder(_Builder):
     def _emit_ceil_output(self, r: _Rat) -> str:
         return self._let("o", f"-_fdiv(-{_js(r.num)}, {_js(r.den)})")
 
+    # float outputs: JavaScript numbers (IEEE doubles, as numpy's float64), same decisions
+    def _f_input(self, name: str) -> str:
+        return self._let("F", f"Number({name})")
 
-def compile_js(exprs: Sequence[Any], inputs: Sequence[sympy.Symbol]) -> str:
+    def _f_let(self, code: str) -> str:
+        return self._let("f", code)
+
+    def _f_extreme(self, which: str, args: list[str]) -> str:
+        return f"Math.{which}({', '.join(args)})"
+
+    def _f_where(self, cond: str, a: str, b: str) -> str:
+        return f"({cond} ? {a} : {b})"
+
+    def _f_bad_unless(self, conds: list[str]) -> None:
+        self.emit(f"if (!({' || '.join(conds)})) bad = true;")
+
+    def _f_call(self, fn: str, arg: str) -> str:
+        return f"Math.{fn}({arg})"
+
+    def _f_mod(self, a: str, b: str) -> str:
+        return f"_fmod({a}, {b})"
+
+    def _f_output(self, code: str) -> str:
+        v = self._let("o", f"Math.ceil({code})")
+        self.emit(f"if (!Number.isFinite({v})) bad = true;")
+        return v
+
+
+def compile_js(exprs: Sequence[Any], inputs: Sequence[sympy.Symbol], approximate: Sequence[bool] = ()) -> str:
     """JavaScript source of a function computing what :func:`compile_exact` computes, for one
     candidate: ``function (x0, x1, ...)`` over ``BigInt`` inputs (one per symbol of ``inputs``,
     positive integers) returning ``[outputs, bad]``, each output a ``BigInt`` (a number rounded
-    up) or a boolean (a condition). It calls :data:`JS_HELPERS`, which must be defined."""
+    up), a boolean (a condition) or, where ``approximate`` says so, a JavaScript number (the
+    float64 path, rounded up). It calls :data:`JS_HELPERS`, which must be defined."""
     b = _JSBuilder(inputs)
-    outs = _outputs(b, exprs)
+    outs = _outputs(b, exprs, approximate)
     args = ", ".join(b.var_of[s] for s in inputs)
     body = ["let bad = false;"] + b.lines + [f"return [[{', '.join(outs)}], bad];"]
     return f"function ({args}) {{\n" + "\n".join("  " + line for line in body) + "\n}"

@@ -11,7 +11,9 @@ runs in numpy, so the page shows what ``memform estimate --set ...`` prints, byt
 symbols (parallel degrees, micro-batch size and count, sequence length, and any ``--vary`` key) are
 inputs; the formula files' ``require`` conditions come along and are checked on every change, as are
 the device count and the global batch size, so values the estimate would refuse are flagged rather
-than shown.
+than shown. Where the config has a time model (a device with peak FLOP/s), each stage's step time,
+the stages' ideal time and the tokens per step come along too, in floating point with exact branch
+conditions as ``memform search`` computes them, so the page shows the step time, MFU and tokens/s.
 
 No formula lives here: the page data is built from the engine's and the analysis's results.
 """
@@ -281,6 +283,7 @@ def build_whatif(model: Model, *, vary: Sequence[str] = (), pp: Sequence[int] | 
         "inputs": inputs,
         "axes": [{"key": a.key, "label": a.label, "values": a.values, "base": a.base} for a in axes],
         "variants": variants,
+        "timed": any(v["timed"] for v in variants),
         "degrees": degrees,
         "global_batch_size": None if gbs is None else str(gbs),
         "devices": None if devices is None else str(devices),
@@ -300,7 +303,7 @@ def _variant(model: Model, choice: Mapping[str, Any], bases: Mapping[str, Any], 
     overrides["parallel.devices"] = None  # the page checks the device count itself
     shown = {k: v for k, v in choice.items() if v != bases[k]}
     info: dict[str, Any] = {"choice": [choice[k] for k in choice], "set": {}, "error": None,
-                            "stages": 0, "labels": [], "requires": []}
+                            "stages": 0, "labels": [], "requires": [], "timed": False}
     if not own:
         split = stage_split(model, body, choice["parallel.pp"], choice["parallel.vpp"])
         if split is None:
@@ -318,10 +321,15 @@ def _page_part(smodel: Model, cm: CompiledModel) -> dict[str, Any]:
     """What the page needs of a compiled structure beyond its numbers: the JavaScript of its closed
     forms and its stage labels (run where the structure is compiled, and stored with it)."""
     part = partition_of(smodel, smodel.evaluator(keep=frozenset()))
-    flat = [e[c] for e in cm.exprs for c in CATEGORIES] + [cond for _, cond in cm.requires]
+    # a device without peak FLOP/s gives every stage 0 s: no time model to show (Estimate.has_time)
+    times = list(cm.times) if any(e != 0 for e in cm.times[:-1]) else []
+    flat = [e[c] for e in cm.exprs for c in CATEGORIES] + [cond for _, cond in cm.requires] + times
+    # the step picoseconds and the ideal ones in floating point, as the search computes them
+    # (CompiledModel.build); the tokens per step exact
+    approximate = [False] * (len(flat) - len(times)) + [True] * (len(times) - 1) + [False] * bool(times)
     labels = [" ".join(f"{g.count_value}x{g.block}" + (f"({g.mode})" if g.mode != "none" else "")
                        for c in part.chunks[i] for g in c.groups) for i in range(cm.stages)]
-    return {"js": compile_js(flat, cm.symbols), "labels": labels}
+    return {"js": compile_js(flat, cm.symbols, approximate), "labels": labels, "timed": bool(times)}
 
 
 @lru_cache(maxsize=1)
@@ -341,6 +349,7 @@ def _fill(info: dict[str, Any], cm: "CompiledModel | MemformError") -> str | Non
     info["stages"] = cm.stages
     info["labels"] = list(cm.extra["labels"])
     info["requires"] = [message for message, _ in cm.requires]
+    info["timed"] = bool(cm.extra.get("timed", False))
     return cm.extra["js"]
 
 
