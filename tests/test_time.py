@@ -717,3 +717,31 @@ def test_shared_experts_and_mtp_pad_their_gemms(mtp):
     head = sum(_gemm_idle(tok, v, h, S))
     module = sum(_gemm_idle(tok, h, 2 * h, S)) + head + attention + shared   # the MTP block is an MoE layer too
     assert compute(S) - compute(0) == L * (attention + shared) + head + mtp * module
+
+
+def test_data_parallel_overlap_windows_include_the_idle_tile_slots():
+    # The windows that hide the gradient reduction (the last backward, parallel.overlap_grad_reduce) and
+    # ZeRO-3's per-micro-batch gathers (the micro-batch's compute, Zhao et al. 2023 §3.3.2) are compute
+    # time: a GEMM's idle tile slots take that time as its computed FLOPs do (the guide's §3).
+    h, a, L, s, v, b, m, d, S = 1792, 14, 2, 1000, 50000, 2, 4, 4, 108
+    cfg = gpt(h, a, L, s, v, b, m, dp=d, overlap_grad_reduce=True)
+    cfg["training"]["recompute"] = "none"
+    cfg["device"]["intra_node_bandwidth"] = 10 ** 8   # the all-reduce outlasts one backward
+    plain = memform.estimate(cfg)
+    cfg["device"]["sm_count"] = S
+    est = memform.estimate(cfg)
+    tok = s * b
+    layer = [_gemm_idle(tok, 3 * h, h, S), _gemm_idle(tok, h, h, S), _gemm_idle(tok, 4 * h, h, S),
+             _gemm_idle(tok, h, 4 * h, S)]
+    bwd_pad = L * sum(y for _, y in layer) + _gemm_idle(tok, v, h, S)[1]
+    backward_ps = Fraction(2, 3) * plain.stages[0].time_ps["compute"] / m + bwd_pad   # unit device: ps = FLOPs
+    assert bwd_pad > 0
+    assert 0 < est.stages[0].time_ps["dp"] == pytest.approx(_dp_allreduce_ps(est, d, 10 ** 8) - backward_ps, abs=16)
+    # ZeRO-3 (DeepSpeed, bf16): 3 rings of Φ per micro-batch less that micro-batch's compute, pads included
+    cfg["parallel"]["zero"] = 3
+    cfg["training"]["framework"] = "deepspeed"
+    est = memform.estimate(cfg)
+    st = est.stages[0]
+    ring = Fraction(d - 1, d) * st.param_count * 2 * 10 ** 4
+    assert st.time_ps["compute"] > memform.estimate({**cfg, "device": {**cfg["device"], "sm_count": 0}}).stages[0].time_ps["compute"]
+    assert 0 < st.time_ps["dp"] == pytest.approx(m * 3 * ring - st.time_ps["compute"], abs=64)
