@@ -36,6 +36,13 @@ from .exact import ExactFunction, NotExact, compile_exact, load_exact
 
 
 
+def time_flags(before: int, times: Sequence[Any]) -> list[bool]:
+    """compile_exact's ``approximate`` flags for ``before`` exact outputs followed by the time forms
+    (CompiledModel.times): each stage's step and the ideal picoseconds in float64, as the search ranks
+    them (Batch.times), the tokens per step exact; nothing approximate without a time model."""
+    return [False] * before + [True] * (len(times) - 1) + [False] * bool(times)
+
+
 @dataclass
 class Batch:
     """Exact results for ``n`` candidates of one structural combination.
@@ -140,10 +147,8 @@ class CompiledModel:
                  + [_substitute(sympy.Add(*(s.ideal_expr for s in est.stages)) * PS_PER_SECOND, follow),
                     _substitute(est.stages[0].tokens_expr, follow)]) if timed else []
         flat = [e[c] for e in exprs for c in CATEGORIES] + times + [c for _, c in requires]
-        # step and ideal picoseconds in float64 (Batch.times); bytes, tokens and conditions exact
-        approximate = [False] * (len(exprs) * len(CATEGORIES)) + [True] * (len(times) - 1) + [False]
         try:
-            fn = compile_exact(flat, symbols, approximate if times else ())
+            fn = compile_exact(flat, symbols, time_flags(len(exprs) * len(CATEGORIES), times))
         except NotExact as exc:
             raise MemformError(f"the closed form cannot be evaluated exactly in integers for "
                                f"{', '.join(keys)} ({exc}); use 'memform estimate' per value instead") from None

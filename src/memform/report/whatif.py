@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 import sympy
 
-from ..analysis.compiled import NUMERIC_KEYS, CompiledModel, compile_structures
+from ..analysis.compiled import NUMERIC_KEYS, CompiledModel, compile_structures, time_flags
 from ..analysis.exact import JS_HELPERS, compile_js
 from ..analysis.search import body_layers, stage_split
 from ..engine.binding import get_path
@@ -324,12 +324,9 @@ def _page_part(smodel: Model, cm: CompiledModel) -> dict[str, Any]:
     # a device without peak FLOP/s gives every stage 0 s: no time model to show (Estimate.has_time)
     times = list(cm.times) if any(e != 0 for e in cm.times[:-1]) else []
     flat = [e[c] for e in cm.exprs for c in CATEGORIES] + [cond for _, cond in cm.requires] + times
-    # the step picoseconds and the ideal ones in floating point, as the search computes them
-    # (CompiledModel.build); the tokens per step exact
-    approximate = [False] * (len(flat) - len(times)) + [True] * (len(times) - 1) + [False] * bool(times)
     labels = [" ".join(f"{g.count_value}x{g.block}" + (f"({g.mode})" if g.mode != "none" else "")
                        for c in part.chunks[i] for g in c.groups) for i in range(cm.stages)]
-    return {"js": compile_js(flat, cm.symbols, approximate), "labels": labels, "timed": bool(times)}
+    return {"js": compile_js(flat, cm.symbols, time_flags(len(flat) - len(times), times)), "labels": labels, "timed": bool(times)}
 
 
 @lru_cache(maxsize=1)
@@ -349,7 +346,7 @@ def _fill(info: dict[str, Any], cm: "CompiledModel | MemformError") -> str | Non
     info["stages"] = cm.stages
     info["labels"] = list(cm.extra["labels"])
     info["requires"] = [message for message, _ in cm.requires]
-    info["timed"] = bool(cm.extra.get("timed", False))
+    info["timed"] = cm.extra["timed"]
     return cm.extra["js"]
 
 
