@@ -11,10 +11,14 @@ same measured time over the model FLOPs without it).
 
 Each run is also estimated with ``device.sm_count: 0`` (no tile and wave quantization, time.mf
 ``pad``): the ``pad`` column is how much that adds to the compute part, and the last line gives the
-errors without it.
+errors without it. The ``fits`` column is memform's memory verdict for the run as rebuilt.
 
 What a paper does not state is filled as memform's defaults: micro-batch size 1, one pipeline chunk
-per stage, no sequence parallelism (each such fill is listed in the run's ``provenance``).
+per stage (unless the paper pictures its schedule: Llama 3's Fig. 6 runs two stages per pipeline
+rank), no sequence parallelism (each such fill is listed in the run's ``provenance``). How much a
+fill moves a figure is one command away, e.g. the Llama 3 rows with one chunk per stage:
+
+    python bench/throughput.py --runs dubey2024 --set parallel.vpp=1
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ def config_of(run: dict[str, Any]) -> dict[str, Any]:
                 "sequence_parallel": bool(par.get("sequence_parallel")),
                 "distributed_optimizer": bool(par.get("distributed_optimizer")),
                 "pp_schedule": "1f1b", "devices": cl["devices"]}
-    if par.get("stage_layers") and vpp == 1:
+    if par.get("stage_layers"):   # one count per stage, split over its chunks (engine/partition.py)
         parallel["stage_layers"] = par["stage_layers"]
     if par.get("cp_algo"):
         parallel["cp_algo"] = par["cp_algo"]
@@ -68,10 +72,11 @@ def config_of(run: dict[str, Any]) -> dict[str, Any]:
             "training": training, "device": {"preset": cl["device"]}}
 
 
-def predict(run: dict[str, Any]) -> dict[str, Any]:
+def predict(run: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     import memform
-    est = memform.estimate(config_of(run))
-    flat = memform.estimate(config_of(run), {"device.sm_count": 0})   # without tile/wave quantization
+    overrides = dict(overrides or {})
+    est = memform.estimate(config_of(run), overrides)
+    flat = memform.estimate(config_of(run), {**overrides, "device.sm_count": 0})   # without tile/wave quantization
     want = published_mfu(run)
     got = est.mfu
     return {"id": run["id"], "where": run.get("where", ""), "published_mfu": want, "predicted_mfu": got,
@@ -86,16 +91,34 @@ def predict(run: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--runs", metavar="PREFIX", default="", help="only the runs whose id starts with PREFIX")
+    ap.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                    help="override a config key in every run (YAML value), to see how much a fill moves a figure")
     args = ap.parse_args(argv)
-    rows = [predict(r) for r in runs()]
+    import yaml
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            ap.error(f"--set wants KEY=VALUE, got '{item}'")
+        overrides[key] = yaml.safe_load(value)
+    chosen = [r for r in runs() if r["id"].startswith(args.runs)]
+    if not chosen:
+        ap.error(f"no run id starts with '{args.runs}'")
+    from memform.errors import MemformError
+    try:
+        rows = [predict(r, overrides) for r in chosen]
+    except MemformError as exc:   # a mistyped --set key or value: the message, not a traceback
+        print(f"bench/throughput.py: {exc.message}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        print(f"{'run':44s} {'published':>9s} {'memform':>8s} {'error':>7s} {'step s':>8s} {'paper s':>8s} {'pad':>6s}")
+        print(f"{'run':44s} {'published':>9s} {'memform':>8s} {'error':>7s} {'step s':>8s} {'paper s':>8s} {'pad':>6s} {'fits':>4s}")
         for r in rows:
             err = r["relative_error"]
             print(f"{r['id']:44s} {r['published_mfu']:9.3f} {r['predicted_mfu']:8.3f} {100 * err:+6.1f}% "
-                  f"{r['step_seconds']:8.2f} {r['published_seconds'] or float('nan'):8.2f} {100 * r['pad_share']:+5.1f}%")
+                  f"{r['step_seconds']:8.2f} {r['published_seconds'] or float('nan'):8.2f} {100 * r['pad_share']:+5.1f}% {'yes' if r['fits'] else 'no':>4s}")
         for label, key in (("", "relative_error"), ("without tile/wave quantization (device.sm_count 0): ",
                                                    "unquantized_error")):
             errs = [abs(r[key]) for r in rows if r[key] is not None]
