@@ -74,9 +74,9 @@ def config_of(run: dict[str, Any]) -> dict[str, Any]:
 
 def predict(run: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     import memform
-    overrides = dict(overrides or {})
-    est = memform.estimate(config_of(run), overrides)
-    flat = memform.estimate(config_of(run), {**overrides, "device.sm_count": 0})   # without tile/wave quantization
+    cfg, overrides = config_of(run), overrides or {}
+    est = memform.estimate(cfg, overrides)
+    flat = memform.estimate(cfg, {**overrides, "device.sm_count": 0})   # without tile/wave quantization
     want = published_mfu(run)
     got = est.mfu
     return {"id": run["id"], "where": run.get("where", ""), "published_mfu": want, "predicted_mfu": got,
@@ -95,18 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                     help="override a config key in every run (YAML value), to see how much a fill moves a figure")
     args = ap.parse_args(argv)
-    import yaml
-    overrides = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            ap.error(f"--set wants KEY=VALUE, got '{item}'")
-        overrides[key] = yaml.safe_load(value)
+    from memform.engine.config import parse_override
+    from memform.errors import MemformError
     chosen = [r for r in runs() if r["id"].startswith(args.runs)]
     if not chosen:
         ap.error(f"no run id starts with '{args.runs}'")
-    from memform.errors import MemformError
     try:
+        overrides = dict(parse_override(item) for item in args.set)   # as memform's own --set reads it
         rows = [predict(r, overrides) for r in chosen]
     except MemformError as exc:   # a mistyped --set key or value: the message, not a traceback
         print(f"bench/throughput.py: {exc.message}", file=sys.stderr)
