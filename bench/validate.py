@@ -7,6 +7,9 @@
     python bench/validate.py --fsdp2      # FSDP2 (fully_shard, 2-4 CPU ranks over gloo) vs the fsdp2 profile
     python bench/validate.py --distributed   # DDP, ZeRO-1, FSDP2, DTensor TP/SP, EP, CP and torch's
                                           # pipeline schedules on 2-4 gloo ranks, every rank vs memform
+    python bench/validate.py --frameworks # the frameworks' own code as ground truth: Hugging Face
+                                          # transformers models (real steps, and fake-tensor traces at
+                                          # published sizes) vs the hf-trainer profile ('.[frameworks]')
     python bench/validate.py --explain    # also list, per case, which ops' outputs forward left alive
                                           # and which were live at the measured peak
 
@@ -39,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="multi-process torch.distributed steps (gloo ranks on loopback: ddp, zero1, fsdp, tp, tp+sp, "
                          "ep, cp, 1f1b, gpipe, interleaved, zbv, dualpipev), every rank against memform's estimate "
                          "(training.framework: torch; with --quick: the tests' subset)")
+    ap.add_argument("--frameworks", action="store_true",
+                    help="the real frameworks' training code as the ground truth (memform.validation.frameworks: "
+                         "Hugging Face transformers, real CPU steps and fake-tensor traces at published sizes), each "
+                         "under the profile named after it (with --quick: the tests' subset)")
     ap.add_argument("--only", metavar="TEXT", help="run only cases whose label contains TEXT (e.g. moe, fp32)")
     ap.add_argument("--explain", action="store_true",
                     help="print, per creating op, the bytes alive after forward and those live at the measured peak")
@@ -49,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("bench/validate.py needs PyTorch: pip install '.[validate]'", file=sys.stderr)
         return 2
+    if args.frameworks:
+        return _frameworks(args)
     if args.fsdp2:
         return _fsdp2(args)
     if args.distributed:
@@ -114,6 +123,36 @@ def _fsdp2(args: argparse.Namespace) -> int:
     print(fsdp2.format_table(rows))
     return _summary(rows, elapsed, fsdp2.THRESHOLDS, lambda r: r.case.label(), args.json,
                     f", peak at most {fsdp2.PEAK_UNDER:.0%} under")
+
+
+def _frameworks(args: argparse.Namespace) -> int:
+    """``--frameworks``: memform.validation.frameworks' cases, framework by framework."""
+    from memform.validation import frameworks
+
+    rows, not_run = [], []
+    start = time.perf_counter()
+    for name in frameworks.FRAMEWORKS:
+        try:
+            mod = frameworks.module(name)
+        except ImportError as exc:
+            not_run.append(f"{name}: {exc}")
+            continue
+        cases = mod.quick_sweep() if args.quick else mod.sweep()
+        if args.only:
+            cases = [c for c in cases if args.only in c.label()]
+        for case in cases:
+            rows.append(frameworks.compare(case, mod))
+            if args.explain:
+                print(case.label(), "at the activation peak:", rows[-1].peak_by_op)
+    elapsed = time.perf_counter() - start
+    if args.only and not rows and not not_run:
+        return _no_match(args.only)
+    if rows:
+        print(frameworks.format_table(rows))
+    for why in not_run:
+        print(f"not run: {why}")
+    code = _summary(rows, elapsed, frameworks.THRESHOLDS, lambda r: r.case.label(), args.json)
+    return code if rows or not not_run else 2
 
 
 def _distributed(args: argparse.Namespace) -> int:

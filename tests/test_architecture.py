@@ -23,7 +23,7 @@ ALLOWED = {
     "analysis": {"engine", "lang", "errors", "resources", "units"},
     "report": {"engine", "analysis", "lang", "errors", "resources", "units", "__init__"},  # __version__
     "importers": {"engine", "lang", "errors", "resources"},
-    "validation": {"engine", "api", "errors", "units", "__init__"},
+    "validation": {"engine", "api", "importers", "errors", "units", "__init__"},
     "cli": {"api", "engine", "lang", "analysis", "report", "importers", "errors", "resources", "units",
             "__init__"},
 }

@@ -55,7 +55,7 @@ PRECISIONS: dict[str, tuple[torch.dtype, dict[str, Any]]] = {
 #: describe it to memform (the hf-trainer profile; CPU autocast's op lists)
 AMP: dict[str, tuple[torch.dtype, dict[str, Any]]] = {
     "amp-bf16": (torch.bfloat16, {"training": {"framework": "hf-trainer", "precision": {"params": "fp32"}},
-                                  "hf_trainer": {"amp": "bf16", "autocast_device": "cpu"}}),
+                                  "hf_trainer": {"amp": "bf16", "autocast_device": "cpu", "modeling": "plain"}}),
 }
 
 

@@ -1,0 +1,215 @@
+"""Hugging Face transformers as the ground truth: its own model classes, one training step as the
+Trainer runs it, measured per category and held against memform's ``hf-trainer`` profile.
+
+The model is built by transformers itself (``AutoModelForCausalLM.from_config``, random weights, no
+download) from a config of the model type's own class; memform reads *the same* ``config.json``
+through ``memform import hf`` (so the importer is part of what is checked), with the training set-up
+added as ``--set`` overrides. The step is ``Trainer.training_step`` as transformers 5 writes it
+(trainer.py: ``compute_loss`` keeps only ``outputs.loss`` -- the logits and the KV cache the model
+returns are dropped before backward --, ``loss.backward()``, the optimizer step, ``zero_grad``
+with ``set_to_none``); ``TrainingArguments`` ``bf16=True`` is the forward under ``torch.autocast``
+(here the CPU's, ``hf_trainer.autocast_device: cpu``), ``gradient_checkpointing=True`` is
+``activation_checkpointing_enable()`` (non-reentrant ``torch.utils.checkpoint`` per decoder layer).
+
+A case with ``fake=True`` runs the same code under ``FakeTensorMode``: nothing is allocated, so the
+sizes of real fine-tuning jobs (Llama-3.1-8B at 8K tokens, Llama-3.1-70B) are traced in seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .tracking import StepSamples
+
+#: transformers' config class keywords of each model type the harness builds
+MODEL_TYPES = ("llama", "qwen3", "mixtral")
+#: the dtypes of a step: the model's dtype, and whether the forward is autocast to bf16 (AMP)
+DTYPES = ("fp32", "bf16", "amp-bf16")
+
+
+@dataclass(frozen=True)
+class HFCase:
+    """One transformers training step: model type and shape, batch, attention kernel, checkpointing,
+    dtype set-up, and whether it is traced with fake tensors (``fake``: the size of a real job)."""
+
+    model: str = "llama"
+    h: int = 128
+    L: int = 2
+    heads: int = 8
+    kv_heads: int = 4
+    ffn: int = 352
+    vocab: int = 1024
+    b: int = 2
+    s: int = 256
+    attn: str = "sdpa"
+    gc: bool = False
+    dtype: str = "fp32"
+    fake: bool = False
+    head_dim: int = 0         # 0: h / heads (qwen3 sets its own)
+    experts: int = 0          # mixtral: num_local_experts
+    top_k: int = 2
+    recipe: str = ""          # the published model this shape is (fake cases)
+
+    def label(self) -> str:
+        shape = self.recipe or f"L{self.L} h{self.h} a{self.heads}/{self.kv_heads}"
+        moe = f" moe{self.experts}x{self.top_k}" if self.experts else ""
+        return (f"hf {self.model} {shape}{moe} b{self.b} s{self.s} {self.attn}"
+                f"{' gc' if self.gc else ''} {self.dtype}{' fake' if self.fake else ''}")
+
+    # ---- the model, as transformers configures it ------------------------------------------------
+    def hf_config(self) -> Any:
+        from transformers import AutoConfig
+
+        kw: dict[str, Any] = dict(hidden_size=self.h, intermediate_size=self.ffn, num_hidden_layers=self.L,
+                                  num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
+                                  vocab_size=self.vocab, max_position_embeddings=self.s,
+                                  tie_word_embeddings=False)
+        if self.head_dim:
+            kw["head_dim"] = self.head_dim
+        if self.model == "mixtral":
+            kw.update(num_local_experts=self.experts, num_experts_per_tok=self.top_k)
+        return AutoConfig.for_model(self.model, **kw)
+
+    # ---- memform's side: the same config.json through `memform import hf` -------------------------
+    def overrides(self) -> dict[str, Any]:
+        """The training set-up as ``memform import hf --set`` keys (the hf-trainer profile's)."""
+        over: dict[str, Any] = {
+            "training.framework": "hf-trainer",
+            "model.seq_length": self.s,
+            "training.micro_batch_size": self.b,
+            "training.recompute": "full" if self.gc else "none",
+            # transformers' sdpa on the CPU runs _scaled_dot_product_flash_attention_for_cpu (O(s) kept);
+            # eager materialises the a·s² scores
+            "model.flash_attention": self.attn == "sdpa",
+            "training.precision.params": "bf16" if self.dtype == "bf16" else "fp32",
+        }
+        if self.dtype == "amp-bf16":
+            over.update({"hf_trainer.amp": "bf16", "hf_trainer.autocast_device": "cpu"})
+        return over
+
+    def memform_config(self) -> dict[str, Any]:
+        from ...importers import Options, import_config
+
+        with tempfile.TemporaryDirectory() as tmp:
+            self.hf_config().save_pretrained(tmp)
+            draft = import_config("hf", Path(tmp) / "config.json",
+                                  Options(name=self.label().replace(" ", "-"), overrides=self.overrides()))
+        if draft.load_error:
+            raise RuntimeError(f"{self.label()}: memform import hf gave a config that does not load: "
+                               f"{draft.load_error}")
+        return draft.config()
+
+
+@dataclass
+class Step:
+    """What one traced step measured, per category (bytes), and the ops behind its peak."""
+
+    measured: dict[str, int]
+    peak_by_op: dict[str, int] = field(default_factory=dict)
+    loss: float = 0.0
+
+
+def measure(case: HFCase, seed: int = 0) -> Step:
+    """Run ``case``'s warm-up step, then the traced one (see the module docstring)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # tiny tensors: threads only add contention; nothing allocated changes
+    try:
+        if case.fake:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                return _step(case, seed)
+        return _step(case, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _step(case: HFCase, seed: int) -> Step:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float32
+    cfg = case.hf_config()
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=case.attn, dtype=dtype)
+    model.train()
+    if case.gc:
+        # what the Trainer calls with TrainingArguments' default kwargs (trainer.py): use_reentrant False
+        model.activation_checkpointing_enable()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    ids = torch.randint(0, case.vocab, (case.b, case.s))
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if case.dtype == "amp-bf16"
+                else contextlib.nullcontext())
+
+    def train_step(trace: StepSamples | None) -> float:
+        with autocast:
+            loss = model(input_ids=ids, labels=ids).loss   # Trainer.compute_loss: the loss only
+        if trace is not None:
+            trace.mark("forward")
+        loss.backward()
+        if trace is not None:
+            trace.mark("backward")
+        return float(loss.detach()) if not case.fake else 0.0
+
+    train_step(None)                      # warm-up: the optimizer creates its states
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    states = [t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+    static = [t.untyped_storage() for t in [*params, *model.buffers(), *states, ids]]
+    trace = StepSamples(ignore=static)
+    with trace.mode:
+        loss = train_step(trace)
+    grads = trace.serials(p.grad for p in params)
+    measured = {
+        "params": _bytes(params),
+        "grads": _bytes(p.grad for p in params),
+        "optimizer": _bytes(states),
+    }
+    act = lambda serial: serial not in grads   # noqa: E731 - the activation side of the trace
+    measured["activations"] = trace.at(trace.marks["forward"], act)
+    peak, where = trace.peak(act)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return Step({**measured, "activations_peak": peak}, trace.by_op(where, act, 10), loss)
+
+
+def _bytes(tensors) -> int:  # noqa: ANN001
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is not None:
+            st = t.untyped_storage()
+            seen[id(st)] = st.nbytes()
+    return sum(seen.values())
+
+
+# ---- the cases --------------------------------------------------------------------------------------
+BASE = HFCase()
+#: published shapes traced with fake tensors (config.json of each model: hidden, layers, heads, KV
+#: heads, intermediate, vocabulary); one sequence per step at the model's training context
+LLAMA31_8B = HFCase(h=4096, L=32, heads=32, kv_heads=8, ffn=14336, vocab=128256, b=1, s=8192,
+                    dtype="bf16", fake=True, recipe="Llama-3.1-8B")
+LLAMA31_70B = replace(LLAMA31_8B, h=8192, L=80, heads=64, ffn=28672, s=4096, recipe="Llama-3.1-70B")
+
+
+def sweep() -> list[HFCase]:
+    """Every transformers case of ``bench/validate.py --frameworks``."""
+    cases = [replace(BASE, attn=attn, gc=gc, dtype=dtype)
+             for attn in ("sdpa", "eager") for gc in (False, True) for dtype in DTYPES]
+    cases += [replace(BASE, model="qwen3", head_dim=32),
+              replace(BASE, model="mixtral", experts=4, top_k=2)]
+    cases += [LLAMA31_8B, replace(LLAMA31_8B, gc=True), LLAMA31_70B, replace(LLAMA31_70B, gc=True)]
+    return cases
+
+
+def quick_sweep() -> list[HFCase]:
+    """The subset the test suite runs: one real step per dtype set-up and one fake published size."""
+    return [BASE, replace(BASE, gc=True, dtype="amp-bf16"), replace(BASE, attn="eager", dtype="bf16"),
+            LLAMA31_8B]

@@ -1,0 +1,57 @@
+"""memform against the frameworks' own training code (bench/validate.py --frameworks, quick subset).
+
+The expected numbers are measurements of transformers' own model classes (LlamaForCausalLM built by
+``AutoModelForCausalLM.from_config``) running a training step as the HF Trainer does, counted storage
+by storage (memform/validation/frameworks/); memform reads the same config.json through ``memform
+import hf``. One case is traced with fake tensors at the size of Llama-3.1-8B. Skipped, with the reason
+shown by ``-ra``, only when PyTorch or transformers is not installed (both are in the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch", reason="PyTorch is not installed (pip install '.[test]')")
+pytest.importorskip("transformers", reason="transformers is not installed (pip install '.[frameworks]')")
+
+from memform.validation import frameworks  # noqa: E402
+from memform.validation.frameworks import hf  # noqa: E402
+
+from cli_helpers import ROOT  # noqa: E402
+
+CASES = hf.quick_sweep()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.label() for c in CASES])
+def test_estimate_within_thresholds_of_transformers_step(case):
+    row = frameworks.compare(case, hf)
+    errors = ", ".join(f"{c} {row.error(c):+.2%}" for c in frameworks.CATEGORIES)
+    assert not row.failures(), f"{case.label()}: {errors}; at the peak: {row.peak_by_op}"
+
+
+def test_fake_trace_has_the_published_parameter_count():
+    # Llama-3.1-8B: 8,030,261,248 parameters (the sum of the shapes in its model.safetensors index,
+    # "8.03B" on its model card), bf16: 2 bytes each. Traced with fake tensors, nothing is allocated.
+    step = hf.measure(hf.LLAMA31_8B)
+    assert step.measured["params"] == 8_030_261_248 * 2
+    assert step.measured["grads"] == step.measured["params"]
+    # torch AdamW: exp_avg and exp_avg_sq per parameter, in its dtype, + a 4-byte fp32 step per tensor
+    n_tensors = 2 + 32 * 9 + 1
+    assert step.measured["optimizer"] == 2 * step.measured["params"] + 4 * n_tensors
+
+
+def test_peak_is_a_real_measurement_not_the_estimate():
+    # the harness must see what the model keeps: gradient checkpointing cuts the saved activations
+    plain, gc = hf.measure(hf.BASE), hf.measure(hf.HFCase(gc=True))
+    assert gc.measured["activations"] < plain.measured["activations"] / 2
+    assert plain.measured["activations_peak"] > plain.measured["activations"]
+
+
+def test_bench_frameworks_only_nothing_is_a_usage_error():
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "validate.py"), "--frameworks", "--only", "no-such-case"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "matches no case" in proc.stderr
