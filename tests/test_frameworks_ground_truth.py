@@ -55,3 +55,17 @@ def test_bench_frameworks_only_nothing_is_a_usage_error():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert "matches no case" in proc.stderr
+
+
+def test_gpu_truth_without_a_gpu_says_so_and_dry_run_estimates_every_job():
+    import torch
+
+    script = str(ROOT / "bench" / "gpu_truth.py")
+    if not torch.cuda.is_available():
+        proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert "no CUDA GPU here" in proc.stdout
+    proc = subprocess.run([sys.executable, script, "--dry-run"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "5 jobs in" in proc.stdout and "estimates only" in proc.stdout
+    assert proc.stdout.count(" cuda ") == 5

@@ -54,12 +54,14 @@ class HFCase:
     experts: int = 0          # mixtral: num_local_experts
     top_k: int = 2
     recipe: str = ""          # the published model this shape is (fake cases)
+    device: str = "cpu"       # "cuda": a real GPU step (bench/gpu_truth.py), with the allocator's peaks
 
     def label(self) -> str:
         shape = self.recipe or f"L{self.L} h{self.h} a{self.heads}/{self.kv_heads}"
         moe = f" moe{self.experts}x{self.top_k}" if self.experts else ""
         return (f"hf {self.model} {shape}{moe} b{self.b} s{self.s} {self.attn}"
-                f"{' gc' if self.gc else ''} {self.dtype}{' fake' if self.fake else ''}")
+                f"{' gc' if self.gc else ''} {self.dtype}{' fake' if self.fake else ''}"
+                f"{'' if self.device == 'cpu' else ' ' + self.device}")
 
     # ---- the model, as transformers configures it ------------------------------------------------
     def hf_config(self) -> Any:
@@ -89,7 +91,7 @@ class HFCase:
             "training.precision.params": "bf16" if self.dtype == "bf16" else "fp32",
         }
         if self.dtype == "amp-bf16":
-            over.update({"hf_trainer.amp": "bf16", "hf_trainer.autocast_device": "cpu"})
+            over.update({"hf_trainer.amp": "bf16", "hf_trainer.autocast_device": self.device})
         return over
 
     def memform_config(self) -> dict[str, Any]:
@@ -112,6 +114,9 @@ class Step:
     measured: dict[str, int]
     peak_by_op: dict[str, int] = field(default_factory=dict)
     loss: float = 0.0
+    #: on a GPU: the caching allocator's torch.cuda.max_memory_allocated / max_memory_reserved over the
+    #: traced step (peaks reset after the warm-up step), bytes
+    allocator: dict[str, int] = field(default_factory=dict)
 
 
 def measure(case: HFCase, seed: int = 0) -> Step:
@@ -138,15 +143,15 @@ def _step(case: HFCase, seed: int) -> Step:
     torch.manual_seed(seed)
     dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float32
     cfg = case.hf_config()
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=case.attn, dtype=dtype)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=case.attn, dtype=dtype).to(case.device)
     model.train()
     if case.gc:
         # what the Trainer calls with TrainingArguments' default kwargs (trainer.py): use_reentrant False
         model.activation_checkpointing_enable()
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=1e-4)
-    ids = torch.randint(0, case.vocab, (case.b, case.s))
-    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if case.dtype == "amp-bf16"
+    ids = torch.randint(0, case.vocab, (case.b, case.s), device=case.device)
+    autocast = (torch.autocast(case.device, dtype=torch.bfloat16) if case.dtype == "amp-bf16"
                 else contextlib.nullcontext())
 
     def train_step(trace: StepSamples | None) -> float:
@@ -164,9 +169,18 @@ def _step(case: HFCase, seed: int) -> Step:
     opt.zero_grad(set_to_none=True)
     states = [t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
     static = [t.untyped_storage() for t in [*params, *model.buffers(), *states, ids]]
+    cuda = case.device.startswith("cuda") and not case.fake
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     trace = StepSamples(ignore=static)
     with trace.mode:
         loss = train_step(trace)
+    allocator = {}
+    if cuda:
+        torch.cuda.synchronize()
+        allocator = {"max_allocated": torch.cuda.max_memory_allocated(),
+                     "max_reserved": torch.cuda.max_memory_reserved()}
     grads = trace.serials(p.grad for p in params)
     measured = {
         "params": _bytes(params),
@@ -178,7 +192,7 @@ def _step(case: HFCase, seed: int) -> Step:
     peak, where = trace.peak(act)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return Step({**measured, "activations_peak": peak}, trace.by_op(where, act, 10), loss)
+    return Step({**measured, "activations_peak": peak}, trace.by_op(where, act, 10), loss, allocator)
 
 
 def _bytes(tensors) -> int:  # noqa: ANN001
