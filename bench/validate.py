@@ -145,7 +145,9 @@ def _frameworks(args: argparse.Namespace) -> int:
             if args.explain:
                 print(case.label(), "at the activation peak:", rows[-1].peak_by_op)
     elapsed = time.perf_counter() - start
-    if args.only and not rows and not not_run:
+    if args.only and not rows:
+        for why in not_run:
+            print(f"not run: {why}")
         return _no_match(args.only)
     if rows:
         print(frameworks.format_table(rows))

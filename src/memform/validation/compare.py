@@ -33,6 +33,12 @@ AMP_THRESHOLDS: dict[str, float] = {"params": 0.001, "grads": 0.001, "optimizer"
 CATEGORIES = tuple(THRESHOLDS)
 
 
+def relative_error(estimated: int, measured: int) -> float:
+    """(estimate − measured) / measured; a category both sides say is empty is exact, an estimate of
+    something measured as empty infinitely wrong. Every harness's rows use it."""
+    return (estimated - measured) / measured if measured else (0.0 if estimated == 0 else math.inf)
+
+
 def thresholds_for(point: "Point") -> dict[str, float]:
     """The thresholds that apply to ``point``: :data:`AMP_THRESHOLDS` for an autocast set-up."""
     return AMP_THRESHOLDS if point.precision in AMP else THRESHOLDS
@@ -148,8 +154,7 @@ class Row:
     peak_by_op: dict[str, int] = field(default_factory=dict)
 
     def error(self, cat: str) -> float:
-        m = self.measured[cat]
-        return (self.estimated[cat] - m) / m if m else (0.0 if self.estimated[cat] == 0 else math.inf)
+        return relative_error(self.estimated[cat], self.measured[cat])
 
     @property
     def categories(self) -> tuple[str, ...]:

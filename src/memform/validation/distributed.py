@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
 from . import ranks
-from .compare import Point
+from .compare import Point, relative_error
 from .samples import StorageSamples
 
 #: largest |relative error| per category, each set just above the precision the whole sweep achieves, so
@@ -188,8 +188,7 @@ class Row:
     notes: dict[str, Any] = field(default_factory=dict)
 
     def error(self, cat: str) -> float:
-        m, e = self.measured[cat], self.estimated[cat]
-        return (e - m) / m if m else (0.0 if e == 0 else math.inf)
+        return relative_error(self.estimated[cat], self.measured[cat])
 
     def failures(self, thresholds: dict[str, float] = THRESHOLDS) -> list[str]:
         return [c for c in CATEGORIES if abs(self.error(c)) > thresholds[c]]

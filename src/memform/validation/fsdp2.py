@@ -33,12 +33,11 @@ The memform side is :meth:`Case.config`: the same model with ``training.framewor
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from . import ranks
-from .compare import Point
+from .compare import Point, relative_error
 from .samples import StorageSamples
 
 #: the compared categories and the largest |relative error| each may show, each set just above the
@@ -98,8 +97,7 @@ class Row:
     by_op: dict[str, dict[str, int]] = field(default_factory=dict)   # "peak"/"comm": bytes per op there
 
     def error(self, cat: str) -> float:
-        m = self.measured[cat]
-        return (self.estimated[cat] - m) / m if m else (0.0 if self.estimated[cat] == 0 else math.inf)
+        return relative_error(self.estimated[cat], self.measured[cat])
 
     def failures(self, thresholds: dict[str, float] = THRESHOLDS) -> list[str]:
         out = [c for c in thresholds if abs(self.error(c)) > thresholds[c]]
@@ -299,7 +297,7 @@ def _measure(case: Case, rank: int, world: int) -> tuple[dict[str, int], dict[st
     from torch.distributed.device_mesh import init_device_mesh
 
     from .torch_models import build
-    from .tracker import storage_bytes, storages_of
+    from .tracker import storages_of
 
     cfg = case.config()
     model = build(_harness_config(cfg), torch.float32, seed=0)  # the same fp32 weights on every rank
@@ -320,13 +318,26 @@ def _measure(case: Case, rank: int, world: int) -> tuple[dict[str, int], dict[st
     ids = torch.randint(0, case.point.vocab, (b, case.point.s), generator=gen)
     labels = torch.randint(0, case.point.vocab, (b, case.point.s), generator=gen)
 
+    static = storages_of([*(_local(p) for p in params), *model.buffers(), ids, labels])
+    return trace_step(model, static, lambda: model(ids, labels), opt.step,
+                      lambda: [t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)])
+
+
+def trace_step(model, static, forward, step, states) -> tuple[dict[str, int], dict[str, dict[str, int]]]:  # noqa: ANN001
+    """Trace ``forward()`` (it returns the loss) and its backward on an FSDP2-wrapped ``model``, then run
+    ``step()`` and read ``states()``, the optimizer's state tensors: the measured categories of the
+    module docstring, and the ops behind the peak and behind the FSDP buffers' peak. ``static``: the
+    storages made before (sharded parameters, buffers, inputs), never counted as new. Shared by this
+    harness and the frameworks' own (:mod:`.frameworks.titan`)."""
+    from .tracker import storage_bytes, storages_of
+
+    params = list(model.parameters())
     shards = [_local(p) for p in params]
-    static = storages_of([*shards, *model.buffers(), ids, labels])
     sampler = _Samples(static)
     fsdp_params = _fsdp_params(model)
     hooks = []
     with sampler.mode:
-        loss = model(ids, labels)
+        loss = forward()
         # unsharded parameters still gathered after forward (reshard_after_forward false or an integer)
         kept = storages_of(t for fp in fsdp_params for t in
                            ([*fp.all_gather_outputs] if fp.sharded_state.name == "UNSHARDED" else []) +
@@ -348,14 +359,14 @@ def _measure(case: Case, rank: int, world: int) -> tuple[dict[str, int], dict[st
     grads = storages_of(_local(p.grad) for p in params if p.grad is not None)
     out = kept_serials | sampler.serials(grads) | sampler.tagged("backend")  # params, grads; the backend's scratch
     peak, at = sampler.peak(lambda s: s not in out)
-    act_peak, _ = sampler.peak(lambda s: s not in out and sampler.tags.get(s) != "fsdp")
+    act_peak, act_at = sampler.peak(lambda s: s not in out and sampler.tags.get(s) != "fsdp")
     fsdp_peak, fsdp_at = sampler.peak(lambda s: s not in out and sampler.tags.get(s) == "fsdp")
     by_op = {"peak": sampler.by_op(at, lambda s: s not in out),
+             "activations_peak": sampler.by_op(act_at, lambda s: s not in out and sampler.tags.get(s) != "fsdp"),
              "comm": sampler.by_op(fsdp_at, lambda s: s not in out and sampler.tags.get(s) == "fsdp")}
-    opt.step()
-    states = [_local(t) for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+    step()
     measured = {"params": storage_bytes(shards) + kept_bytes, "grads": sum(st.nbytes() for st in grads),
-                "optimizer": storage_bytes(states), "activations": activations, "activations_peak": act_peak,
+                "optimizer": storage_bytes(_local(t) for t in states()), "activations": activations, "activations_peak": act_peak,
                 "comm": fsdp_peak, "peak": peak}
     return measured, by_op
 

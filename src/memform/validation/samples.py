@@ -55,6 +55,7 @@ class StorageSamples:
     # ---- recording -----------------------------------------------------------------------------
     def _storage(self, t):  # noqa: ANN001, ANN202
         import torch
+        from torch._subclasses.fake_tensor import FakeTensor
 
         if isinstance(t, torch.UntypedStorage):
             return t
@@ -62,6 +63,10 @@ class StorageSamples:
             return None
         if self.unwrap_dtensor and hasattr(t, "_local_tensor"):
             t = t._local_tensor
+        # a FakeTensor (FakeTensorMode) holds no memory but its meta storage reports the bytes it stands
+        # for: traced like a real tensor; other subclasses (a DTensor wrapper) and meta tensors are not
+        if isinstance(t, FakeTensor):
+            return t.untyped_storage()
         if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.device.type == "meta":
             return None
         return t.untyped_storage()

@@ -18,7 +18,6 @@ sizes of real fine-tuning jobs (Llama-3.1-8B at 8K tokens, Llama-3.1-70B) are tr
 from __future__ import annotations
 
 import contextlib
-import json
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -143,7 +142,9 @@ def _step(case: HFCase, seed: int) -> Step:
     torch.manual_seed(seed)
     dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float32
     cfg = case.hf_config()
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=case.attn, dtype=dtype).to(case.device)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=case.attn, dtype=dtype)
+    if case.device != "cpu":
+        model = model.to(case.device)
     model.train()
     if case.gc:
         # what the Trainer calls with TrainingArguments' default kwargs (trainer.py): use_reentrant False
@@ -189,6 +190,7 @@ def _step(case: HFCase, seed: int) -> Step:
     }
     act = lambda serial: serial not in grads   # noqa: E731 - the activation side of the trace
     measured["activations"] = trace.at(trace.marks["forward"], act)
+    measured["comm"] = 0   # one process: no communication buffers
     peak, where = trace.peak(act)
     opt.step()
     opt.zero_grad(set_to_none=True)

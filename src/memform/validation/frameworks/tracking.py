@@ -1,22 +1,22 @@
 """The storage accounting of a real framework's training step, for real and for fake tensors.
 
 :class:`StepSamples` is :class:`~memform.validation.samples.StorageSamples` (a dispatch mode that gives
-every storage an op returns a serial and re-reads the live bytes after each op) with two changes the
+every storage an op returns a serial and re-reads the live bytes after each op) with the changes the
 frameworks need (``shared/reference/frameworks-on-cpu.md``, "How it was measured"):
 
 - it also records the storages an op *takes*: a buffer filled through an ``out=`` op that returns
   nothing (FSDP2's all-gather copy-out) would otherwise go unseen;
-- it accepts :class:`~torch._subclasses.fake_tensor.FakeTensor`: under ``FakeTensorMode`` every
-  tensor is a fake one whose (meta) storage still reports its ``nbytes``, so the same accounting traces
-  a 70B or 405B model's step without allocating it.
+- it reads a DTensor's local shard (``unwrap_dtensor``).
+
+Like every :class:`StorageSamples` it accepts :class:`~torch._subclasses.fake_tensor.FakeTensor`: under
+``FakeTensorMode`` every tensor is a fake one whose (meta) storage still reports its ``nbytes``, so the
+same accounting traces a 70B or 405B model's step without allocating it.
 
 Phases are sample indices (:meth:`StepSamples.mark`); a category is a set of serials, assigned after
 the step from the objects the framework holds (parameters, ``.grad``, optimizer state).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from ..samples import StorageSamples
 
@@ -35,22 +35,6 @@ class StepSamples(StorageSamples):
         op = str(func.overloadpacket.__name__)
         self._record((args, kwargs, out), op)
         return out
-
-    def _storage(self, t: Any):  # noqa: ANN202
-        import torch
-        from torch._subclasses.fake_tensor import FakeTensor
-
-        if isinstance(t, torch.UntypedStorage):
-            return t
-        if not isinstance(t, torch.Tensor):
-            return None
-        if self.unwrap_dtensor and hasattr(t, "_local_tensor"):
-            t = t._local_tensor
-        if type(t) not in (torch.Tensor, torch.nn.Parameter, FakeTensor):
-            return None
-        if t.device.type == "meta" and not isinstance(t, FakeTensor):
-            return None
-        return t.untyped_storage()
 
     def mark(self, name: str) -> None:
         """Sample now and remember that sample under ``name``: what is live between two ops (after the
