@@ -97,3 +97,33 @@ def test_memform_config_of_a_titan_case_reads_torchtitan_objects():
     assert cfg["model"]["ffn_hidden_size"] == 14336 and cfg["model"]["num_kv_heads"] == 8
     assert cfg["training"]["recompute"] == "selective" and cfg["training"]["loss_chunks"] == 8
     assert cfg["fsdp2"]["fused_qkv"] is True and cfg["parallel"]["dp"] == 8
+
+
+def test_dtensor_ops_are_traced_as_their_local_shard_ops():
+    # torchtitan's tensor parallelism computes on DTensors: a dispatch mode sees one op returning a
+    # DTensor wrapper (which holds no memory of its own) unless it defers to DTensor, which then runs the
+    # local-shard ops -- the all-gather's output among them -- back through the mode
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from memform.validation.samples import StorageSamples
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        mesh = init_device_mesh("cpu", (4,))
+        x = distribute_tensor(torch.zeros(64, 256), mesh, [Shard(0)])   # 16 × 256 fp32 local = 16 KiB
+        seen = {}
+        for defer in (False, True):
+            trace = StorageSamples(ignore=[x._local_tensor.untyped_storage()])
+            trace.defer_dtensor = defer
+            with trace.mode:
+                y = x.redistribute(mesh, [Replicate()]) * 2
+            seen[defer] = trace.live_bytes(lambda s: True)
+            del y
+        assert seen[False] == 0
+        assert seen[True] >= 64 * 256 * 4          # at least the gathered 64 × 256 result
+    finally:
+        dist.destroy_process_group()

@@ -323,17 +323,20 @@ def _measure(case: Case, rank: int, world: int) -> tuple[dict[str, int], dict[st
                       lambda: [t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)])
 
 
-def trace_step(model, static, forward, step, states) -> tuple[dict[str, int], dict[str, dict[str, int]]]:  # noqa: ANN001
+def trace_step(model, static, forward, step, states,  # noqa: ANN001
+               tensor_parallel: bool = False) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
     """Trace ``forward()`` (it returns the loss) and its backward on an FSDP2-wrapped ``model``, then run
     ``step()`` and read ``states()``, the optimizer's state tensors: the measured categories of the
     module docstring, and the ops behind the peak and behind the FSDP buffers' peak. ``static``: the
-    storages made before (sharded parameters, buffers, inputs), never counted as new. Shared by this
-    harness and the frameworks' own (:mod:`.frameworks.titan`)."""
+    storages made before (sharded parameters, buffers, inputs), never counted as new;
+    ``tensor_parallel``: the model computes on DTensors, traced as the local ops they desugar to. Shared
+    by this harness and the frameworks' own (:mod:`.frameworks.titan`)."""
     from .tracker import storage_bytes, storages_of
 
     params = list(model.parameters())
     shards = [_local(p) for p in params]
     sampler = _Samples(static)
+    sampler.defer_dtensor = tensor_parallel
     fsdp_params = _fsdp_params(model)
     hooks = []
     with sampler.mode:

@@ -20,6 +20,9 @@ class StorageSamples:
 
     #: record a DTensor's local tensor (its wrapper storage reports the global size without holding memory)
     unwrap_dtensor = False
+    #: see DTensor ops as the local-shard ops they desugar to (every intermediate, e.g. a redistribute's
+    #: all-gather output), rather than as one op returning a DTensor
+    defer_dtensor = False
 
     def __init__(self, ignore: Iterable[Any]) -> None:
         from torch.utils._python_dispatch import TorchDispatchMode
@@ -28,6 +31,10 @@ class StorageSamples:
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+                if outer.defer_dtensor and any(getattr(t, "__name__", "") == "DTensor" for t in types):
+                    # let DTensor desugar the op first: its local-shard ops, collectives included, then
+                    # come back through this mode (as torch's MemTracker does)
+                    return NotImplemented
                 return outer._dispatch(func, args, kwargs or {})
 
         self.mode = Mode()

@@ -209,7 +209,7 @@ def measure(case: TitanCase) -> Step:
                                   tokens])
             states = lambda: [t for o in opts.optimizers for st in o.state.values()  # noqa: E731
                               for t in st.values() if isinstance(t, torch.Tensor)]
-            measured, by_op = trace_step(model, static, forward, step, states)
+            measured, by_op = trace_step(model, static, forward, step, states, tensor_parallel=case.tp > 1)
     finally:
         dist.destroy_process_group()
     return Step(measured, by_op.get("activations_peak", {}), by_op)
