@@ -19,11 +19,12 @@ SRC = Path(memform.__file__).resolve().parent
 #: subpackage -> the memform packages/modules it may import (besides itself)
 ALLOWED = {
     "lang": {"errors", "resources"},
-    "engine": {"lang", "errors", "resources", "units"},
-    "analysis": {"engine", "lang", "errors", "resources", "units"},
+    "allocator": {"errors"},
+    "engine": {"lang", "allocator", "errors", "resources", "units"},
+    "analysis": {"engine", "allocator", "lang", "errors", "resources", "units"},
     "report": {"engine", "analysis", "lang", "errors", "resources", "units", "__init__"},  # __version__
     "importers": {"engine", "lang", "errors", "resources"},
-    "validation": {"engine", "api", "importers", "errors", "units", "__init__"},
+    "validation": {"engine", "allocator", "api", "importers", "errors", "units", "__init__"},
     "cli": {"api", "engine", "lang", "analysis", "report", "importers", "errors", "resources", "units",
             "__init__"},
 }

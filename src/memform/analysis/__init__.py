@@ -4,7 +4,7 @@ and the cached numeric fast path of ``memform estimate`` (``fastcache``, ``fastc
 Everything here starts from a bound :class:`~memform.engine.model.Model` or an
 :class:`~memform.engine.model.Estimate` and never reads formula text itself.
 
-May import: :mod:`memform.engine`, :mod:`memform.lang` (syntax-tree walks), :mod:`memform.errors`,
+May import: :mod:`memform.engine`, :mod:`memform.allocator`, :mod:`memform.lang` (syntax-tree walks), :mod:`memform.errors`,
 :mod:`memform.units`, :mod:`memform.resources` (bundled files, the version). Never
 :mod:`memform.report` or :mod:`memform.cli`.
 """

@@ -171,6 +171,18 @@ def _run(loaded: _Loaded, data: Mapping[str, Any], full: Callable[[], Any]) -> "
         stages.append(FastStage(i, values, outs[f + k], body["capacity_bytes"], names[best], moments,
                                 outs[f + k + 1], dict(zip(st["runtime"], outs[r:c])),
                                 dict(zip(times, outs[c:c + len(times)])), extra[0], extra[1]))
+    if "allocator" not in body:
+        return None   # an entry written before the allocator model: the interpreter answers
+    if body["allocator"] is not None:
+        from ..allocator.estimate import from_settings_dict, set_reserve
+        from ..allocator.sequence import LayerBlocks
+
+        config, kept = from_settings_dict(body["allocator"])
+        for stage, st in zip(stages, body["stages"]):
+            layers: list[LayerBlocks] = []
+            for n, at in st["groups"]:
+                layers += [LayerBlocks(*outs[at:at + 9])] * n
+            set_reserve(stage, layers, config, kept)
     est = FastEstimate(body, stages, setup, {"total": total, "expert": expert, "dense": total - expert}, full)
     for s in stages:
         s._owner = est

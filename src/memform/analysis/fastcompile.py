@@ -22,6 +22,8 @@ from typing import Any, Sequence
 
 import sympy
 
+from ..allocator.estimate import granularity_exprs, settings_dict
+from ..allocator.sequence import GROUP_FIGURES
 from ..engine.evaluator import Ctx
 from ..engine.interpreter import CATEGORIES, MAX_BYTES, PS_PER_SECOND
 from ..engine.model import SETUP_KEYS, Model, estimate_model, parameter_exprs, setup_of
@@ -80,6 +82,7 @@ def compile_entry(model: Model, candidates: Sequence[str]) -> dict[str, Any]:
             conds.append(sympy.And(e >= 0, e <= MAX_BYTES))
 
     stages = []
+    ev_keep = model.evaluator(resolve=False, keep=keep)
     for s in est.stages:
         first = len(outs)
         for c in CATEGORIES:
@@ -109,7 +112,17 @@ def compile_entry(model: Model, candidates: Sequence[str]) -> dict[str, Any]:
             size_guard(layer.inflight)
             for e in list(layer.per_layer.values()) + [layer.host]:
                 size_guard(e)
-        stages.append({"first": first, "moments": moments, "runtime": list(s.runtime_exprs),
+        groups = []   # per layer group: its per-layer figures, in-flight count, backward transient (allocator)
+        for layer in s.layers:
+            at = len(outs)
+            for c in GROUP_FIGURES:
+                out(sympy.ceiling(layer.per_layer[c]))
+            out(sympy.ceiling(layer.inflight))
+            for e in granularity_exprs(model, ev_keep, layer.block, layer.mode):
+                out(sympy.ceiling(e))
+                size_guard(e)
+            groups.append([int(layer.count_value), at])
+        stages.append({"first": first, "moments": moments, "runtime": list(s.runtime_exprs), "groups": groups,
                        "time": list(s.time_exprs),
                        "labels": est.stage_labels(s.stage),
                        "terminal": est.terminal_label(s.stage)})
@@ -163,7 +176,7 @@ def compile_entry(model: Model, candidates: Sequence[str]) -> dict[str, Any]:
         "name": est.name, "schedule": st.schedule, "framework": st.framework, "pp": st.pp, "vpp": st.vpp,
         "recompute": st.recompute, "capacity_bytes": est.capacity_bytes, "devices": get_path(model.data,
                                                                                               "parallel.devices", None),
-        "stages": stages, "setup": setup, "parameters": parameters,
+        "stages": stages, "setup": setup, "parameters": parameters, "allocator": settings_dict(model),
     }
 
 

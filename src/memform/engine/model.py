@@ -300,6 +300,9 @@ def estimate_model(model: Model, *, resolve: bool = True, keep: frozenset[str] |
     part = partition_of(model, ev)
     interp = Interpreter(model.program, ev, model.structure.schedule)
     stages = [interp.stage(i, part, model.structure.capacity_bytes) for i in range(model.structure.pp)]
+    if resolve:
+        from ..allocator.estimate import apply as apply_allocator
+        apply_allocator(stages, model)
     return Estimate(model.structure.name, stages, part, list(ev.assumptions), model.structure.capacity_bytes, model)
 
 

@@ -42,6 +42,13 @@ class StageNumbers:
     ideal_ps: int = 0
     #: tokens the whole job trains on per step (cost blocks' tokens; 0 when none says)
     tokens: int = 0
+    #: what the caching allocator reserves beyond the model's bytes (memform.allocator; None: not modelled,
+    #: as on the numeric fast path or with ``allocator.model: none``)
+    reserve: int | None = None
+    #: the allocator model ran out of memory on the device even after releasing its cached segments
+    reserve_oom: bool = False
+    #: cache releases (``cudaFree`` of every free segment, a device synchronisation) the step needed to fit
+    reserve_releases: int = 0
 
     @property
     def step_ps(self) -> int:
@@ -69,7 +76,23 @@ class StageNumbers:
         return self.static_bytes + self.dynamic_bytes + self.runtime_bytes
 
     @property
+    def reserved_bytes(self) -> int:
+        """What the caching allocator reserves at the step's peak (``torch.cuda.max_memory_reserved``):
+        the model's bytes plus the allocator's reserve (the model's bytes when it is not modelled)."""
+        return self.model_bytes + (self.reserve or 0)
+
+    @property
+    def device_bytes(self) -> int:
+        """What the device must hold: the reserved bytes plus the runtime's own (context, margin)."""
+        return self.reserved_bytes + self.runtime_bytes
+
+    @property
     def fits(self) -> bool:
+        """Under the allocator model: no out-of-memory when the step's allocations are replayed on the
+        device (the allocator releases its cache and retries first); else the peak within capacity."""
+        if self.reserve is not None:
+            return not self.reserve_oom and (self.device_bytes <= self.capacity_bytes or self.reserve_releases > 0
+                                             or self.peak_bytes <= self.capacity_bytes)
         return self.peak_bytes <= self.capacity_bytes
 
     def to_dict(self, labels: list[list[str]]) -> dict[str, Any]:
@@ -82,6 +105,9 @@ class StageNumbers:
             "static_bytes": self.static_bytes,
             "dynamic_bytes": self.dynamic_bytes,
             "runtime_bytes": self.runtime_bytes,
+            "reserved_bytes": self.reserved_bytes,
+            "reserve_bytes": self.reserve,
+            "reserve_releases": self.reserve_releases,
             "runtime": dict(self.runtime),
             "host_bytes": self.host_bytes,
             "breakdown": {c: self.values[c] for c in CATEGORIES},
@@ -114,8 +140,17 @@ class EstimateNumbers:
         return self.stages[self.peak_stage].peak_bytes
 
     @property
+    def reserved_bytes(self) -> int:
+        """The largest stage's reserved bytes (:attr:`StageNumbers.reserved_bytes`)."""
+        return max(s.reserved_bytes for s in self.stages)
+
+    @property
+    def device_bytes(self) -> int:
+        return max(s.device_bytes for s in self.stages)
+
+    @property
     def fits(self) -> bool:
-        return self.peak_bytes <= self.capacity_bytes
+        return all(s.fits for s in self.stages)
 
     @property
     def has_time(self) -> bool:
@@ -165,6 +200,7 @@ class EstimateNumbers:
             "capacity_bytes": self.capacity_bytes,
             "peak_bytes": self.peak_bytes,
             "peak_stage": self.peak_stage,
+            "reserved_bytes": self.reserved_bytes,
             "fits": self.fits,
             "setup": dict(self.setup),
             "parameters": dict(self.parameters),

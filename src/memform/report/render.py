@@ -215,6 +215,10 @@ class StageView:
         return self.result.fits
 
     @property
+    def reserved_bytes(self) -> int:
+        return self.result.reserved_bytes
+
+    @property
     def headroom_bytes(self) -> int:
         return self.capacity_bytes - self.result.peak_bytes
 
@@ -320,6 +324,8 @@ def context(est: Estimate) -> dict[str, Any]:
         "framework": st.framework,
         "capacity_bytes": est.capacity_bytes,
         "peak_bytes": est.peak_bytes,
+        "reserved_bytes": est.stages[est.peak_stage].reserved_bytes,
+        "reserved": any(getattr(s, "reserve", None) is not None for s in est.stages),
         "peak_stage": est.peak_stage,
         "fits": est.fits,
         "categories": CATEGORIES,

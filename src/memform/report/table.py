@@ -47,6 +47,8 @@ def table_context(est: Any) -> dict[str, Any]:
         "framework": est.framework, "capacity_bytes": est.capacity_bytes, "setup_line": setup_line(est),
         "stages": est.stages, "layer_labels": [est.terminal_label(s.stage) for s in est.stages],
         "peak_stage": est.peak_stage, "peak_bytes": est.peak_bytes, "fits": est.fits,
+        "reserved": any(s.reserve is not None for s in est.stages),
+        "reserved_bytes": est.stages[est.peak_stage].reserved_bytes,
         "time_line": time_line(est),
     }
 

@@ -291,6 +291,20 @@ class _Samples(StorageSamples):
     def _label(self, serial: int) -> str:
         return ("FSDP:" if self.tags.get(serial) == "fsdp" else "") + self.op_of[serial]
 
+    def stream_of(self, serial: int) -> str | int:
+        """The CUDA stream FSDP2 allocates a storage on (torch/distributed/fsdp/_fully_shard/
+        _fsdp_param_group.py: ``all_gather_copy_in_stream`` / ``all_gather_stream`` for the copy-in
+        and all-gather output, ``reduce_scatter_stream`` for the reduce-scatter input and output); the
+        caching allocator keeps a pool per stream. Everything else: the default stream (0)."""
+        if self.tags.get(serial) != "fsdp":
+            return 0
+        op = self.op_of.get(serial, "")
+        if "reduce_scatter" in op or "chunk_cat" in op:
+            return "reduce-scatter"
+        if "all_gather" in op or "copy_in" in op:
+            return "all-gather"
+        return 0
+
 
 def _measure(case: Case, rank: int, world: int) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
     import torch
@@ -371,6 +385,9 @@ def trace_step(model, static, forward, step, states,  # noqa: ANN001
     measured = {"params": storage_bytes(shards) + kept_bytes, "grads": sum(st.nbytes() for st in grads),
                 "optimizer": storage_bytes(_local(t) for t in states()), "activations": activations, "activations_peak": act_peak,
                 "comm": fsdp_peak, "peak": peak}
+    from .frameworks.tracking import replay_reserved, replayed_figures
+    replayed = replay_reserved(sampler, static, [_local(t) for t in states()], sampler.stream_of)
+    measured.update(replayed_figures(replayed))
     return measured, by_op
 
 

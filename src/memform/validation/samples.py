@@ -113,6 +113,15 @@ class StorageSamples:
         self.samples.append(tuple(live))
 
     # ---- reading -------------------------------------------------------------------------------
+    def events(self, tag: str = "", stream_of: Callable[[int], Any] | None = None) -> list[tuple]:
+        """The traced allocations and frees in order, for the allocator model
+        (:func:`memform.allocator.sequence.from_samples`); ``stream_of(serial)``: the CUDA stream a
+        storage would be allocated on (default: one stream)."""
+        from ..allocator.sequence import from_samples
+
+        return from_samples(self.samples, stream_of or (lambda s: 0), tag)
+
+
     def serials(self, items: Iterable[Any]) -> set[int]:
         """Serials of the live tracked storages behind ``items`` (tensors or storages; None skipped)."""
         out = set()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .tracking import StepSamples
+from .tracking import StepSamples, replay_reserved, replayed_figures
 
 #: transformers' config class keywords of each model type the harness builds
 MODEL_TYPES = ("llama", "qwen3", "mixtral")
@@ -116,6 +116,8 @@ class Step:
     #: on a GPU: the caching allocator's torch.cuda.max_memory_allocated / max_memory_reserved over the
     #: traced step (peaks reset after the warm-up step), bytes
     allocator: dict[str, int] = field(default_factory=dict)
+    #: the traced step's allocations replayed through memform's allocator model (two steps, statics first)
+    replay: Any = None
 
 
 def measure(case: HFCase, seed: int = 0) -> Step:
@@ -191,10 +193,12 @@ def _step(case: HFCase, seed: int) -> Step:
     act = lambda serial: serial not in grads   # noqa: E731 - the activation side of the trace
     measured["activations"] = trace.at(trace.marks["forward"], act)
     measured["comm"] = 0   # one process: no communication buffers
+    replayed = replay_reserved(trace, [*params, *model.buffers(), ids], states)
+    measured.update(replayed_figures(replayed))
     peak, where = trace.peak(act)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return Step({**measured, "activations_peak": peak}, trace.by_op(where, act, 10), loss, allocator)
+    return Step({**measured, "activations_peak": peak}, trace.by_op(where, act, 10), loss, allocator, replayed)
 
 
 def _bytes(tensors) -> int:  # noqa: ANN001

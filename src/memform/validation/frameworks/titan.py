@@ -50,6 +50,13 @@ class TitanCase:
     layers: int = 0           # > 0: keep only the first n blocks (a quicker trace of the same layer)
     tp: int = 1
 
+    @property
+    def reserve_checked(self) -> bool:
+        """The allocator's reserve is held to its threshold for whole recipes only: cut to a few blocks,
+        the head's vocabulary-wide buffers (one FSDP unit, one block in memform's replay) dominate the
+        step, which no real job is (the cut's figure is still shown, marked ``~``)."""
+        return self.layers == 0
+
     def label(self) -> str:
         cut = f" L{self.layers}" if self.layers else ""
         return f"titan {self.recipe}{cut} fsdp{self.world // self.tp}" + (f" tp{self.tp}" if self.tp > 1 else "") + " fake"

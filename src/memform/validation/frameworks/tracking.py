@@ -41,3 +41,32 @@ class StepSamples(StorageSamples):
         forward has returned, say, and its frame's temporaries are gone)."""
         self.sample()
         self.marks[name] = len(self.samples) - 1
+
+
+def replay_reserved(trace: StepSamples, static, states, stream_of=None):  # noqa: ANN001, ANN201
+    """The :class:`~memform.allocator.Replay` (requested, allocated and reserved peaks) of what PyTorch's
+    caching allocator would reserve over two steps of the traced one
+    (:func:`memform.allocator.sequence.two_steps`): the ``static`` tensors (parameters, buffers, inputs,
+    in creation order) first, the optimizer ``states`` after the first step, the traced step twice. The
+    allocator model replays the framework's own allocation sequence: the measured side of the reserved
+    comparison on a machine without a GPU (on a GPU, ``bench/gpu_truth.py`` sets it against
+    ``torch.cuda.max_memory_reserved``)."""
+    from ...allocator import replay
+    from ...allocator.sequence import two_steps
+
+    def sizes(tensors) -> list[int]:  # noqa: ANN001
+        seen: dict[int, int] = {}
+        for t in tensors:
+            st = trace._storage(t)
+            if st is not None:
+                seen.setdefault(id(st), st.nbytes())
+        return list(seen.values())
+
+    events = two_steps(sizes(static), lambda tag: trace.events(tag, stream_of), sizes(states))
+    return replay(events)
+
+
+def replayed_figures(r) -> dict[str, int]:  # noqa: ANN001 - a memform.allocator.Replay
+    """The measured side of the reserve comparison: the replayed reserved peak, the step's allocated peak
+    (every tensor, static ones included: what ``torch.cuda.max_memory_allocated`` counts) and the reserve."""
+    return {"reserved": r.peak_reserved, "step_peak": r.peak_requested, "reserve": r.peak_reserved - r.peak_requested}

@@ -1,0 +1,127 @@
+"""An estimate's reserved figure: its stages' per-layer figures replayed through the allocator model.
+
+The allocator's settings are the config's ``allocator.*`` keys (``formulas/common.mf``); whether the
+framework keeps its gradients in buffers across steps is the formulas' ``grads_kept``. The reserve
+(replayed reserved peak less the replayed requested peak) is added to memform's allocated figure, so the
+reserved figure is never below it; when it exceeds the device, the same sequence is replayed against the
+device's capacity: the allocator releases its cached segments and retries before it raises out of memory,
+so a job may still fit (more slowly: every release synchronises the device).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .caching import AllocatorConfig, OutOfMemory, replay
+from .sequence import GROUP_FIGURES, LayerBlocks, from_estimate
+
+# the engine's Model, StageResult and StageNumbers are taken by duck typing (the engine imports this
+# package, not the other way round)
+Model = StageResult = StageNumbers = Any
+
+MIB = 2 ** 20
+
+
+@dataclass(frozen=True)
+class StageReserve:
+    """One stage under the allocator model: the reserve beyond the allocated bytes, whether the sequence
+    ran out of memory on the device, and how many cache releases it needed to fit."""
+
+    reserve: int
+    oom: bool
+    releases: int
+    segments: int
+
+
+def settings(model: "Model") -> tuple[AllocatorConfig | None, bool]:
+    """The allocator config of ``model`` (None: ``allocator.model: none``) and the formulas' ``grads_kept``."""
+    if model.value_for_key("allocator.model") == "none":
+        return None, False
+    split = float(model.value_for_key("allocator.max_split_size_mb") or 0)
+    config = AllocatorConfig(expandable_segments=bool(model.value_for_key("allocator.expandable_segments")),
+                             max_split_size=int(split * MIB) if split > 0 else None)
+    kept = bool(model.evaluator().let("grads_kept"))
+    return config, kept
+
+
+def settings_dict(model: "Model") -> dict[str, Any] | None:
+    """:func:`settings` as plain data (stored with a compiled fast-path entry)."""
+    config, kept = settings(model)
+    if config is None:
+        return None
+    return {"expandable": config.expandable_segments, "split": config.max_split_size, "grads_kept": kept}
+
+
+def from_settings_dict(d: dict[str, Any]) -> tuple[AllocatorConfig, bool]:
+    return AllocatorConfig(expandable_segments=d["expandable"], max_split_size=d["split"]), d["grads_kept"]
+
+
+#: the layer quantities (formulas/common.mf ``layer``) the replay reads besides the categories, with the
+#: value taken where a program's formula files do not define them
+GRANULARITY = (("bwd_transient", 0), ("weight_tensors", 1), ("act_tensor", 0))
+
+
+def granularity_exprs(model: "Model", ev: Any, block: str, mode: str) -> list[Any]:
+    """The layer's ``bwd_transient``, ``weight_tensors`` and ``act_tensor`` (see ``formulas/common.mf``),
+    each at least 0 (``weight_tensors`` at least 1)."""
+    import sympy
+
+    out = []
+    for name, default in GRANULARITY:
+        q = model.program.pick(block, name, mode)
+        e = sympy.Integer(default) if q is None else ev.as_expr(ev.quantity(block, name, mode), q.loc)
+        out.append(sympy.Max(1 if name == "weight_tensors" else 0, e))
+    return out
+
+
+def to_bytes(value: Any) -> int:
+    """An exact (sympy) byte count, rounded up to whole bytes (as the interpreter's stage figures)."""
+    import sympy
+
+    return int(sympy.ceiling(value))
+
+
+def layer_blocks(stage: "StageResult", model: "Model", ev: Any) -> list[LayerBlocks]:
+    """The stage's layers in forward order, one :class:`LayerBlocks` per layer (interpreted estimate)."""
+    layers: list[LayerBlocks] = []
+    for g in stage.layers:
+        v: dict[str, Any] = g.per_layer_values
+        extra = [to_bytes(ev.number(e)) for e in granularity_exprs(model, ev, g.block, g.mode)]
+        lb = LayerBlocks(*(to_bytes(v[c]) for c in GROUP_FIGURES), to_bytes(g.inflight_value), *extra)
+        layers += [lb] * g.count_value
+    return layers
+
+
+def stage_reserve(stage: "StageNumbers", layers: list[LayerBlocks], config: AllocatorConfig,
+                  grads_kept: bool) -> StageReserve:
+    """Replay the stage's synthesized two-step sequence; see the module docstring."""
+    events = from_estimate(layers, grads_persist=grads_kept)
+    free = replay(events, config)
+    reserve = max(0, free.peak_reserved - free.peak_requested)
+    oom, releases = False, 0
+    model_bytes = stage.model_bytes
+    if model_bytes + reserve + stage.runtime_bytes > stage.capacity_bytes:
+        room = stage.capacity_bytes - stage.runtime_bytes - max(0, model_bytes - free.peak_requested)
+        try:
+            bounded = replay(events, AllocatorConfig(config.expandable_segments, config.max_split_size,
+                                                     capacity=max(0, room)))
+            releases = bounded.releases
+        except OutOfMemory:
+            oom = True
+    return StageReserve(reserve, oom, releases, free.segments)
+
+
+def set_reserve(stage: "StageNumbers", layers: list[LayerBlocks], config: AllocatorConfig, grads_kept: bool) -> None:
+    r = stage_reserve(stage, layers, config, grads_kept)
+    stage.reserve, stage.reserve_oom, stage.reserve_releases = r.reserve, r.oom, r.releases
+
+
+def apply(stages: list["StageResult"], model: "Model") -> None:
+    """Set each stage's ``reserve`` (and whether it fits under the allocator model)."""
+    config, kept = settings(model)
+    if config is None:
+        return
+    ev = model.evaluator()
+    for s in stages:
+        set_reserve(s, layer_blocks(s, model, ev), config, kept)

@@ -1,0 +1,166 @@
+"""The allocation sequence of a training step, for :func:`~memform.allocator.caching.replay`.
+
+What the caching allocator reserves depends on the order of allocations, not only on their peak sum,
+and on the history before the step: its segments are kept from one step to the next. The sequence is
+therefore two steps long. The first one places the tensors that live across steps (the optimizer
+states are created by the first ``optimizer.step()``, after the backward freed the activations, and
+take their place in the cached blocks); the second one runs in the segments the first one left, which
+is where a step's reserve beyond its allocated peak comes from (what ``torch.cuda.max_memory_reserved``
+shows from the second step on).
+
+Two sources:
+
+- :func:`from_samples`: a step the validation harness traced (every storage an ATen op made, sampled
+  after each op; :class:`~memform.validation.samples.StorageSamples`); storages freed between two ops are
+  freed before the next op's outputs are allocated, as they are in eager PyTorch;
+- :func:`from_estimate`: without a trace, memform's own figures of a stage, one block per layer and
+  category: the parameters, gradients and optimizer states of each layer; each layer's saved activations
+  per in-flight micro-batch, allocated in forward order and freed in reverse; what each layer's
+  backward allocates on top of its saved activations (``bwd_transient``, the term of the schedule's
+  backward moment), allocated at its backward and freed when it ends; the
+  layer's communication buffer on a stream of its own (FSDP's and ZeRO's all-gather / reduce-scatter run
+  on side streams, whose cached blocks the compute stream never reuses). Tensors inside a layer are not
+  told apart, so the reserve from mixing sizes within a layer is not seen: a lower bound on the trace's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Hashable, Iterable, Sequence
+
+from .caching import Event
+
+COMPUTE, COMM = 0, "comm"
+#: a layer's figures, as :class:`LayerBlocks` takes them (after them: the in-flight count)
+GROUP_FIGURES = ("params", "grads", "optimizer", "activations", "comm")
+
+
+def from_samples(samples: Sequence[Iterable[tuple[int, int]]], stream_of: Callable[[int], Hashable] = lambda s: COMPUTE,
+                 tag: str = "") -> list[Event]:
+    """The events between consecutive live sets ``samples[i]`` = ((serial, bytes), ...): storages that
+    disappear (or change size: FSDP resizes its unsharded storages in place) are freed first, then those
+    that appear are allocated. Keys are ``(tag, serial)``; what is live after the last sample stays live."""
+    events: list[Event] = []
+    prev: dict[int, int] = {}
+    for live in samples:
+        now = dict(live)
+        for s, n in prev.items():
+            if n and now.get(s) != n:
+                events.append(("free", (tag, s)))
+        for s, n in now.items():
+            if n and prev.get(s) != n:
+                events.append(("alloc", (tag, s), n, stream_of(s)))
+        prev = now
+    return events
+
+
+def live_keys(events: Iterable[Event]) -> list[Hashable]:
+    """Keys allocated and not freed by the end of ``events``, in allocation order."""
+    live: dict[Hashable, None] = {}
+    for ev in events:
+        if ev[0] == "alloc":
+            live[ev[1]] = None
+        else:
+            live.pop(ev[1], None)
+    return list(live)
+
+
+def two_steps(static: Sequence[int], step: Callable[[str], list[Event]], states: Sequence[int],
+              keep: Callable[[Hashable], bool] = lambda k: False) -> list[Event]:
+    """``static`` tensors (parameters, buffers, inputs: bytes each, in creation order), then a step, then
+    the optimizer states it creates, then everything of the step that ``keep`` does not keep is freed
+    (``zero_grad(set_to_none=True)`` frees the gradients), then the second step and its frees.
+    ``step(tag)`` gives one step's events with keys made unique by ``tag``."""
+    out: list[Event] = [("alloc", ("static", i), n, COMPUTE) for i, n in enumerate(static)]
+    for k, tag in enumerate(("step1", "step2")):
+        events = step(tag)
+        out += events
+        if k == 0:
+            out += [("alloc", ("state", i), n, COMPUTE) for i, n in enumerate(states)]
+        out += [("free", key) for key in live_keys(events) if not keep(key)]
+    return out
+
+
+@dataclass(frozen=True)
+class LayerBlocks:
+    """One layer's figures on a stage (bytes), as the estimate gives them (per layer, per micro-batch)."""
+
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    comm: int
+    inflight: int
+    #: what the layer's backward allocates on top of its saved activations (``bwd_transient``)
+    transient: int = 0
+    #: how many tensors its weights are (gradients and each optimizer moment follow them one for one)
+    weight_tensors: int = 1
+    #: the size of one of its activation tensors (0: the whole figure is one block)
+    act_tensor: int = 0
+
+
+def pieces(total: int, n: int) -> list[int]:
+    """``total`` bytes as ``n`` tensors of (nearly) equal size."""
+    n = max(1, min(n, total)) if total > 0 else 1
+    q, r = divmod(total, n)
+    return [q + 1] * r + [q] * (n - r)
+
+
+def act_pieces(total: int, unit: int) -> list[int]:
+    """``total`` activation bytes as tensors of about ``unit`` bytes (one block when ``unit`` is 0)."""
+    return pieces(total, -(-total // unit) if unit > 0 else 1)
+
+
+def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False) -> list[Event]:
+    """The two-step sequence of one stage from its per-layer figures (see the module docstring).
+
+    A layer's weights, gradients and each optimizer moment are ``weight_tensors`` tensors; its saved
+    activations and backward transient are tensors of ``act_tensor`` bytes. Each layer's transient is
+    allocated at its backward and freed when it ends; ``grads_persist``: gradients live in buffers kept
+    across steps (Megatron's and DeepSpeed's contiguous gradient buffers) rather than freed by ``zero_grad``."""
+    def w(lb: LayerBlocks, total: int) -> list[int]:
+        return pieces(total, lb.weight_tensors)
+
+    static = [x for lb in layers for x in w(lb, lb.params)]
+    if grads_persist:
+        static += [x for lb in layers for x in w(lb, lb.grads)]
+    states = [x for lb in layers for k in range(2) for x in w(lb, lb.optimizer // 2 + (lb.optimizer % 2) * (1 - k))]
+    held = max((lb.inflight for lb in layers), default=0)
+
+    def alloc(ev: list[Event], key: tuple, sizes: list[int], stream: Hashable = COMPUTE) -> None:
+        ev.extend(("alloc", key + (j,), n, stream) for j, n in enumerate(sizes) if n)
+
+    def free(ev: list[Event], key: tuple, sizes: list[int]) -> None:
+        ev.extend(("free", key + (j,)) for j, n in enumerate(sizes) if n)
+
+    def step(tag: str) -> list[Event]:
+        ev: list[Event] = []
+        for mb in range(held):
+            for i, lb in enumerate(layers):
+                alloc(ev, (tag, "comm", mb, i), [lb.comm], COMM)
+                if mb < lb.inflight:
+                    alloc(ev, (tag, "act", mb, i), act_pieces(lb.activations, lb.act_tensor))
+                free(ev, (tag, "comm", mb, i), [lb.comm])
+        # the first backward (where 1F1B's step peaks): the last micro-batch in, the layers in reverse; the
+        # other micro-batches' backwards repeat its allocations in the blocks it freed, so they are
+        # replayed as the frees of their activations
+        mb = held - 1
+        for i in reversed(range(len(layers))):
+            lb = layers[i]
+            if mb < lb.inflight:
+                transient = act_pieces(lb.transient, lb.act_tensor)
+                alloc(ev, (tag, "comm-b", mb, i), [lb.comm], COMM)
+                alloc(ev, (tag, "transient", mb, i), transient)
+            if not grads_persist:
+                alloc(ev, (tag, "grad", i), w(lb, lb.grads))
+            if mb < lb.inflight:
+                free(ev, (tag, "transient", mb, i), transient)
+                free(ev, (tag, "act", mb, i), act_pieces(lb.activations, lb.act_tensor))
+                free(ev, (tag, "comm-b", mb, i), [lb.comm])
+        for k in reversed(range(held - 1)):
+            for i in reversed(range(len(layers))):
+                if k < layers[i].inflight:
+                    free(ev, (tag, "act", k, i), act_pieces(layers[i].activations, layers[i].act_tensor))
+        return ev
+
+    return two_steps(static, step, [x for x in states if x])

@@ -1,0 +1,175 @@
+"""memform.allocator: the model of PyTorch's CUDA caching allocator and the sequences it replays.
+
+Expected numbers follow c10/cuda/CUDACachingAllocator.cpp (PyTorch 2.x): kMinBlockSize 512, kSmallSize
+1 MiB, kSmallBuffer 2 MiB, kLargeBuffer 20 MiB, kMinLargeAlloc 10 MiB, kRoundLarge 2 MiB; round_size,
+get_allocation_size, get_free_block, should_split, free_block / try_merge_blocks, release_cached_blocks,
+and the expandable segments' page sizes (kSmallBuffer / kLargeBuffer).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memform.allocator import AllocatorConfig, CachingAllocator, OutOfMemory, replay
+from memform.allocator.caching import allocation_size, round_size
+from memform.allocator.sequence import LayerBlocks, act_pieces, from_estimate, from_samples, pieces, two_steps
+
+KIB, MIB = 1024, 2 ** 20
+
+
+@pytest.mark.parametrize("size, rounded", [(1, 512), (512, 512), (513, 1024), (MIB + 1, MIB + 512)])
+def test_round_size_is_a_multiple_of_512(size, rounded):
+    assert round_size(size) == rounded
+
+
+@pytest.mark.parametrize("size, segment", [
+    (512, 2 * MIB),                # small pool: 2 MiB segments
+    (MIB, 2 * MIB),                # kSmallSize itself is small
+    (MIB + 512, 20 * MIB),         # 1-10 MiB: a 20 MiB segment others may share
+    (10 * MIB - 512, 20 * MIB),
+    (10 * MIB, 10 * MIB),          # from kMinLargeAlloc on: the request rounded up to 2 MiB
+    (11 * MIB, 12 * MIB),
+])
+def test_segment_sizes(size, segment):
+    assert allocation_size(size) == segment
+
+
+def test_small_requests_share_a_2_mib_segment():
+    a = CachingAllocator()
+    for k in range(4):
+        a.malloc(k, 512 * KIB)
+    assert a.reserved == 2 * MIB and a.allocated == 2 * MIB
+    a.malloc(4, 1)
+    assert a.reserved == 4 * MIB
+
+
+def test_large_blocks_split_only_when_more_than_1_mib_is_left():
+    a = CachingAllocator()
+    a.malloc("x", 5 * MIB)             # 20 MiB segment, 15 MiB left over: split
+    assert (a.reserved, a.allocated) == (20 * MIB, 5 * MIB)
+    a.malloc("y", 14 * MIB)            # takes the 15 MiB remainder; 1 MiB left: not split
+    assert a.reserved == 20 * MIB
+    assert a.allocated == 5 * MIB + 15 * MIB   # memory_allocated counts the whole block
+    assert a.requested == 19 * MIB
+
+
+def test_best_fit_and_merging_of_freed_neighbours():
+    a = CachingAllocator()
+    a.malloc("big", 40 * MIB)
+    a.malloc("small", 12 * MIB)
+    a.free("big")
+    a.free("small")
+    a.malloc("c", 12 * MIB)            # best fit: the 12 MiB block, not the 40 MiB one
+    a.malloc("d", 40 * MIB)
+    assert a.reserved == 52 * MIB
+    a.free("c")
+    a.free("d")
+    a.malloc("e", 6 * MIB)             # 6 MiB from the 12 MiB block (split: 6 MiB left)
+    a.malloc("f", 30 * MIB)            # 30 of the 40 MiB block (10 MiB left)
+    a.free("f")                        # merges back with its 10 MiB remainder
+    a.malloc("g", 40 * MIB)
+    assert a.reserved == 52 * MIB
+
+
+def test_streams_do_not_share_cached_blocks():
+    a = CachingAllocator()
+    a.malloc("x", 100 * MIB, stream=0)
+    a.free("x")
+    a.malloc("y", 100 * MIB, stream="all-gather")
+    assert a.reserved == 200 * MIB
+    a.malloc("z", 100 * MIB, stream=0)
+    assert a.reserved == 200 * MIB
+
+
+def test_max_split_size_keeps_oversize_blocks_for_large_requests():
+    cfg = AllocatorConfig(max_split_size=64 * MIB)
+    a = CachingAllocator(cfg)
+    a.malloc("x", 100 * MIB)
+    a.free("x")
+    a.malloc("y", 30 * MIB)            # an oversize cached block serves no smaller request
+    assert a.reserved == 130 * MIB
+    b = CachingAllocator()
+    b.malloc("x", 100 * MIB)
+    b.free("x")
+    b.malloc("y", 30 * MIB)            # default: it is split
+    assert b.reserved == 100 * MIB
+
+
+def test_expandable_segments_grow_the_free_tail_in_pages():
+    a = CachingAllocator(AllocatorConfig(expandable_segments=True))
+    a.malloc("x", 30 * MIB)            # large pool pages are 20 MiB
+    assert a.reserved == 40 * MIB
+    a.malloc("y", 5 * MIB)             # from the 10 MiB tail
+    a.malloc("z", 20 * MIB)            # 5 MiB tail + one more page
+    assert a.reserved == 60 * MIB
+    plain = CachingAllocator()
+    for k, n in (("x", 30), ("y", 5), ("z", 20)):
+        plain.malloc(k, n * MIB)
+    assert plain.reserved == 30 * MIB + 20 * MIB + 20 * MIB
+
+
+def test_a_full_device_releases_its_cache_before_running_out():
+    cfg = AllocatorConfig(capacity=100 * MIB)
+    a = CachingAllocator(cfg)
+    a.malloc("x", 60 * MIB)
+    a.free("x")                        # cached, 60 MiB reserved
+    a.malloc("y", 80 * MIB)            # 60 + 80 > 100: release the cached segment, then reserve
+    assert a.reserved == 80 * MIB and a.releases == 1
+    with pytest.raises(OutOfMemory):
+        a.malloc("z", 30 * MIB)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 64 * MIB), st.sampled_from([0, 1])), max_size=60),
+       st.booleans())
+def test_reserved_never_below_allocated_never_below_requested(ops, expandable):
+    a = CachingAllocator(AllocatorConfig(expandable_segments=expandable))
+    live: list[int] = []
+    for k, (do_free, size, stream) in enumerate(ops):
+        if do_free and live:
+            a.free(live.pop(size % len(live)))
+        else:
+            a.malloc(k, size, stream)
+            live.append(k)
+        assert a.reserved >= a.allocated >= a.requested >= 0
+        assert a.peak_reserved >= a.reserved
+    for k in live:
+        a.free(k)
+    assert a.allocated == a.requested == 0
+    if not expandable:
+        a.empty_cache()
+        assert a.reserved == 0
+
+
+def test_events_from_samples_free_before_the_next_allocations():
+    samples = [((1, 100),), ((1, 100), (2, 50)), ((2, 50), (3, 70)), ((2, 0), (3, 70))]
+    events = from_samples(samples, tag="t")
+    assert events == [("alloc", ("t", 1), 100, 0), ("alloc", ("t", 2), 50, 0), ("free", ("t", 1)),
+                      ("alloc", ("t", 3), 70, 0), ("free", ("t", 2))]
+
+
+def test_two_steps_place_the_optimizer_states_after_the_first_step():
+    events = two_steps([10], lambda tag: [("alloc", (tag, "a"), 20, 0)], [30])
+    kinds = [(e[0], e[1]) for e in events]
+    assert kinds == [("alloc", ("static", 0)), ("alloc", ("step1", "a")), ("alloc", ("state", 0)),
+                     ("free", ("step1", "a")), ("alloc", ("step2", "a")), ("free", ("step2", "a"))]
+
+
+def test_pieces_keep_the_total():
+    assert sum(pieces(1001, 7)) == 1001 and len(pieces(1001, 7)) == 7
+    assert act_pieces(1000, 0) == [1000]
+    assert len(act_pieces(1000, 300)) == 4 and sum(act_pieces(1000, 300)) == 1000
+
+
+def test_estimate_sequence_allocates_what_the_layers_hold():
+    layer = LayerBlocks(params=100 * MIB, grads=100 * MIB, optimizer=200 * MIB, activations=300 * MIB, comm=0,
+                        inflight=2, transient=50 * MIB, weight_tensors=4, act_tensor=25 * MIB)
+    r = replay(from_estimate([layer] * 3))
+    # at the first backward of step 2: params, states, both micro-batches' activations, the transient and
+    # the last layer's gradients
+    assert r.peak_requested == 3 * 100 * MIB + 3 * 200 * MIB + 2 * 3 * 300 * MIB + 50 * MIB + 100 * MIB
+    assert r.peak_reserved >= r.peak_requested
+    kept = replay(from_estimate([layer] * 3, grads_persist=True))
+    assert kept.peak_requested == r.peak_requested + 2 * 100 * MIB
