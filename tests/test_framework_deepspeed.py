@@ -216,14 +216,19 @@ MECHANISM_CASES = [
     ({"parallel.zero": 1, "training.precision.grads": "fp32"}, "grads", 4 * gpt_params()),
     # ZeRO-2, 4 micro-batches: averaged_gradients keeps the previous partition while the next is filled
     ({"parallel.zero": 2, "training.num_micro_batches": 4}, "grads", 4 * P8),
-    # ZeRO-2 IPG buffer: reduce_bucket_size bf16 elements, two with overlap_comm (backward())
-    ({"parallel.zero": 2}, "comm", 2 * 500_000_000),
+    # ZeRO-2 IPG buffer: reduce_bucket_size bf16 elements, two with overlap_comm (setup_buckets), and the
+    # flat copy of a full bucket's gradients that allreduce_bucket makes for the collective
+    # (average_tensor -> allreduce_and_scatter / allreduce_no_retain -> allreduce_bucket: self.flatten)
+    ({"parallel.zero": 2}, "comm", 2 * 500_000_000 + 2 * 500_000_000),
     ({"parallel.zero": 2, "deepspeed.overlap_comm": True, "deepspeed.reduce_bucket_size": 200_000_000},
-     "comm", 2 * 2 * 200_000_000),
-    # ZeRO-2 offload: the bucket plus temp_grad_buffer_for_gpu_offload (the largest parameter, bf16)
-    ({"parallel.zero": 2, "deepspeed.offload_optimizer": "cpu"}, "comm", 2 * 500_000_000 + 2 * LARGEST),
-    # ZeRO-3: no per-layer buffers (its bucket and fetches are stage-wide runtime blocks)
-    ({"parallel.zero": 3}, "comm", 0),
+     "comm", 2 * 2 * 200_000_000 + 2 * 200_000_000),
+    # ZeRO-2 offload: the bucket, its flat copy, and temp_grad_buffer_for_gpu_offload (the largest parameter)
+    ({"parallel.zero": 2, "deepspeed.offload_optimizer": "cpu"}, "comm",
+     2 * 500_000_000 + 2 * 500_000_000 + 2 * LARGEST),
+    # ZeRO-3: its bucket and fetches are stage-wide runtime blocks; a layer's comm is the padded flat copy
+    # of a full bucket that reduce_scatter_coalesced interleaves for the reduce-scatter (stage3.py
+    # __avg_scatter_grads; runtime/comm/coalesced_collectives.py: torch.cat)
+    ({"parallel.zero": 3}, "comm", 2 * 500_000_000),
 ]
 
 

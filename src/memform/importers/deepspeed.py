@@ -112,6 +112,10 @@ def _model(model: Path, draft: Draft, given: set[str]) -> None:
         before = len(draft.warnings)
         hf.convert(model, draft, given)
         draft.warnings[before:] = [f"{model.name}: {w}" for w in draft.warnings[before:]]
+        # a Hugging Face config.json is trained as transformers builds it (from_config / from_pretrained):
+        # the deepspeed profile's activations of transformers' model classes (deepspeed.modeling)
+        draft.set("deepspeed.modeling", "transformers",
+                  f"{model.name} is a Hugging Face config: transformers' model classes")
         return
     text = read_text(model, "model config")
     try:
