@@ -98,7 +98,7 @@ def html_stage_rows(root: ET.Element) -> dict[int, dict[str, int]]:
 
 
 def expected_rows(d: dict) -> dict[int, dict[str, int]]:
-    return {s["stage"]: {**s["breakdown"], "peak": s["peak_bytes"]} for s in d["stages"]}
+    return {s["stage"]: {**s["breakdown"], "peak": s["peak_bytes"], "reserved": s["reserved_bytes"]} for s in d["stages"]}
 
 
 # ------------------------------------------------------------------ every format, every config
@@ -148,7 +148,8 @@ def test_markdown_report_numbers_equal_json(config):
         k = 2 + len(CATEGORIES)
         assert cells[2:k] == [human_bytes(s["breakdown"][c]) for c in CATEGORIES]
         assert cells[k] == human_bytes(s["peak_bytes"]) and int(cells[k + 1]) == s["peak_bytes"]
-        assert cells[k + 3] == ("yes" if s["fits"] else "**NO**")
+        assert cells[k + 2] == human_bytes(s["reserved_bytes"])
+        assert cells[k + 4] == ("yes" if s["fits"] else "**NO**")
     assert text.count("\\begin{aligned}") == len(d["stages"])
 
 

@@ -23,12 +23,13 @@ CONFIGS = ROOT / "configs"
 
 
 def _fits(config: Path, key: str, value: int) -> bool | None:
-    """Interpreter's verdict for one value; None where the value is not a valid config."""
+    """Interpreter's verdict on the allocated peak for one value (what solve bounds; the caching allocator's
+    reserve is a replay, added to solve's answer as a note); None where the value is not a valid config."""
     try:
         est = memform.estimate(config, {key: value, "parallel.devices": None})
     except memform.MemformError:
         return None
-    return est.fits
+    return est.peak_bytes <= est.capacity_bytes
 
 
 #: (config, key, extra overrides): the answer must fit, the next valid value must not

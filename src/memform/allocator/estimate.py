@@ -114,7 +114,12 @@ def stage_reserve(stage: "StageNumbers", layers: list[LayerBlocks], config: Allo
 
 def set_reserve(stage: "StageNumbers", layers: list[LayerBlocks], config: AllocatorConfig, grads_kept: bool) -> None:
     r = stage_reserve(stage, layers, config, grads_kept)
-    stage.reserve, stage.reserve_oom, stage.reserve_releases = r.reserve, r.oom, r.releases
+    stage.set_reserve(r.reserve, r.oom, r.releases)
+
+
+def defer_reserve(stage: "StageNumbers", layers: list[LayerBlocks], config: AllocatorConfig, grads_kept: bool) -> None:
+    """:func:`set_reserve` on the stage's first use of its reserve (the fast path's numbers stay cheap)."""
+    stage._reserve_pending = lambda st: set_reserve(st, layers, config, grads_kept)
 
 
 def apply(stages: list["StageResult"], model: "Model") -> None:

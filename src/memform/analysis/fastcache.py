@@ -174,7 +174,7 @@ def _run(loaded: _Loaded, data: Mapping[str, Any], full: Callable[[], Any]) -> "
     if "allocator" not in body:
         return None   # an entry written before the allocator model: the interpreter answers
     if body["allocator"] is not None:
-        from ..allocator.estimate import from_settings_dict, set_reserve
+        from ..allocator.estimate import defer_reserve, from_settings_dict
         from ..allocator.sequence import LayerBlocks
 
         config, kept = from_settings_dict(body["allocator"])
@@ -182,7 +182,7 @@ def _run(loaded: _Loaded, data: Mapping[str, Any], full: Callable[[], Any]) -> "
             layers: list[LayerBlocks] = []
             for n, at in st["groups"]:
                 layers += [LayerBlocks(*outs[at:at + 9])] * n
-            set_reserve(stage, layers, config, kept)
+            defer_reserve(stage, layers, config, kept)
     est = FastEstimate(body, stages, setup, {"total": total, "expert": expert, "dense": total - expert}, full)
     for s in stages:
         s._owner = est

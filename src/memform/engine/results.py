@@ -42,13 +42,12 @@ class StageNumbers:
     ideal_ps: int = 0
     #: tokens the whole job trains on per step (cost blocks' tokens; 0 when none says)
     tokens: int = 0
-    #: what the caching allocator reserves beyond the model's bytes (memform.allocator; None: not modelled,
-    #: as on the numeric fast path or with ``allocator.model: none``)
-    reserve: int | None = None
-    #: the allocator model ran out of memory on the device even after releasing its cached segments
-    reserve_oom: bool = False
-    #: cache releases (``cudaFree`` of every free segment, a device synchronisation) the step needed to fit
-    reserve_releases: int = 0
+    #: the allocator model's figures (see the ``reserve`` properties); ``_reserve_pending``: a function that
+    #: sets them on first use (the fast path defers the replay: a planner reading only peaks never pays it)
+    _reserve: int | None = None
+    _reserve_oom: bool = False
+    _reserve_releases: int = 0
+    _reserve_pending: Any = None
 
     @property
     def step_ps(self) -> int:
@@ -74,6 +73,33 @@ class StageNumbers:
     @property
     def peak_bytes(self) -> int:
         return self.static_bytes + self.dynamic_bytes + self.runtime_bytes
+
+    def _settle(self) -> None:
+        if self._reserve_pending is not None:
+            pending, self._reserve_pending = self._reserve_pending, None
+            pending(self)
+
+    def set_reserve(self, reserve: int, oom: bool, releases: int) -> None:
+        self._reserve, self._reserve_oom, self._reserve_releases = reserve, oom, releases
+
+    @property
+    def reserve(self) -> int | None:
+        """What the caching allocator reserves beyond the model's bytes (memform.allocator; None: not
+        modelled, with ``allocator.model: none``)."""
+        self._settle()
+        return self._reserve
+
+    @property
+    def reserve_oom(self) -> bool:
+        """The allocator model ran out of memory on the device even after releasing its cached segments."""
+        self._settle()
+        return self._reserve_oom
+
+    @property
+    def reserve_releases(self) -> int:
+        """Cache releases (``cudaFree`` of every free segment, a device synchronisation) the step needed to fit."""
+        self._settle()
+        return self._reserve_releases
 
     @property
     def reserved_bytes(self) -> int:
