@@ -64,11 +64,23 @@ def test_allocator_reserve_is_a_fraction_of_the_model_bytes():
 
 
 def test_runtime_counts_in_the_fit_check():
-    est = memform.estimate(LLAMA)
+    plain = {"allocator.model": "none"}       # allocated bytes only: the runtime's part of the verdict
+    est = memform.estimate(LLAMA, plain)
     cap_gib = est.peak_bytes / GIB + 0.5  # fits by half a GiB ...
-    assert memform.estimate(LLAMA, {"device.capacity_gib": cap_gib}).fits
+    assert memform.estimate(LLAMA, {**plain, "device.capacity_gib": cap_gib}).fits
     # ... and no longer once the runtime holds a GiB
-    assert not memform.estimate(LLAMA, {"device.capacity_gib": cap_gib, "device.safety_gib": 1}).fits
+    assert not memform.estimate(LLAMA, {**plain, "device.capacity_gib": cap_gib, "device.safety_gib": 1}).fits
+
+
+def test_the_fit_check_uses_what_the_caching_allocator_reserves():
+    est = memform.estimate(LLAMA)
+    stage = est.stages[est.peak_stage]
+    assert stage.reserve > 0 and est.reserved_bytes > est.peak_bytes
+    # a device that holds the allocated peak but not the allocator's reserve: the replay at that capacity
+    # releases the cache and retries, and still runs out of memory
+    tight = memform.estimate(LLAMA, {"device.capacity_gib": est.peak_bytes / GIB + 0.01})
+    assert not tight.fits
+    assert memform.estimate(LLAMA, {"device.capacity_gib": est.reserved_bytes / GIB + 0.01}).fits
 
 
 def test_a_user_profile_file_overrides_the_static_functions(tmp_path):

@@ -214,7 +214,9 @@ def _brute_force(path: Path, devices: int, space: dict, extra: dict) -> set[tupl
                                 est = memform.estimate_model(memform.api.rebind(base, ov))
                             except memform.MemformError:
                                 continue
-                            if est.fits:
+                            # search filters on the allocated peak (its vectorized path does not replay the
+                            # caching allocator: README "Reserved memory")
+                            if est.peak_bytes <= est.capacity_bytes:
                                 fits.add((dp, tp, pp, zero, rc, mbs, est.peak_bytes))
     return fits
 

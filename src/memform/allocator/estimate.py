@@ -36,12 +36,14 @@ class StageReserve:
 
 def settings(model: "Model") -> tuple[AllocatorConfig | None, bool]:
     """The allocator config of ``model`` (None: ``allocator.model: none``) and the formulas' ``grads_kept``."""
+    # a program whose formula files do not declare the allocator's keys (a user's own base) is replayed
+    # with PyTorch's defaults
     if model.value_for_key("allocator.model") == "none":
         return None, False
     split = float(model.value_for_key("allocator.max_split_size_mb") or 0)
     config = AllocatorConfig(expandable_segments=bool(model.value_for_key("allocator.expandable_segments")),
                              max_split_size=int(split * MIB) if split > 0 else None)
-    kept = bool(model.evaluator().let("grads_kept"))
+    kept = "grads_kept" in model.program.lets and bool(model.evaluator().let("grads_kept"))
     return config, kept
 
 
