@@ -26,9 +26,10 @@ import memform
 from ..compare import relative_error
 
 #: largest |relative error| per category (issue 29's acceptance: static <= 2 %, activations and the
-#: activation peak <= 10 %, communication buffers <= 25 %)
+#: activation peak <= 10 %, communication buffers <= 25 %; the allocator's reserve is a peak figure: its
+#: error, as a share of the reserved peak, is held to the peaks' 10 %)
 THRESHOLDS: dict[str, float] = {"params": 0.02, "grads": 0.02, "optimizer": 0.02, "activations": 0.10,
-                                "activations_peak": 0.10, "comm": 0.25, "reserve": 0.05}
+                                "activations_peak": 0.10, "comm": 0.25, "reserve": 0.10}
 CATEGORIES = tuple(THRESHOLDS)
 TITLES = {"activations_peak": "act.peak", "activations": "act", "optimizer": "optim"}
 #: the allocator's reserve is checked where it matters: a step whose replayed reserved peak is below this
