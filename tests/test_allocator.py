@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from memform.allocator import AllocatorConfig, CachingAllocator, OutOfMemory, replay
 from memform.allocator.caching import allocation_size, round_size
-from memform.allocator.sequence import LayerBlocks, act_pieces, from_estimate, from_samples, pieces, two_steps
+from memform.allocator.sequence import (MAX_EVENTS, MAX_PIECES, LayerBlocks, act_pieces, coarsen, events_of,
+                                       from_estimate, from_samples, pieces, two_steps)
 
 KIB, MIB = 1024, 2 ** 20
 
@@ -173,3 +174,23 @@ def test_estimate_sequence_allocates_what_the_layers_hold():
     assert r.peak_reserved >= r.peak_requested
     kept = replay(from_estimate([layer] * 3, grads_persist=True))
     assert kept.peak_requested == r.peak_requested + 2 * 100 * MIB
+
+
+def test_pieces_are_capped_for_figures_no_layer_has():
+    # a fuzzed 10^30-byte layer in 10^26 tensors would not fit in a list (CI failure of the last stop)
+    p = pieces(10 ** 30, 10 ** 26)
+    assert len(p) == MAX_PIECES and sum(p) == 10 ** 30
+
+
+def test_coarsen_keeps_real_stages_and_bounds_huge_ones():
+    layer = LayerBlocks(params=100 * MIB, grads=100 * MIB, optimizer=200 * MIB, activations=300 * MIB, comm=MIB,
+                        inflight=2, transient=50 * MIB, weight_tensors=9, act_tensor=10 * MIB)
+    assert coarsen([layer] * 126) == [layer] * 126          # Llama 3 405B on one stage: layer by layer
+    for layers in ([layer] * 100_000, [LayerBlocks(**{**layer.__dict__, "inflight": 50_000})] * 4):
+        merged = coarsen(layers)
+        held = max(lb.inflight for lb in merged)
+        assert sum(events_of(lb, held) for lb in merged) <= 2 * MAX_EVENTS
+        for figure in ("params", "grads", "optimizer"):     # the stage's totals are kept
+            assert sum(getattr(lb, figure) for lb in merged) == sum(getattr(lb, figure) for lb in layers)
+        assert (sum(lb.activations * lb.inflight for lb in merged)
+                >= sum(lb.activations * lb.inflight for lb in layers))

@@ -99,9 +99,14 @@ class LayerBlocks:
     act_tensor: int = 0
 
 
+#: at most this many tensors per block: a layer saves a few dozen tensors for its backward, so the cap
+#: only binds for figures no layer has (a fuzzed 10^30-wide layer), where it keeps the replay finite
+MAX_PIECES = 256
+
+
 def pieces(total: int, n: int) -> list[int]:
-    """``total`` bytes as ``n`` tensors of (nearly) equal size."""
-    n = max(1, min(n, total)) if total > 0 else 1
+    """``total`` bytes as ``n`` tensors of (nearly) equal size (at most ``MAX_PIECES``)."""
+    n = max(1, min(n, total, MAX_PIECES)) if total > 0 else 1
     q, r = divmod(total, n)
     return [q + 1] * r + [q] * (n - r)
 
@@ -111,13 +116,61 @@ def act_pieces(total: int, unit: int) -> list[int]:
     return pieces(total, -(-total // unit) if unit > 0 else 1)
 
 
+#: above about this many events a stage's sequence is coarsened (:func:`coarsen`); the bundled configs'
+#: stages (at most 16,200 events a step, gpt3-175b's) stay well below it and are replayed layer by layer
+MAX_EVENTS = 100_000
+
+
+def events_of(lb: LayerBlocks, held: int) -> int:
+    """About how many events :func:`from_estimate` makes for ``lb`` in one step."""
+    acts = len(act_pieces(lb.activations, lb.act_tensor)) + len(act_pieces(lb.transient, lb.act_tensor))
+    return 2 * (held * (acts + 2) + 4 * min(lb.weight_tensors, MAX_PIECES))
+
+
+def coarsen(layers: Sequence[LayerBlocks], budget: int = MAX_EVENTS) -> list[LayerBlocks]:
+    """``layers`` with runs of ``k`` equal consecutive layers merged into one block (their figures
+    summed, as many tensors as one layer has, each ``k`` times larger; the transient kept), ``k`` the
+    smallest that brings the sequence under about ``budget`` events; then, if it is still above, the
+    micro-batches in flight likewise in groups. Only figures no real stage has (tens of thousands of
+    layers, or thousands of micro-batches in flight) are coarsened; the replay of a merged block sees fewer,
+    larger tensors, an approximation the replay of a real stage does not make."""
+    held = max((lb.inflight for lb in layers), default=0)
+    total = sum(events_of(lb, held) for lb in layers)
+    if total <= budget:
+        return list(layers)
+    k = -(-total // budget)
+    out: list[LayerBlocks] = []
+    i = 0
+    while i < len(layers):
+        lb, j = layers[i], i + 1
+        while j < len(layers) and j - i < k and layers[j] == lb:
+            j += 1
+        n = j - i
+        out.append(lb if n == 1 else LayerBlocks(
+            lb.params * n, lb.grads * n, lb.optimizer * n, lb.activations * n, lb.comm * n, lb.inflight,
+            lb.transient, lb.weight_tensors, lb.act_tensor * n))
+        i = j
+    # micro-batches: thousands in flight (GPipe at a huge batch) are replayed as groups of m, each one
+    # tensor set m times larger
+    held = max((lb.inflight for lb in out), default=0)
+    total = sum(events_of(lb, held) for lb in out)
+    if total > budget and held > 1:
+        m = min(held, -(-total // budget))
+        out = [LayerBlocks(lb.params, lb.grads, lb.optimizer, lb.activations * m, lb.comm, -(-lb.inflight // m),
+                           lb.transient, lb.weight_tensors, lb.act_tensor * m) for lb in out]
+    return out
+
+
 def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False) -> list[Event]:
     """The two-step sequence of one stage from its per-layer figures (see the module docstring).
 
     A layer's weights, gradients and each optimizer moment are ``weight_tensors`` tensors; its saved
     activations and backward transient are tensors of ``act_tensor`` bytes. Each layer's transient is
     allocated at its backward and freed when it ends; ``grads_persist``: gradients live in buffers kept
-    across steps (Megatron's and DeepSpeed's contiguous gradient buffers) rather than freed by ``zero_grad``."""
+    across steps (Megatron's and DeepSpeed's contiguous gradient buffers) rather than freed by ``zero_grad``.
+    A stage far beyond any real one is :func:`coarsen`-ed first, so the replay stays bounded."""
+    layers = coarsen(layers)
+
     def w(lb: LayerBlocks, total: int) -> list[int]:
         return pieces(total, lb.weight_tensors)
 
