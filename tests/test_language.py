@@ -90,6 +90,31 @@ def test_override_in_later_file(tmp_path):
     assert "over.mf" in layer.sources["activations"]
 
 
+def test_super_is_the_definition_a_later_file_replaces(tmp_path):
+    # a profile adds to a block whatever file defined it: per variant, and through inheritance
+    base = write(tmp_path, "base.mf", HEADER + """
+        block dec extends layer {
+          params = h
+          act[none, selective] = 10 * h
+          act[full] = h
+        }
+        stack { dec * n }
+    """)
+    over = write(tmp_path, "over.mf", "block dec { act[none] = super + 1  act[full] = 2 * super  comm = super + h }\n")
+    for mode, act in (("none", 81), ("selective", 80), ("full", 16)):
+        est = memform.estimate({"formulas": [str(base), str(over)], "training": {"recompute": mode},
+                                "model": {"hidden_size": 8, "num_layers": 4}})
+        per = est.stages[0].layers[0].per_layer_values
+        assert (per["activations"], per["comm"]) == (act, 8)   # comm: layer's 0, inherited, + h
+
+
+def test_super_without_an_earlier_definition(tmp_path):
+    write(tmp_path, "base.mf", HEADER + "block dec extends layer { params = h }\n")
+    expect_error(tmp_path, 'include "base.mf"\nblock dec { fancy = super + 1 }\n', "no file before this one defines 'fancy'")
+    err = expect_error(tmp_path, HEADER + "let w = super * 2\n", "'super' (the definition a quantity replaces)")
+    assert err.loc.line == HEADER.count("\n") + 1
+
+
 def test_include_resolves_relative_and_bundled(tmp_path):
     write(tmp_path, "lib.mf", "let k = 5\n")
     main = write(tmp_path, "main.mf", 'include "lib.mf"\nlet j = k + 1\n')

@@ -66,7 +66,9 @@ FLAGS = {"bf16", "fp16", "swiglu", "group-query-attention", "disable-bias-linear
          "moe-grouped-gemm", "multi-latent-attention", "recompute-activations", "distribute-saved-activations",
          "fp8-param-gather", "fp8-dot-product-attention", "grad-reduce-in-bf16", "overlap-grad-reduce",
          "overlap-param-gather", "use-precision-aware-optimizer", "use-rotary-position-embeddings",
-         "fp8-e4m3", "fp8-hybrid", "use-mcore-models", "moe-shared-expert-gate", "mock-data"}
+         "fp8-e4m3", "fp8-hybrid", "use-mcore-models", "moe-shared-expert-gate", "mock-data",
+         "no-bias-swiglu-fusion", "no-rope-fusion", "no-masked-softmax-fusion", "use-legacy-models",
+         "no-gradient-accumulation-fusion"}
 
 #: the memform key an argument decides, for the ``--set`` a message suggests
 ARG_KEYS = {
@@ -402,6 +404,7 @@ def convert(path: Path | list[Path], draft: Draft, given: set[str] | Mapping[str
     draft.set("model.dropout", any(r > 0 for r in rates.values()),
               ", ".join(f"--{k} {v}" for k, v in rates.items()))
     _attention_kernel(f, draft)
+    _unfused_kernels(f, draft, swiglu)
     draft.set("model.tied_embeddings", not f.boolean("untie-embeddings-and-output-weights", False),
               "--untie-embeddings-and-output-weights" if f.has("untie-embeddings-and-output-weights")
               else "Megatron ties them unless --untie-embeddings-and-output-weights")
@@ -497,6 +500,35 @@ def _attention_kernel(f: Fields, draft: Draft) -> None:
         draft.set("model.flash_attention", backend in ("flash", "fused", "auto"), f"--attention-backend {backend}")
     else:
         draft.set("model.flash_attention", False, "no --use-flash-attn / --attention-backend")
+
+
+def _unfused_kernels(f: Fields, draft: Draft, swiglu: bool) -> None:
+    """Megatron-Core's own modules and the fusions switched off (their memory: formulas/frameworks/
+    megatron/megatron-core.mf). Megatron-LM's --no-* flags store False into the TransformerConfig fields
+    whose Megatron-LM defaults are on (arguments.py: bias_swiglu_fusion, apply_rope_fusion,
+    masked_softmax_fusion, gradient_accumulation_fusion; "incompatible defaults in dataclass")."""
+    impl = f.string("transformer-impl", "transformer_engine")
+    if impl == "local":
+        # models/gpt/gpt_layer_specs.py get_gpt_layer_local_spec: DotProductAttention, Megatron's own
+        # linears, torch (or Apex) norms
+        draft.set("megatron.transformer_impl", "local", "--transformer-impl local")
+        if draft.get("model.flash_attention"):
+            draft.set("model.flash_attention", False, "--transformer-impl local: the local spec's core is "
+                      "DotProductAttention, unfused, whatever the attention backend")
+    elif impl not in ("transformer_engine", "inference_optimized"):
+        draft.warn(f"--transformer-impl {impl} is not modelled; counted as transformer_engine")
+    if swiglu and f.boolean("no-bias-swiglu-fusion", False):
+        # transformer/mlp.py MLP.forward without bias_activation_fusion: glu(), eager PyTorch ops
+        draft.set("model.swiglu_impl", "eager", "--no-bias-swiglu-fusion: Megatron-Core's eager glu()")
+        draft.set("megatron.eager_glu", "mcore", "transformer/mlp.py glu(): silu(x_glu) * (x_linear + offset)")
+    if f.boolean("no-rope-fusion", False):
+        draft.set("megatron.rope_fusion", False, "--no-rope-fusion: rope_utils.py _apply_rotary_pos_emb_bshd")
+    if f.boolean("no-gradient-accumulation-fusion", False):
+        draft.set("megatron.gradient_accumulation_fusion", False, "--no-gradient-accumulation-fusion: "
+                  "tensor_parallel/layers.py makes each weight gradient, then adds it to main_grad")
+    if f.boolean("no-masked-softmax-fusion", False):
+        draft.set("megatron.masked_softmax_fusion", False, "--no-masked-softmax-fusion: fused_softmax.py "
+                  "forward_torch_softmax")
 
 
 def _positions(f: Fields, draft: Draft) -> None:

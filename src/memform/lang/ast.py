@@ -6,7 +6,8 @@ keeps the :class:`~memform.errors.Loc` it came from so traces and errors can poi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Iterator
 
 from ..errors import Loc
 
@@ -101,6 +102,52 @@ class Where:
 
 
 Expr = Num | Str | Bool | Ref | Call | BinOp | Neg | Cmp | Logic | Not | If | Where
+
+
+def walk(node: Expr) -> Iterator[Expr]:
+    """Every sub-expression of ``node`` (pre-order)."""
+    yield node
+    if isinstance(node, (BinOp, Cmp)):
+        yield from walk(node.left)
+        yield from walk(node.right)
+    elif isinstance(node, (Neg, Not)):
+        yield from walk(node.operand)
+    elif isinstance(node, Logic):
+        for o in node.operands:
+            yield from walk(o)
+    elif isinstance(node, If):
+        yield from walk(node.cond)
+        yield from walk(node.then)
+        yield from walk(node.other)
+    elif isinstance(node, Call):
+        for a in node.args:
+            yield from walk(a)
+    elif isinstance(node, Where):
+        yield from walk(node.expr)
+        for _, e in node.bindings:
+            yield from walk(e)
+
+
+def substitute(node: Expr, name: str, value: Expr) -> Expr:
+    """``node`` with every bare reference to ``name`` replaced by ``value``."""
+    def sub(n: Expr) -> Expr:
+        return substitute(n, name, value)
+
+    if isinstance(node, Ref):
+        return value if node.name == name and node.attr is None else node
+    if isinstance(node, (BinOp, Cmp)):
+        return replace(node, left=sub(node.left), right=sub(node.right))
+    if isinstance(node, (Neg, Not)):
+        return replace(node, operand=sub(node.operand))
+    if isinstance(node, Logic):
+        return replace(node, operands=tuple(sub(o) for o in node.operands))
+    if isinstance(node, If):
+        return replace(node, cond=sub(node.cond), then=sub(node.then), other=sub(node.other))
+    if isinstance(node, Call):
+        return replace(node, args=tuple(sub(x) for x in node.args))
+    if isinstance(node, Where):
+        return replace(node, expr=sub(node.expr), bindings=tuple((k, sub(e)) for k, e in node.bindings))
+    return node
 
 # ---------------------------------------------------------------- declarations
 

@@ -25,32 +25,11 @@ from .program import (
     SCHEDULE_NAMES,
     SCHEDULE_QUANTITIES,
     STACK_NAMES,
+    SUPER,
     Program,
 )
 
-
-def walk(node: ast.Expr) -> Iterator[ast.Expr]:
-    """Every sub-expression of ``node`` (pre-order)."""
-    yield node
-    if isinstance(node, (ast.BinOp, ast.Cmp)):
-        yield from walk(node.left)
-        yield from walk(node.right)
-    elif isinstance(node, (ast.Neg, ast.Not)):
-        yield from walk(node.operand)
-    elif isinstance(node, ast.Logic):
-        for o in node.operands:
-            yield from walk(o)
-    elif isinstance(node, ast.If):
-        yield from walk(node.cond)
-        yield from walk(node.then)
-        yield from walk(node.other)
-    elif isinstance(node, ast.Call):
-        for a in node.args:
-            yield from walk(a)
-    elif isinstance(node, ast.Where):
-        yield from walk(node.expr)
-        for _, e in node.bindings:
-            yield from walk(e)
+walk = ast.walk  # the engine imports it from here
 
 
 def walk_scoped(node: ast.Expr, in_layers: bool = False) -> Iterator[tuple[ast.Expr, bool]]:
@@ -225,6 +204,9 @@ class _Checker:
             qs = ", ".join(sorted(prog.quantity_names(node.name)))
             raise MemformError(f"'{node.name}' is a {prog.blocks[node.name].kind}; name one of its quantities "
                                f"({node.name}.{qs.split(', ')[0]} ...): {qs}", node.loc)
+        if node.name == SUPER:
+            raise MemformError("'super' (the definition a quantity replaces) can only be used in a block "
+                               "quantity that redefines one", node.loc)
         if node.name in SCHEDULE_NAMES:
             raise MemformError(f"'{node.name}' is only defined inside schedule (and runtime and cost) blocks", node.loc)
         if node.name in RUNTIME_NAMES:

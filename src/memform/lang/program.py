@@ -9,13 +9,17 @@ use it without an import cycle.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from ..errors import Loc, MemformError, did_you_mean
 from . import ast
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+#: in a block quantity, the definition it replaces (see :func:`with_super`): a later file -- a
+#: framework profile, loaded after the architecture files a config names -- adds to a quantity
+#: whatever file defined it, instead of redefining it over a user's own block
+SUPER = "super"
 BUILTIN_FUNCS = {"ceil": 1, "floor": 1, "min": None, "max": None, "log2": 1, "abs": 1,
                  "layers_sum": 1, "layers_max": 1, "layers_last": 1,
                  "is_list": 1, "len": 1, "at": 2}
@@ -210,20 +214,45 @@ class Program:
             prev.base = decl.base
             prev.base_loc = decl.loc
         fresh: set[tuple[str, str | None]] = set()  # what this declaration itself defines
+        before = {name: (qd.default, dict(qd.variants)) for name, qd in prev.quantities.items()}
         for q in decl.quantities:
             qd = prev.quantities.setdefault(q.name, QuantityDef(q.name))
             keys = q.variants if q.variants is not None else (None,)
             for key in keys:
+                kq = self._with_super(q, decl.name, key, before.get(q.name), prev.base)
                 if (q.name, key) in fresh:
                     what = q.name if key is None else f"{q.name}[{key}]"
                     raise MemformError(f"'{what}' is defined twice in block '{decl.name}'", q.loc)
                 fresh.add((q.name, key))
                 qd.moment = qd.moment or q.moment
                 if key is None:
-                    qd.default = q
+                    qd.default = kq
                 else:
                     if key not in RECOMPUTE_MODES:
                         raise MemformError(f"unknown variant '{key}'{did_you_mean(key, RECOMPUTE_MODES)}; "
                                            f"variants are the recompute modes {', '.join(RECOMPUTE_MODES)}",
                                            q.loc)
-                    qd.variants[key] = q
+                    qd.variants[key] = kq
+
+    def _with_super(self, q: ast.Quantity, block: str, key: str | None,
+                    before: tuple[ast.Quantity | None, dict[str, ast.Quantity]] | None,
+                    base: str | None) -> ast.Quantity:
+        """``q`` with every ``super`` replaced by the definition of ``block.q[key]`` that ``q`` replaces:
+        the block's own before this declaration, else the one it inherits from ``base``."""
+        if not uses_super(q.expr):
+            return q
+        old: ast.Quantity | None = None
+        if before is not None:
+            default, variants = before
+            old = variants.get(key, default) if key is not None else default
+        if old is None and base is not None and base in self.blocks:
+            old = self.pick(base, q.name, key)
+        if old is None:
+            what = q.name if key is None else f"{q.name}[{key}]"
+            raise MemformError(f"'super' in '{what}' of block '{block}' names the definition it replaces, "
+                               f"but no file before this one defines '{what}' for '{block}'", q.loc)
+        return replace(q, expr=ast.substitute(q.expr, SUPER, old.expr))
+
+
+def uses_super(expr: ast.Expr) -> bool:
+    return any(isinstance(n, ast.Ref) and n.name == SUPER and n.attr is None for n in ast.walk(expr))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import memform
@@ -37,12 +38,32 @@ TITLES = {"activations_peak": "act.peak", "activations": "act", "optimizer": "op
 RESERVE_FROM = 2 ** 30
 #: framework name -> (module of this package, the package it needs)
 FRAMEWORKS: dict[str, tuple[str, str]] = {"hf": ("hf", "transformers"), "titan": ("titan", "torchtitan"),
-                                          "deepspeed": ("deepspeed", "deepspeed")}
+                                          "deepspeed": ("deepspeed", "deepspeed"), "mcore": ("mcore", "megatron.core")}
 
 
 class Case(Protocol):
     def label(self) -> str: ...
     def memform_config(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class RankStep:
+    """One rank's measured bytes per category, the ops live at its activation peak, and notes."""
+
+    measured: dict[str, int]
+    peak_by_op: dict[str, int] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def imported_config(importer: str, path: Path, label: str, **options: Any) -> dict[str, Any]:
+    """The config ``memform import <importer>`` makes of a case's own files (``path``): how a user would
+    describe the same job. A draft that does not load is a fault of the harness, raised as such."""
+    from ...importers import Options, import_config
+
+    draft = import_config(importer, path, Options(name=label.replace(" ", "-"), **options))
+    if draft.load_error:
+        raise RuntimeError(f"{label}: memform import {importer} gave a config that does not load: {draft.load_error}")
+    return draft.config()
 
 
 @dataclass
@@ -100,7 +121,9 @@ def module(name: str):  # noqa: ANN201 - a module of this package
         importlib.import_module(package)
     except ImportError as exc:
         how = {"transformers": "pip install '.[frameworks]'",
-               "deepspeed": "pip install '.[frameworks]', or pip install deepspeed==0.19.8 torch==2.13.0"}.get(
+               "deepspeed": "pip install '.[frameworks]', or pip install deepspeed==0.19.8 torch==2.13.0",
+               "megatron.core": "pip install numpy packaging triton && pip install --no-deps "
+                                "--ignore-requires-python megatron-core==0.19.2"}.get(
             package, "pip install torchtitan==0.3.0 && pip install --no-deps triton")
         raise ImportError(f"{package} is not installed ({how}): {exc}") from exc
     return importlib.import_module(f"{__name__}.{mod_name}")

@@ -72,10 +72,11 @@ import json
 import os
 import tempfile
 import traceback
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from . import RankStep, imported_config
 from .tracking import StepSamples, replay_reserved, replayed_figures
 
 #: the DeepSpeed version the harness was checked against
@@ -156,28 +157,15 @@ class DSCase:
                 "training.recompute": "full" if self.gc else "none"}
 
     def memform_config(self) -> dict[str, Any]:
-        from ...importers import Options, import_config
-
         with tempfile.TemporaryDirectory() as tmp:
             self.hf_config().save_pretrained(tmp)
             ds = Path(tmp) / "ds_config.json"
             ds.write_text(json.dumps(self.ds_config(), indent=1))
-            draft = import_config("deepspeed", ds, Options(model=str(Path(tmp) / "config.json"),
-                                                           name=self.label().replace(" ", "-"),
-                                                           overrides=self.overrides()))
-        if draft.load_error:
-            raise RuntimeError(f"{self.label()}: memform import deepspeed gave a config that does not load: "
-                               f"{draft.load_error}")
-        return draft.config()
+            return imported_config("deepspeed", ds, self.label(), model=str(Path(tmp) / "config.json"),
+                                   overrides=self.overrides())
 
 
-@dataclass
-class Step:
-    """One rank's measured bytes per category, the ops live at its activation peak, and notes."""
-
-    measured: dict[str, int]
-    peak_by_op: dict[str, int] = field(default_factory=dict)
-    notes: dict[str, Any] = field(default_factory=dict)
+Step = RankStep
 
 
 #: results of the jobs run so far in this process (a job runs once for all of its rank rows)

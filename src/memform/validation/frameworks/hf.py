@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from . import imported_config
 from .tracking import StepSamples, replay_reserved, replayed_figures
 
 #: transformers' config class keywords of each model type the harness builds
@@ -94,16 +95,9 @@ class HFCase:
         return over
 
     def memform_config(self) -> dict[str, Any]:
-        from ...importers import Options, import_config
-
         with tempfile.TemporaryDirectory() as tmp:
             self.hf_config().save_pretrained(tmp)
-            draft = import_config("hf", Path(tmp) / "config.json",
-                                  Options(name=self.label().replace(" ", "-"), overrides=self.overrides()))
-        if draft.load_error:
-            raise RuntimeError(f"{self.label()}: memform import hf gave a config that does not load: "
-                               f"{draft.load_error}")
-        return draft.config()
+            return imported_config("hf", Path(tmp) / "config.json", self.label(), overrides=self.overrides())
 
 
 @dataclass

@@ -1,0 +1,535 @@
+"""megatron-core as the ground truth: its own GPT model, DDP, optimizer and pipeline schedules, real
+training steps on gloo ranks, measured per rank and held against memform's ``megatron`` profile.
+
+A case is a small Llama-style job (SwiGLU, RMSNorm, GQA, RoPE, no biases, no dropout, untied head) that
+Megatron-LM would run from a command line (:meth:`McoreCase.arguments`). memform reads *that command
+line* through ``memform import megatron`` (:meth:`McoreCase.memform_config`), so the importer is
+checked too. Each rank of a :func:`..ranks.spawn` gloo group runs what ``megatron/training`` runs for
+it, with megatron-core 0.19.2's own objects:
+
+- ``parallel_state.initialize_model_parallel(tp, pp, vpp)``, ``model_parallel_cuda_manual_seed``;
+- ``TransformerConfig(use_cpu_initialization=True)`` as ``core_transformer_config_from_args`` fills it
+  from these arguments (``deallocate_pipeline_outputs=True``, ``pipeline_dtype`` = the params dtype,
+  ``attention_softmax_in_fp32`` false: the argument is store_true), with every fusion off
+  (``gradient_accumulation_fusion``, ``bias_activation_fusion``, ``bias_dropout_fusion``,
+  ``masked_softmax_fusion``, ``apply_rope_fusion``, ``persist_layer_norm``: their kernels need CUDA;
+  the command line says so with the matching ``--no-*`` flags);
+- ``GPTModel(get_gpt_layer_local_spec(normalization="RMSNorm"))``, one per virtual stage, with
+  ``pre_process`` / ``post_process`` as ``training.get_model`` sets them; bf16: ``Float16Module``;
+- megatron's ``DistributedDataParallel`` (``grad_reduce_in_fp32`` as ``--bf16`` implies, the
+  distributed optimizer when asked; bucketing off for chunks after the first), then
+  ``get_megatron_optimizer`` (torch ``AdamW``: neither Transformer Engine nor Apex is installed), with
+  ``config.grad_scale_func`` / ``finalize_model_grads_func`` set as ``training.setup_model_and_optimizer``
+  and ``train`` set them;
+- the step of ``training.train_step``: ``zero_grad_buffer()``, ``optimizer.zero_grad()``,
+  ``get_forward_backward_func()`` over m micro-batches (no pipelining, 1F1B, or interleaved 1F1B),
+  with ``pretrain_gpt.forward_step`` / ``loss_func``'s per-token loss, then ``optimizer.step()``.
+
+One warm-up step (the optimizer creates its states) is followed by the traced one
+(:class:`.tracking.StepSamples`, started after the warm-up: megatron's persistent tensors are passed as
+static), and each rank measures:
+
+- params: the model's parameter storages (with the distributed optimizer, megatron's param buffer);
+- grads: the ``main_grad`` buffers (``_ParamAndGradBuffer.grad_data``: fp32 with ``--bf16``);
+- optimizer: what the optimizer holds beyond the model: fp32 master copies (bf16; the distributed
+  optimizer's shards) and the AdamW states;
+- activations: what the forward passes left saved when the rank's first ``backward_step`` starts (the
+  end of warm-up: one micro-batch without a pipeline, the in-flight micro-batches with one), less the
+  output gradient the stage has just received;
+- activations_peak: the largest activation-side sum over ``get_forward_backward_func()`` (received
+  tensors included: a received activation is the stage's input, a received gradient the gradient of its
+  output; ``optimizer.step()`` is traced on its own, ``step_peak`` in the notes);
+- comm: megatron's GlobalMemoryBuffer (``parallel_state.get_global_memory_buffer()``: the persistent
+  scratch DotProductAttention takes its baddbmm input from) and the outputs of collectives. A storage
+  first seen as a view op's output was allocated outside the dispatcher (gloo's reduce-scatter and
+  all-gather copies; NCCL works in place) and is counted nowhere;
+- reserved / reserve / step_peak: the traced step replayed through memform's allocator model
+  (:func:`.tracking.replay_reserved`), as the other harnesses do.
+
+Rows: one per pipeline stage (the stage's first rank), compared with memform's stage of that index.
+Two things the command line does not say are ``--set`` for memform (:meth:`McoreCase.overrides`): the
+CPU's RMSNorm kernel (``megatron.norm_kernel: composite``) and ``megatron.backward_regrad: autograd``
+(the profile's default keeps MemEst's bound for the first layer differentiated; see
+``formulas/frameworks/megatron/megatron-core.mf``).
+
+The shims (megatron-core 0.19.2, torch 2.13 CPU; ``shared/reference/frameworks-on-cpu.md`` §3), each for
+the megatron lines that assume a GPU -- see :func:`_shim`. Sequence parallelism cannot be shimmed: the
+local spec's norm is ``WrappedTorchNorm`` when neither Apex nor Transformer Engine is importable (both
+need CUDA), and ``transformer/torch_norm.py:50`` asserts "sequence parallel not supported by torch
+LayerNorm"; so no case here uses it.
+
+Needs megatron-core 0.19.2, which declares ``Requires-Python >=3.12`` but whose cp311 wheel runs on 3.11,
+and which imports triton unconditionally (``transformer/moe/ops/paged_stash.py:4``, from
+``import megatron.core``)::
+
+    pip install numpy packaging triton
+    pip install --no-deps --ignore-requires-python megatron-core==0.19.2
+
+(``--no-deps`` keeps pip from resolving a CUDA torch or a 3.12-only numpy.)
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import tempfile
+import traceback
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from . import RankStep, imported_config
+
+#: the megatron-core version the shims' line numbers and this harness were checked against
+VERSION = "0.19.2"
+INSTALL = ("pip install numpy packaging triton && "
+           "pip install --no-deps --ignore-requires-python megatron-core==0.19.2")
+
+
+@dataclass(frozen=True)
+class McoreCase:
+    """One megatron-core job on ``tp · pp · dp`` gloo ranks; ``stage``: which pipeline stage's rank the
+    row shows (the job itself runs once for all its stages)."""
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    dp: int = 1
+    distopt: bool = False
+    bf16: bool = False
+    recompute: str = "none"     # none | selective | full (uniform, one layer per checkpoint)
+    m: int = 4                  # micro-batches per step
+    L: int = 4
+    h: int = 128
+    ffn: int = 512
+    heads: int = 4
+    groups: int = 2
+    vocab: int = 1024
+    s: int = 256
+    b: int = 2
+    stage: int = 0
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def job(self) -> "McoreCase":
+        """The case without its row (the same job for every stage)."""
+        return replace(self, stage=0)
+
+    def label(self) -> str:
+        par = [f"tp{self.tp}"] if self.tp > 1 else []
+        if self.pp > 1:
+            par.append(f"pp{self.pp}" + (f" vpp{self.vpp}" if self.vpp > 1 else "") + f" m{self.m}")
+        if self.dp > 1:
+            par.append(f"dp{self.dp}" + (" distopt" if self.distopt else ""))
+        rc = f" rc={self.recompute}" if self.recompute != "none" else ""
+        st = f" stage{self.stage}" if self.pp > 1 else ""
+        return (f"mcore {' '.join(par)} L{self.L} h{self.h} a{self.heads}/{self.groups} s{self.s} b{self.b}"
+                f" {'bf16' if self.bf16 else 'fp32'}{rc}{st}")
+
+    # ---- the Megatron-LM command line of this job, and memform's reading of it -------------------
+    def arguments(self) -> list[str]:
+        """``pretrain_gpt.py``'s arguments for this job (what :func:`_run_rank` builds by hand)."""
+        args = ["--num-layers", self.L, "--hidden-size", self.h, "--ffn-hidden-size", self.ffn,
+                "--num-attention-heads", self.heads, "--group-query-attention", "--num-query-groups", self.groups,
+                "--seq-length", self.s, "--max-position-embeddings", self.s, "--vocab-size", self.vocab,
+                "--micro-batch-size", self.b, "--global-batch-size", self.b * self.m * self.dp,
+                "--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear",
+                "--attention-dropout", 0, "--hidden-dropout", 0, "--position-embedding-type", "rope",
+                "--untie-embeddings-and-output-weights", "--transformer-impl", "local",
+                "--tensor-model-parallel-size", self.tp, "--pipeline-model-parallel-size", self.pp,
+                # the fusions need CUDA kernels: off, as TransformerConfig below has them
+                "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-masked-softmax-fusion",
+                "--no-gradient-accumulation-fusion", "--no-rope-fusion", "--no-persist-layer-norm",
+                "--use-cpu-initialization"]
+        if self.vpp > 1:
+            args += ["--num-layers-per-virtual-pipeline-stage", self.L // (self.pp * self.vpp)]
+        if self.distopt:
+            args.append("--use-distributed-optimizer")
+        if self.bf16:
+            args.append("--bf16")
+        if self.recompute != "none":
+            args += ["--recompute-granularity", self.recompute]
+            if self.recompute == "full":
+                args += ["--recompute-method", "uniform", "--recompute-num-layers", 1]
+        return [str(a) for a in args]
+
+    def overrides(self) -> dict[str, Any]:
+        """What the command line does not say: the run is on the CPU, where torch's F.rms_norm (the local
+        spec's WrappedTorchNorm, Apex being absent) runs its composite rather than ``_fused_rms_norm``;
+        and the backward is counted as autograd holds it (``megatron.backward_regrad: autograd``), not
+        with the profile's default MemEst bound (megatron-core.mf: +26 % on pipeline stage 0 here)."""
+        return {"megatron.norm_kernel": "composite", "megatron.backward_regrad": "autograd"}
+
+    def memform_config(self) -> dict[str, Any]:
+        """The same job through ``memform import megatron`` of :meth:`arguments` (+ the device count);
+        memform derives the micro-batches per step from --global-batch-size / (--micro-batch-size × dp)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "args.txt"
+            path.write_text(" ".join(self.arguments()) + "\n")
+            return imported_config("megatron", path, self.label(), devices=self.world, overrides=self.overrides())
+
+
+Step = RankStep
+
+
+#: results of the jobs run so far in this process (a job runs once for all of its stage rows)
+_RESULTS: dict[McoreCase, list[dict[str, Any]]] = {}
+
+
+def measure(case: McoreCase) -> Step:
+    """The row of ``case``: its job's rank of pipeline stage ``case.stage`` (tp rank 0, dp rank 0)."""
+    job = case.job()
+    if job not in _RESULTS:
+        from .. import ranks
+
+        _RESULTS[job] = ranks.spawn(job.world, _measure_item, [asdict(job)], prefix="memform-mcore-")[0]
+    per_rank = _RESULTS[job]
+    # megatron's default order "tp-cp-ep-dp-pp": rank = tp_rank + tp·(dp_rank + dp·pp_rank)
+    result = per_rank[case.stage * case.tp * case.dp]
+    if "error" in result:
+        raise RuntimeError(f"{case.label()}: {result['error']}\n{result.get('trace', '')}")
+    return Step(result["measured"], result["notes"].get("peak_by_op", {}), result["notes"])
+
+
+def run(cases: list[McoreCase]) -> None:
+    """Run every job of ``cases`` in one spawned group per world size (quicker than one per job)."""
+    from .. import ranks
+
+    jobs: dict[int, list[McoreCase]] = {}
+    for c in cases:
+        if c.job() not in _RESULTS and c.job() not in jobs.get(c.world, []):
+            jobs.setdefault(c.world, []).append(c.job())
+    for world, group in jobs.items():
+        for job, per_rank in zip(group, ranks.spawn(world, _measure_item, [asdict(j) for j in group],
+                                                    prefix="memform-mcore-")):
+            _RESULTS[job] = per_rank
+
+
+# ---- the shims -------------------------------------------------------------------------------------
+_SHIMMED = False
+
+
+def _shim() -> None:
+    """Make megatron-core's CUDA calls run on the CPU (once per process, before megatron is imported).
+
+    - **rng**: ``model_parallel_cuda_manual_seed`` (``tensor_parallel/random.py:490``) calls
+      ``torch.cuda.manual_seed``, and ``CudaRNGStatesTracker.add`` (``random.py:303-308``) /
+      ``fork`` (``random.py:318-345``) and ``CheckpointFunction`` (``random.py:528-538``) read and set
+      the CUDA generator through ``torch.cuda.get_rng_state`` and megatron's own
+      ``_get_cuda_rng_state`` / ``_set_cuda_rng_state`` (``random.py:104``, ``:135``): "Torch not
+      compiled with CUDA enabled". They read and set the CPU generator instead (a 5,056-byte state
+      tensor made outside the dispatcher, so not traced).
+    - **device**: ``device=torch.cuda.current_device()`` in ``_ParamAndGradBuffer``
+      (``distributed/param_and_grad_buffer.py:1162-1186``), megatron's ``GlobalMemoryBuffer``
+      (``utils.py:715``), the pipeline's receive buffers
+      (``pipeline_parallel/p2p_communication.py:211-223, 334, 342``) and the distributed optimizer
+      (``optimizer/distrib_optimizer.py:998``); ``torch.cuda.synchronize`` (``p2p_communication.py:263,
+      419``; ``distributed_data_parallel.py:649, 672``); ``Tensor.cuda`` (``grad_scaler.py:163``).
+      ``torch.cuda.current_stream()`` in ``_ParamAndGradBucketGroup.start_grad_sync``
+      (``param_and_grad_buffer.py:632``, waiting for CUDA-graph events: none here).
+      ``current_device`` returns ``"cpu"``, ``synchronize`` / ``set_device`` do nothing, ``Tensor.cuda``
+      returns the tensor, ``current_stream`` a stream with nothing to wait for.
+    - **factory**: literal ``device='cuda'`` in ``optimizer/optimizer.py:690-702`` (``found_inf``,
+      ``_dummy_overflow_buf``, ``_scale_one``: bf16 and the distributed optimizer), ``:1249``
+      (``FP32Optimizer._scale``), ``optimizer/clip_grads.py:96-112, 180, 231`` and
+      ``pipeline_parallel/schedules.py:749, 1121, 2292`` (``total_num_tokens``) and
+      ``transformer/utils.py:39`` (``get_default_causal_mask``, the unfused softmax's mask): ``torch.tensor``,
+      ``zeros``, ``ones``, ``empty``, ``full`` and ``arange`` make them on the CPU.
+    - **type**: ``optimizer/clip_grads.py:174`` asserts ``param.grad.type() == 'torch.cuda.FloatTensor'``;
+      ``optimizer/distrib_optimizer.py:401, 466`` and ``optimizer/optimizer.py:1009, 1028`` sort
+      parameters by ``param.type()`` and raise ``TypeError`` for any other ("Wrapped parameters must be
+      one of torch.cuda.FloatTensor, ..."). The argument-less ``Tensor.type()`` of a CPU tensor names
+      the CUDA type (``torch.cuda.FloatTensor`` for ``torch.FloatTensor``); with an argument it converts
+      as before.
+
+    Nothing else is changed: these only route device placement and RNG bookkeeping, so every tensor
+    megatron allocates is the one it allocates on a GPU, on the CPU.
+    """
+    global _SHIMMED
+    if _SHIMMED:
+        return
+    import functools
+
+    import torch
+
+    # rng
+    torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
+    torch.cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
+    torch.cuda.manual_seed = lambda seed: torch.random.default_generator.manual_seed(int(seed))
+    torch.cuda.manual_seed_all = torch.cuda.manual_seed
+    # device
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.synchronize = lambda device=None: None
+    torch.cuda.set_device = lambda device: None
+    torch.Tensor.cuda = lambda self, *a, **k: self
+
+    class _Stream:  # what start_grad_sync asks of the current stream: nothing to wait for on the CPU
+        def wait_event(self, event):  # noqa: ANN001, ANN202
+            return None
+
+        def wait_stream(self, stream):  # noqa: ANN001, ANN202
+            return None
+
+    torch.cuda.current_stream = lambda device=None: _Stream()
+    # factory
+    for name in ("tensor", "zeros", "ones", "empty", "full", "arange"):
+        orig = getattr(torch, name)
+
+        def on_cpu(*a, _orig=orig, **k):  # noqa: ANN001, ANN202
+            dev = k.get("device")
+            if dev is not None and str(dev).startswith("cuda"):
+                k["device"] = "cpu"
+            return _orig(*a, **k)
+
+        setattr(torch, name, functools.wraps(orig)(on_cpu))
+    # type
+    cpu_type = torch.Tensor.type
+
+    def cuda_type(self, *a, **k):  # noqa: ANN001, ANN202
+        out = cpu_type(self, *a, **k)
+        if not a and not k and isinstance(out, str) and out.startswith("torch.") and not out.startswith("torch.cuda."):
+            return "torch.cuda." + out[len("torch."):]
+        return out
+
+    torch.Tensor.type = cuda_type
+    import megatron.core.tensor_parallel.random as mrandom
+
+    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    _SHIMMED = True
+
+
+# ---- one rank ----------------------------------------------------------------------------------------
+def _measure_item(d: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    """One job on this rank (:func:`..ranks.spawn` runs it in each rank's process)."""
+    try:
+        measured, notes = _run_rank(McoreCase(**d), rank, world)
+        return {"measured": measured, "notes": notes}
+    except Exception as exc:  # noqa: BLE001 - reported with the case
+        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
+                "trace": traceback.format_exc()[-3000:]}
+
+
+def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], dict[str, Any]]:
+    import warnings
+
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    warnings.filterwarnings("ignore")
+    _shim()
+    import torch
+    import torch.nn.functional as F
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.pipeline_parallel import p2p_communication, schedules
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.module import Float16Module
+
+    from ..fsdp2 import VIEW_OPS
+    from ..tracker import storages_of
+    from .tracking import StepSamples, replay_reserved, replayed_figures
+
+    vpp = case.vpp if case.pp > 1 and case.vpp > 1 else None
+    ps.initialize_model_parallel(tensor_model_parallel_size=case.tp, pipeline_model_parallel_size=case.pp,
+                                 virtual_pipeline_model_parallel_size=vpp)
+    try:
+        model_parallel_cuda_manual_seed(1234)
+        dtype = torch.bfloat16 if case.bf16 else torch.float32
+        rc = {} if case.recompute == "none" else {"recompute_granularity": case.recompute}
+        if case.recompute == "full":
+            rc.update(recompute_method="uniform", recompute_num_layers=1)
+        config = TransformerConfig(
+            num_layers=case.L, hidden_size=case.h, ffn_hidden_size=case.ffn,
+            num_attention_heads=case.heads, num_query_groups=case.groups,
+            tensor_model_parallel_size=case.tp, pipeline_model_parallel_size=case.pp,
+            virtual_pipeline_model_parallel_size=vpp,
+            use_cpu_initialization=True, params_dtype=dtype, pipeline_dtype=dtype, bf16=case.bf16,
+            gated_linear_unit=True, activation_func=F.silu, normalization="RMSNorm", add_bias_linear=False,
+            hidden_dropout=0.0, attention_dropout=0.0,
+            gradient_accumulation_fusion=False, bias_activation_fusion=False, bias_dropout_fusion=False,
+            masked_softmax_fusion=False, apply_rope_fusion=False, persist_layer_norm=False,
+            # what Megatron-LM's arguments give where the dataclass defaults differ (arguments.py: "incompatible
+            # defaults in dataclass"; --attention-softmax-in-fp32 is store_true) and what
+            # core_transformer_config_from_args sets (deallocate_pipeline_outputs)
+            attention_softmax_in_fp32=False, deallocate_pipeline_outputs=True, **rc)
+        pp_rank = ps.get_pipeline_model_parallel_rank()
+        chunks = []
+        for i in range(vpp or 1):
+            pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=i if vpp else None)
+            post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=i if vpp else None)
+            model = GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=case.vocab,
+                             max_sequence_length=case.s, pre_process=pre, post_process=post,
+                             share_embeddings_and_output_weights=False, position_embedding_type="rope",
+                             vp_stage=i if vpp else None)
+            model.model_type = getattr(model, "model_type", None)
+            if vpp:
+                model.vp_stage = i
+            if case.bf16:
+                model = Float16Module(config, model)
+            chunks.append(model)
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=case.bf16,
+                                                   use_distributed_optimizer=case.distopt)
+        chunks = [DistributedDataParallel(config, ddp_config, mod, disable_bucketing=i > 0 or pp_rank > 0)
+                  for i, mod in enumerate(chunks)]
+        opt_config = OptimizerConfig(optimizer="adam", lr=1e-4, bf16=case.bf16, params_dtype=dtype,
+                                     use_distributed_optimizer=case.distopt, clip_grad=1.0)
+        optimizer = get_megatron_optimizer(opt_config, chunks)
+        config.grad_scale_func = optimizer.scale_loss
+        config.finalize_model_grads_func = finalize_model_grads
+        forward_backward = get_forward_backward_func()
+
+        gen = torch.Generator().manual_seed(7 + ps.get_data_parallel_rank())
+        batches = [torch.randint(0, case.vocab, (case.b, case.s + 1), generator=gen) for _ in range(case.m)]
+        position_ids = torch.arange(case.s).unsqueeze(0).expand(case.b, case.s)
+        loss_mask = torch.ones(case.b, case.s)
+
+        def forward_step(data_iterator, model):  # noqa: ANN001, ANN202 - pretrain_gpt.forward_step
+            tokens = next(data_iterator)
+            out = model(tokens[:, :-1], position_ids, None, labels=tokens[:, 1:])
+
+            def loss_func(output_tensor):  # noqa: ANN001, ANN202 - pretrain_gpt.loss_func
+                losses = output_tensor.view(-1).float()
+                loss = torch.sum(losses * loss_mask.view(-1))
+                num_tokens = loss_mask.sum().clone().detach().to(torch.int)
+                return loss, num_tokens, {"lm loss": torch.cat([loss.clone().detach().view(1),
+                                                                num_tokens.view(1)])}
+
+            return out, loss_func
+
+        def train_step() -> None:  # megatron/training/training.py train_step
+            for c in chunks:
+                c.zero_grad_buffer()
+            optimizer.zero_grad()
+            iters = [iter(batches) for _ in chunks]
+            forward_backward(forward_step_func=forward_step, data_iterator=iters if vpp else iters[0],
+                             model=chunks if vpp else chunks[0], num_microbatches=case.m,
+                             seq_length=case.s, micro_batch_size=case.b, decoder_seq_length=case.s,
+                             forward_only=False)
+
+        train_step()
+        optimizer.step()
+        gc.collect()
+        params = [p for c in chunks for p in c.parameters()]
+        grad_buffers = [buf.grad_data for c in chunks for buf in (*c.buffers, *c.expert_parallel_buffers)]
+        param_buffers = [buf.param_data for c in chunks for buf in (*c.buffers, *c.expert_parallel_buffers)
+                         if buf.param_data is not None]
+        model_storages = {id(st) for st in storages_of([*params, *param_buffers])}
+        inner = [o for o in getattr(optimizer, "chained_optimizers", [optimizer])]
+        opt_tensors = []
+        for o in inner:
+            torch_opt = o.optimizer
+            opt_tensors += [p for g in torch_opt.param_groups for p in g["params"]]
+            opt_tensors += [t for st in torch_opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+        opt_storages = [st for st in storages_of(opt_tensors) if id(st) not in model_storages]
+        model_static = storages_of([*params, *param_buffers, *grad_buffers,
+                                    *(b for c in chunks for b in c.module.buffers()), *batches, position_ids, loss_mask])
+        static = model_static + opt_storages
+        measured = {"params": sum(st.nbytes() for st in storages_of([*params, *param_buffers])),
+                    "grads": sum(st.nbytes() for st in storages_of(grad_buffers)),
+                    "optimizer": sum(st.nbytes() for st in opt_storages)}
+
+        trace = StepSamples(ignore=static)
+        orig_backward = schedules.backward_step
+        orig_comm = p2p_communication.P2PCommunicator._communicate
+
+        def backward_step(*a, **k):  # noqa: ANN001, ANN202 - the end of warm-up: the first backward
+            if "warmup" not in trace.marks:
+                trace.mark("warmup")
+            return orig_backward(*a, **k)
+
+        def communicate(self, *a, **k):  # noqa: ANN001, ANN202 - received output gradients, tagged
+            out = orig_comm(self, *a, **k)
+            trace.tag([out[1]], "p2p")
+            return out
+
+        schedules.backward_step = backward_step
+        p2p_communication.P2PCommunicator._communicate = communicate
+        try:
+            with trace.mode:
+                train_step()
+                trace.mark("fwd_bwd")
+                optimizer.step()
+                trace.mark("step")
+        finally:
+            schedules.backward_step = orig_backward
+            p2p_communication.P2PCommunicator._communicate = orig_comm
+        # megatron's GlobalMemoryBuffer (utils.py GlobalMemoryBuffer, parallel_state.get_global_memory_buffer):
+        # persistent scratch -- the unfused attention's baddbmm input (dot_product_attention.py), sequence
+        # parallelism's all-gathers (tensor_parallel/mappings.py): a communication-side buffer
+        trace.tag(list(ps.get_global_memory_buffer().buffer.values()), "gmb")
+        # a storage first seen as a view op's output was allocated outside the dispatcher: gloo's scratch
+        # (its reduce-scatter / all-gather copies), not megatron's (NCCL works in place)
+        for serial, op in trace.op_of.items():
+            if op in VIEW_OPS and serial not in trace.tags:
+                trace.tags[serial] = "backend"
+        is_comm = lambda s: trace.tags.get(s) == "gmb" or any(k in trace.op_of.get(s, "") for k in COLLECTIVES)  # noqa: E731
+        act = lambda s: not is_comm(s) and trace.tags.get(s) != "backend"  # noqa: E731
+        # what the forward passes left saved: without the output gradient the stage has just received
+        saved = lambda s: act(s) and trace.tags.get(s) != "p2p"  # noqa: E731
+        fb = trace.marks["fwd_bwd"]
+        warm = trace.marks.get("warmup", fb)
+        peak, at = _peak(trace, act, 0, fb + 1)
+        step_peak, step_at = _peak(trace, act, fb + 1, len(trace.samples))
+        comm_peak, comm_at = trace.peak(is_comm)
+        measured.update(activations=trace.at(warm, saved), activations_peak=peak, comm=comm_peak)
+        # the allocator's reserve: the traced step replayed through memform's caching-allocator model,
+        # megatron's own tensors (parameters, their buffers, the grad buffers) first
+        measured.update(replayed_figures(replay_reserved(trace, model_static, opt_storages)))
+        notes = {"peak_by_op": trace.by_op(at, act, 12), "warmup_by_op": trace.by_op(warm, saved, 12),
+                 "step_peak": step_peak, "step_by_op": trace.by_op(step_at, act, 8),
+                 "comm_by_op": trace.by_op(comm_at, is_comm, 8), "rank": rank}
+        return measured, notes
+    finally:
+        ps.destroy_model_parallel()
+
+
+#: the c10d ops whose outputs are communication buffers
+COLLECTIVES = ("all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "broadcast", "alltoall",
+               "all_to_all")
+
+
+def _peak(trace, keep, start: int, stop: int) -> tuple[int, int]:  # noqa: ANN001
+    """The largest live sum of the storages ``keep`` accepts over samples [start, stop), and where."""
+    best, where = 0, -1
+    for i in range(start, stop):
+        total = trace.at(i, keep)
+        if total > best:
+            best, where = total, i
+    return best, where
+
+
+# ---- the cases -------------------------------------------------------------------------------------
+BASE = McoreCase()
+
+
+def _stages(case: McoreCase) -> list[McoreCase]:
+    return [replace(case, stage=i) for i in range(case.pp)]
+
+
+def sweep() -> list[McoreCase]:
+    """Every megatron-core case of ``bench/validate.py --frameworks``: TP 2 (fp32, bf16, selective and
+    full recompute, and MHA with and without selective recompute), PP 2 with 1F1B (fp32, bf16, full
+    recompute) and interleaved (vpp 2), TP 2 × PP 2 in bf16 (4 ranks), DP 2 with the distributed
+    optimizer (fp32, bf16); every pipeline stage a row."""
+    tp = replace(BASE, tp=2)
+    pp = replace(BASE, pp=2)
+    dp = replace(BASE, dp=2, distopt=True)
+    mha = replace(tp, groups=tp.heads)
+    cases = [tp, replace(tp, bf16=True), replace(tp, recompute="selective"), replace(tp, recompute="full"),
+             mha, replace(mha, recompute="selective")]
+    cases += _stages(pp) + _stages(replace(pp, bf16=True)) + _stages(replace(pp, recompute="full"))
+    cases += _stages(replace(pp, vpp=2)) + _stages(replace(pp, tp=2, bf16=True))
+    cases += [dp, replace(dp, bf16=True)]
+    return cases
+
+
+def quick_sweep() -> list[McoreCase]:
+    """The tests' subset: TP 2 and PP 2 (1F1B, both stages), two ranks each."""
+    return [replace(BASE, tp=2)] + _stages(replace(BASE, pp=2))
