@@ -36,6 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", help="the config's name (default: the source's model id, else the file name)")
     p.add_argument("--model", metavar="FILE",
                    help="deepspeed: the model underneath, a memform config YAML or a Hugging Face config.json")
+    p.add_argument("--adapter", metavar="JSON",
+                   help="hf: PEFT's adapter_config.json of a LoRA job (rank, target_modules, lora_dropout: lora.*)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="set a memform key in the output, e.g. --set parallel.tp=8 (repeatable)")
     p.set_defaults(func=cmd_import)
@@ -50,7 +52,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     overrides = dict(parse_override(o) for o in args.overrides)
     source = files if len(files) > 1 else files[0]
     draft = import_config(args.format, source, Options(devices=args.devices, name=args.name,
-                                                       overrides=overrides, model=args.model))
+                                                       overrides=overrides, model=args.model,
+                                                       adapter=args.adapter))
     text = draft.to_yaml()
     if args.output:
         try:

@@ -58,6 +58,7 @@ class Options:
     overrides: dict[str, Any] = field(default_factory=dict)
     check: bool = True
     model: str | None = None  # a model file for formats that describe only training (TAKES_MODEL)
+    adapter: str | None = None  # hf: PEFT's adapter_config.json of a LoRA fine-tuning job
 
 
 def import_config(fmt: str, path: str | Path | Sequence[str | Path], options: Options | None = None) -> Draft:
@@ -88,7 +89,14 @@ def import_config(fmt: str, path: str | Path | Sequence[str | Path], options: Op
     source: Path | list[Path] = paths if len(paths) > 1 else path
     # the overrides as a mapping: an importer may test a key's presence (``in``) or read its value
     # (megatron: a value its script leaves unknown may come from --set)
+    if options.adapter is not None and fmt != "hf":
+        raise MemformError(f"--adapter is read by 'memform import hf' only (a PEFT adapter_config.json over a "
+                           f"Hugging Face model), not by 'memform import {fmt}'")
     hinted = module.convert(source, draft, dict(options.overrides), **extra)
+    if options.adapter is not None:
+        from . import peft
+
+        peft.convert(Path(options.adapter), draft, module.read_json)
     draft.apply(options.overrides)
     _name(draft, path, options.name)
     _strategy(draft, options.devices or hinted, from_cli=options.devices is not None)

@@ -55,10 +55,16 @@ class HFCase:
     top_k: int = 2
     recipe: str = ""          # the published model this shape is (fake cases)
     device: str = "cpu"       # "cuda": a real GPU step (bench/gpu_truth.py), with the allocator's peaks
+    lora_r: int = 0           # PEFT LoRA rank (0: full fine-tuning); the base model frozen, as PEFT does
+    lora_targets: tuple[str, ...] = ("q_proj", "v_proj")   # PEFT's default for Llama
+    lora_dropout: float = 0.0
 
     def label(self) -> str:
         shape = self.recipe or f"L{self.L} h{self.h} a{self.heads}/{self.kv_heads}"
         moe = f" moe{self.experts}x{self.top_k}" if self.experts else ""
+        if self.lora_r:
+            moe += (f" lora{self.lora_r}[{'+'.join(t.split('_')[0] for t in self.lora_targets)}]"
+                    f"{f' drop{self.lora_dropout:g}' if self.lora_dropout else ''}")
         return (f"hf {self.model} {shape}{moe} b{self.b} s{self.s} {self.attn}"
                 f"{' gc' if self.gc else ''} {self.dtype}{' fake' if self.fake else ''}"
                 f"{'' if self.device == 'cpu' else ' ' + self.device}")
@@ -94,10 +100,22 @@ class HFCase:
             over.update({"hf_trainer.amp": "bf16", "hf_trainer.autocast_device": self.device})
         return over
 
+    def lora_config(self) -> Any:
+        """PEFT's ``LoraConfig`` of the case (what ``adapter_config.json`` holds)."""
+        from peft import LoraConfig
+
+        return LoraConfig(r=self.lora_r, lora_alpha=2 * self.lora_r, lora_dropout=self.lora_dropout,
+                          target_modules=list(self.lora_targets), task_type="CAUSAL_LM")
+
     def memform_config(self) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             self.hf_config().save_pretrained(tmp)
-            return imported_config("hf", Path(tmp) / "config.json", self.label(), overrides=self.overrides())
+            options: dict[str, Any] = {}
+            if self.lora_r:
+                self.lora_config().save_pretrained(tmp)       # adapter_config.json, as PEFT writes it
+                options["adapter"] = str(Path(tmp) / "adapter_config.json")
+            return imported_config("hf", Path(tmp) / "config.json", self.label(), overrides=self.overrides(),
+                                   **options)
 
 
 @dataclass
@@ -145,8 +163,16 @@ def _step(case: HFCase, seed: int) -> Step:
     if case.gc:
         # what the Trainer calls with TrainingArguments' default kwargs (trainer.py): use_reentrant False
         model.activation_checkpointing_enable()
+    if case.lora_r:
+        from peft import get_peft_model
+
+        # PEFT freezes every base weight and adds the adapters (in fp32 over a 16-bit base:
+        # get_peft_model's autocast_adapter_dtype default)
+        model = get_peft_model(model, case.lora_config())
     params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=1e-4)
+    # the Trainer's optimizer takes the parameters that require gradients (trainer.py
+    # get_decay_parameter_names / create_optimizer)
+    opt = torch.optim.AdamW([p for p in params if p.requires_grad], lr=1e-4)
     ids = torch.randint(0, case.vocab, (case.b, case.s), device=case.device)
     autocast = (torch.autocast(case.device, dtype=torch.bfloat16) if case.dtype == "amp-bf16"
                 else contextlib.nullcontext())
@@ -213,6 +239,19 @@ LLAMA31_8B = HFCase(h=4096, L=32, heads=32, kv_heads=8, ffn=14336, vocab=128256,
 LLAMA31_70B = replace(LLAMA31_8B, h=8192, L=80, heads=64, ffn=28672, s=4096, recipe="Llama-3.1-70B")
 
 
+#: PEFT's target_modules "all-linear" on a Llama: every projection of every decoder
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+#: LoRA fine-tuning (PEFT over a frozen base): its default targets (q, v), every projection, dropout,
+#: the three dtype set-ups, checkpointing, eager attention. (Not traced at a published size: PEFT moves
+#: each new adapter with Module.to, which under FakeTensorMode swaps tensors that carry weak references
+#: and raises in torch 2.13.)
+LORA = [replace(BASE, lora_r=8), replace(BASE, lora_r=8, lora_targets=ALL_LINEAR),
+        replace(BASE, lora_r=8, lora_dropout=0.1), replace(BASE, lora_r=8, dtype="bf16"),
+        replace(BASE, lora_r=8, dtype="amp-bf16"), replace(BASE, lora_r=8, gc=True),
+        replace(BASE, lora_r=16, lora_targets=ALL_LINEAR, L=8, dtype="bf16"),
+        replace(BASE, lora_r=8, attn="eager", lora_targets=ALL_LINEAR, dtype="amp-bf16")]
+
+
 def sweep() -> list[HFCase]:
     """Every transformers case of ``bench/validate.py --frameworks``."""
     cases = [replace(BASE, attn=attn, gc=gc, dtype=dtype)
@@ -220,7 +259,7 @@ def sweep() -> list[HFCase]:
     cases += [replace(BASE, model="qwen3", head_dim=32),
               replace(BASE, model="mixtral", experts=4, top_k=2)]
     cases += [LLAMA31_8B, replace(LLAMA31_8B, gc=True), LLAMA31_70B, replace(LLAMA31_70B, gc=True)]
-    return cases
+    return cases + LORA
 
 
 def quick_sweep() -> list[HFCase]:

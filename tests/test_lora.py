@@ -1,0 +1,105 @@
+"""LoRA fine-tuning (issue 30): adapters over a frozen base, their formulas and `memform import hf --adapter`.
+
+Reference numbers: PEFT's trainable-parameter counts are r·(k + d) per adapted k -> d projection (Hu et al.
+2021, §4.1; PEFT print_trainable_parameters), checked here against the shapes of Llama-2-7B and
+Llama-3-8B (their released config.json). What the adapters' forward keeps is measured against PEFT
+itself in tests/test_frameworks_ground_truth.py (the LoRA rows).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cli_helpers import run_memform as run
+
+import memform
+from memform.errors import MemformError
+from memform.importers import Options, import_config
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data" / "importers"
+LLAMA2 = {"parallel.tp": 1, "parallel.sequence_parallel": False, "parallel.pp": 1, "parallel.dp": 1}
+
+
+def trainable(est: memform.Estimate, grad_bytes: int = 4) -> int:
+    """Parameters with gradients: the stage's gradient bytes over their dtype (one stage, no sharding)."""
+    return int(est.stages[0].values["grads"]) // grad_bytes
+
+
+@pytest.mark.parametrize("targets, rank, expected", [
+    # Llama-2-7B (h 4096, f 11008, MHA, 32 layers), r 8 on q_proj and v_proj: 2 · 8 · (4096 + 4096) · 32,
+    # the 4,194,304 trainable parameters PEFT reports for this set-up
+    ({}, 8, 4_194_304),
+    # every projection, r 16: 16 · (4 · 8192 + 2 · (4096 + 11008) + (11008 + 4096)) · 32
+    ({k: True for k in ("k_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}, 16, 39_976_960),
+])
+def test_adapter_parameters_are_r_times_k_plus_d(targets, rank, expected):
+    over = {**LLAMA2, "lora.rank": rank, **{f"lora.{k}": v for k, v in targets.items()}}
+    est = memform.estimate(ROOT / "configs" / "llama2-7b.yaml", overrides=over)
+    full = memform.estimate(ROOT / "configs" / "llama2-7b.yaml", overrides=LLAMA2)
+    decoder = [next(g for g in e.stages[0].layers if g.block == "decoder") for e in (est, full)]
+    added = int(decoder[0].per_layer_values["param_count"] - decoder[1].per_layer_values["param_count"])
+    assert added * decoder[0].count_value == expected
+    # the base is frozen: gradients and optimizer states for the adapters only, parameters for both
+    assert trainable(est) == expected
+    s, f = est.stages[0].values, full.stages[0].values
+    assert s["params"] > f["params"] and s["grads"] < f["grads"] / 100 and s["optimizer"] < f["optimizer"] / 100
+
+
+def test_a_frozen_base_keeps_fewer_activations_and_adapters_on_every_projection_keep_more():
+    base = {**LLAMA2, "training.framework": "hf-trainer", "training.precision.params": "bf16",
+            "training.precision.activations": "bf16"}
+    cfg = ROOT / "configs" / "llama2-7b.yaml"
+    full = memform.estimate(cfg, overrides=base).stages[0].values["activations"]
+    qv = memform.estimate(cfg, overrides={**base, "lora.rank": 8}).stages[0].values["activations"]
+    every = memform.estimate(cfg, overrides={**base, "lora.rank": 8, **{f"lora.{k}": True for k in (
+        "k_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}}).stages[0].values["activations"]
+    assert qv < every and qv < full
+
+
+def test_lora_with_tensor_parallelism_is_refused():
+    with pytest.raises(MemformError, match="LoRA .* without tensor parallelism"):
+        memform.estimate(ROOT / "configs" / "llama3-8b.yaml", overrides={"lora.rank": 8})
+
+
+def test_import_hf_adapter_sets_the_lora_keys():
+    draft = import_config("hf", DATA / "llama3-8b.config.json",
+                          Options(adapter=str(DATA / "peft" / "llama3-8b-all-linear.adapter_config.json")))
+    lora = draft.config()["lora"]
+    assert lora["rank"] == 16 and lora["dropout"] == 0.05
+    assert all(lora[k] for k in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+    assert not draft.warnings or all("adapter_config" not in w for w in draft.warnings), draft.warnings
+
+
+@pytest.mark.parametrize("field, value, fragment", [
+    ("use_dora", True, "field 'use_dora' is true: it trains more than the LoRA adapters"),
+    ("modules_to_save", ["lm_head"], "field 'modules_to_save'"),
+    ("bias", "all", "field 'bias'"),
+    ("target_modules", ["c_attn"], "'c_attn'"),
+    ("peft_type", "IA3", "LoRA adapters only"),
+])
+def test_adapters_memform_would_size_wrongly_are_refused(tmp_path, field, value, fragment):
+    import json
+
+    data = json.loads((DATA / "peft" / "llama3-8b-qv.adapter_config.json").read_text())
+    data[field] = value
+    bad = tmp_path / "adapter_config.json"
+    bad.write_text(json.dumps(data))
+    proc = run("import", "hf", str(DATA / "llama3-8b.config.json"), "--adapter", str(bad))
+    assert proc.returncode == 2, proc.stderr
+    assert fragment in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_import_with_adapter_then_estimate(tmp_path):
+    out = tmp_path / "lora.yaml"
+    proc = run("import", "hf", str(DATA / "llama3-8b.config.json"), "--adapter",
+               str(DATA / "peft" / "llama3-8b-qv.adapter_config.json"), "--set", "model.seq_length=2048",
+               "--set", "training.framework=hf-trainer", "--set", "training.precision.params=bf16", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    est = memform.estimate(out)
+    # Llama-3-8B, r 8 on q (4096 -> 4096) and v (4096 -> 1024): 8 · (8192 + 5120) · 32 adapters, fp32
+    assert trainable(est) == 3_407_872
+    assert est.stages[0].values["grads"] == 3_407_872 * 4
+    proc = run("import", "megatron", str(DATA / "llama3-8b.args.txt"), "--adapter", str(out))
+    assert proc.returncode == 2 and "--adapter is read by 'memform import hf' only" in proc.stderr
