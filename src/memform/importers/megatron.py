@@ -68,7 +68,7 @@ FLAGS = {"bf16", "fp16", "swiglu", "group-query-attention", "disable-bias-linear
          "overlap-param-gather", "use-precision-aware-optimizer", "use-rotary-position-embeddings",
          "fp8-e4m3", "fp8-hybrid", "use-mcore-models", "moe-shared-expert-gate", "mock-data",
          "no-bias-swiglu-fusion", "no-rope-fusion", "no-masked-softmax-fusion", "use-legacy-models",
-         "no-gradient-accumulation-fusion"}
+         "no-gradient-accumulation-fusion", "optimizer-cpu-offload"}
 
 #: the memform key an argument decides, for the ``--set`` a message suggests
 ARG_KEYS = {
@@ -668,6 +668,7 @@ def _strategy(f: Fields, draft: Draft, layers: int, tp: int) -> None:
         on = f.boolean(arg, False)
         draft.set(key, on, f"--{arg}" if on else f"no --{arg}")
     _overlap(f, draft)
+    _optimizer_offload(f, draft)
     if f.raw("use-torch-fsdp2") or f.raw("use-custom-fsdp"):
         draft.warn("FSDP (--use-torch-fsdp2 / --use-custom-fsdp) is imported as the distributed optimizer "
                    "only; set parallel.zero: 3 for fully sharded parameters")
@@ -802,6 +803,24 @@ def _optimizer_precision(f: Fields, draft: Draft, params: str) -> None:
     if params != "bf16":
         # TE FusedAdam stores 16-bit remainders of fp32 masters only for bf16 parameters
         draft.set("megatron.store_param_remainders", False, f"{params} parameters: full fp32 master weights")
+
+
+def _optimizer_offload(f: Fields, draft: Draft) -> None:
+    """--optimizer-cpu-offload with --optimizer-offload-fraction (arguments.py: default 1.0): that share of the
+    master weights and Adam states lives and steps on the host (training.optimizer_offload, common.mf)."""
+    if not f.boolean("optimizer-cpu-offload", False):
+        if f.has("optimizer-offload-fraction"):
+            draft.warn("--optimizer-offload-fraction has no effect without --optimizer-cpu-offload")
+        return
+    share = f.raw("optimizer-offload-fraction", 1.0)
+    try:
+        share = float(share)
+    except (TypeError, ValueError):
+        raise f.error("optimizer-offload-fraction", f"must be a number between 0 and 1, got {share!r}") from None
+    if not 0 <= share <= 1:
+        raise f.error("optimizer-offload-fraction", f"must be between 0 and 1, got {share}")
+    draft.set("training.optimizer_offload", share, "--optimizer-cpu-offload"
+              + (" --optimizer-offload-fraction" if f.has("optimizer-offload-fraction") else " (fraction 1.0)"))
 
 
 def _overlap(f: Fields, draft: Draft) -> None:

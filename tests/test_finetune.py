@@ -1,4 +1,5 @@
-"""LoRA fine-tuning (issue 30): adapters over a frozen base, their formulas and `memform import hf --adapter`.
+"""Fine-tuning and offloading mechanisms (issue 30): LoRA adapters over a frozen base (their formulas and
+`memform import hf --adapter`), a frozen vision tower, the optimizer step offloaded to the host.
 
 Reference numbers: PEFT's trainable-parameter counts are r·(k + d) per adapted k -> d projection (Hu et al.
 2021, §4.1; PEFT print_trainable_parameters), checked here against the shapes of Llama-2-7B and
@@ -103,3 +104,40 @@ def test_cli_import_with_adapter_then_estimate(tmp_path):
     assert est.stages[0].values["grads"] == 3_407_872 * 4
     proc = run("import", "megatron", str(DATA / "llama3-8b.args.txt"), "--adapter", str(out))
     assert proc.returncode == 2 and "--adapter is read by 'memform import hf' only" in proc.stderr
+
+
+def test_a_frozen_vision_tower_keeps_no_gradients_states_or_activations():
+    cfg = ROOT / "configs" / "qwen2-vl-7b.yaml"
+    stage = {v: memform.estimate(cfg, overrides={"model.vision.frozen": v}).stages[0] for v in ("none", "encoder", "all")}
+    by_block = {g.block: g for g in stage["none"].layers}
+    enc = ("vision_patch_embed", "vision_layer")
+    def per(blocks, cat):   # the stage's bytes of these blocks (activations: per micro-batch in flight)
+        return sum(by_block[b].per_layer_values[cat] * by_block[b].count_value
+                   * (by_block[b].inflight_value if cat == "activations" else 1) for b in blocks)
+    for cat in ("grads", "optimizer", "activations"):
+        assert stage["none"].values[cat] - stage["encoder"].values[cat] == per(enc, cat), cat
+        assert stage["encoder"].values[cat] - stage["all"].values[cat] == per(("vision_merger",), cat), cat
+    assert stage["all"].values["params"] == stage["none"].values["params"]   # frozen weights are still held
+
+
+@pytest.mark.parametrize("share", [0.25, 1.0])
+def test_optimizer_offload_moves_that_share_of_the_states_to_the_host(share):
+    # MemEst's swap_os is share 1 (memest-formulas.md §1.2: "0 if swap_os"); MoE and MindSpore blocks too
+    for cfg, over in ((ROOT / "configs" / "llama3-8b.yaml", {}), (ROOT / "configs" / "mixtral-8x7b.yaml", {}),
+                      (ROOT / "configs" / "llama3-8b.yaml", {"training.framework": "mindspore"})):
+        base = memform.estimate(cfg, overrides=over).stages[0]
+        off = memform.estimate(cfg, overrides={**over, "training.optimizer_offload": share}).stages[0]
+        states = base.values["optimizer"]
+        assert off.values["optimizer"] == pytest.approx((1 - share) * states, rel=1e-9, abs=2)
+        assert off.host_bytes - base.host_bytes == pytest.approx(share * states, rel=1e-9, abs=2)
+
+
+def test_megatron_optimizer_cpu_offload_flags(tmp_path):
+    args = (DATA / "llama3-8b.args.txt").read_text() + "\n--optimizer-cpu-offload --optimizer-offload-fraction 0.5\n"
+    (tmp_path / "a.txt").write_text(args)
+    draft = import_config("megatron", tmp_path / "a.txt", Options())
+    assert draft.config()["training"]["optimizer_offload"] == 0.5
+    (tmp_path / "b.txt").write_text((DATA / "llama3-8b.args.txt").read_text() + "\n--optimizer-cpu-offload\n")
+    assert import_config("megatron", tmp_path / "b.txt", Options()).config()["training"]["optimizer_offload"] == 1.0
+    with pytest.raises(MemformError, match="between 0 and 1"):
+        memform.estimate(ROOT / "configs" / "llama3-8b.yaml", overrides={"training.optimizer_offload": 1.5})
