@@ -26,6 +26,14 @@ def test_estimate_table():
     assert lines[-1].startswith("peak: stage 0")
 
 
+@pytest.mark.parametrize("extra", [[], ["--explain", "0"], ["--symbolic"]])
+def test_estimate_output_ends_with_a_newline(extra):
+    # issue 32: the table ended without one, and the shell's prompt landed on its last line
+    r = run("estimate", "configs/llama2-7b.yaml", *extra)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.endswith("\n") and not r.stdout.endswith("\n\n")
+
+
 def test_estimate_json_shape_and_overrides():
     r = run("estimate", "configs/gpt3-175b.yaml", "--json", "--set", "parallel.tp=4",
             "--set", "training.recompute=full")

@@ -64,15 +64,21 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     elif args.symbolic or args.explain is not None:
         from ..report.render import render
         if args.symbolic:
-            sys.stdout.write(render("symbolic.txt.j2", est))
+            write_text(render("symbolic.txt.j2", est))
         elif not 0 <= args.explain < len(est.stages):
             raise MemformError(f"--explain: stage {args.explain} does not exist (stages 0..{len(est.stages) - 1})")
         else:
-            sys.stdout.write(render("explain.txt.j2", est, stage=est.stages[args.explain]))
+            write_text(render("explain.txt.j2", est, stage=est.stages[args.explain]))
     else:
         from ..report.table import render_table
-        sys.stdout.write(render_table(est))
+        write_text(render_table(est))
     return 0
+
+
+def write_text(text: str) -> None:
+    """``text`` on stdout ending in one newline: the shell's prompt must not land on its last line
+    (templates and the table end without one)."""
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
 def cmd_check(args: argparse.Namespace) -> int:
