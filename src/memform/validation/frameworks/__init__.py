@@ -18,7 +18,7 @@ framework that is not installed is reported as not run, with the reason, never p
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -53,6 +53,37 @@ class RankStep:
     measured: dict[str, int]
     peak_by_op: dict[str, int] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
+
+
+class RankJobs:
+    """The jobs of a multi-rank harness (deepspeed, mcore), each run once per process: every job not run
+    yet in one spawned group of gloo ranks per world size; a case's row is one rank's result of its job.
+    Cases give ``job()`` (the job several rows share), ``world`` and ``label()``."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.results: dict[Any, list[dict[str, Any]]] = {}
+
+    def run(self, cases: list[Any], measure_item: Any) -> None:
+        """Run the jobs of ``cases`` not run yet; ``measure_item(job_dict, rank, world)`` on every rank."""
+        from .. import ranks
+
+        jobs: dict[int, list[Any]] = {}
+        for c in cases:
+            if c.job() not in self.results and c.job() not in jobs.get(c.world, []):
+                jobs.setdefault(c.world, []).append(c.job())
+        for world, group in jobs.items():
+            for job, per_rank in zip(group, ranks.spawn(world, measure_item, [asdict(j) for j in group],
+                                                        prefix=self.prefix)):
+                self.results[job] = per_rank
+
+    def step(self, case: Any, rank: int, measure_item: Any) -> RankStep:
+        """Rank ``rank``'s measurement of ``case``'s job (run on first use); a rank's error is raised."""
+        self.run([case], measure_item)
+        result = self.results[case.job()][rank]
+        if "error" in result:
+            raise RuntimeError(f"{case.label()}: {result['error']}\n{result.get('trace', '')}")
+        return RankStep(result["measured"], result["notes"].get("peak_by_op", {}), result["notes"])
 
 
 def imported_config(importer: str, path: Path, label: str, **options: Any) -> dict[str, Any]:

@@ -72,11 +72,11 @@ import json
 import os
 import tempfile
 import traceback
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import RankStep, imported_config
+from . import RankJobs, RankStep, imported_config
 from .tracking import StepSamples, replay_reserved, replayed_figures
 
 #: the DeepSpeed version the harness was checked against
@@ -168,19 +168,13 @@ class DSCase:
 Step = RankStep
 
 
-#: results of the jobs run so far in this process (a job runs once for all of its rank rows)
-_RESULTS: dict[DSCase, list[dict[str, Any]]] = {}
+#: the jobs run so far in this process (a job runs once for all of its rank rows)
+_JOBS = RankJobs(prefix="memform-ds-")
 
 
 def measure(case: DSCase) -> Step:
     """The row of ``case``: its job's rank ``case.rank`` (the job is run on first use)."""
-    job = case.job()
-    if job not in _RESULTS:
-        run([job])
-    result = _RESULTS[job][case.rank]
-    if "error" in result:
-        raise RuntimeError(f"{case.label()}: {result['error']}\n{result.get('trace', '')}")
-    return Step(result["measured"], result["notes"].get("peak_by_op", {}), result["notes"])
+    return _JOBS.step(case, case.rank, _measure_item)
 
 
 #: memform's runtime blocks of the ZeRO-3 parameter working set (formulas/frameworks/deepspeed.mf)
@@ -198,16 +192,7 @@ def zero3_working_set(case: DSCase) -> tuple[int, int]:
 
 def run(cases: list[DSCase]) -> None:
     """Run every job of ``cases`` not run yet, in one spawned group per world size."""
-    from .. import ranks
-
-    jobs: dict[int, list[DSCase]] = {}
-    for c in cases:
-        if c.job() not in _RESULTS and c.job() not in jobs.get(c.world, []):
-            jobs.setdefault(c.world, []).append(c.job())
-    for world, group in jobs.items():
-        for job, per_rank in zip(group, ranks.spawn(world, _measure_item, [asdict(j) for j in group],
-                                                    prefix="memform-ds-")):
-            _RESULTS[job] = per_rank
+    _JOBS.run(cases, _measure_item)
 
 
 # ---- one rank ----------------------------------------------------------------------------------------

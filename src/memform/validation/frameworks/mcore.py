@@ -74,11 +74,11 @@ import gc
 import os
 import tempfile
 import traceback
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import RankStep, imported_config
+from . import RankJobs, RankStep, imported_config
 
 #: the megatron-core version the shims' line numbers and this harness were checked against
 VERSION = "0.19.2"
@@ -174,37 +174,19 @@ class McoreCase:
 Step = RankStep
 
 
-#: results of the jobs run so far in this process (a job runs once for all of its stage rows)
-_RESULTS: dict[McoreCase, list[dict[str, Any]]] = {}
+#: the jobs run so far in this process (a job runs once for all of its stage rows)
+_JOBS = RankJobs(prefix="memform-mcore-")
 
 
 def measure(case: McoreCase) -> Step:
     """The row of ``case``: its job's rank of pipeline stage ``case.stage`` (tp rank 0, dp rank 0)."""
-    job = case.job()
-    if job not in _RESULTS:
-        from .. import ranks
-
-        _RESULTS[job] = ranks.spawn(job.world, _measure_item, [asdict(job)], prefix="memform-mcore-")[0]
-    per_rank = _RESULTS[job]
     # megatron's default order "tp-cp-ep-dp-pp": rank = tp_rank + tp·(dp_rank + dp·pp_rank)
-    result = per_rank[case.stage * case.tp * case.dp]
-    if "error" in result:
-        raise RuntimeError(f"{case.label()}: {result['error']}\n{result.get('trace', '')}")
-    return Step(result["measured"], result["notes"].get("peak_by_op", {}), result["notes"])
+    return _JOBS.step(case, case.stage * case.tp * case.dp, _measure_item)
 
 
 def run(cases: list[McoreCase]) -> None:
     """Run every job of ``cases`` in one spawned group per world size (quicker than one per job)."""
-    from .. import ranks
-
-    jobs: dict[int, list[McoreCase]] = {}
-    for c in cases:
-        if c.job() not in _RESULTS and c.job() not in jobs.get(c.world, []):
-            jobs.setdefault(c.world, []).append(c.job())
-    for world, group in jobs.items():
-        for job, per_rank in zip(group, ranks.spawn(world, _measure_item, [asdict(j) for j in group],
-                                                    prefix="memform-mcore-")):
-            _RESULTS[job] = per_rank
+    _JOBS.run(cases, _measure_item)
 
 
 # ---- the shims -------------------------------------------------------------------------------------
