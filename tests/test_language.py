@@ -314,3 +314,48 @@ def test_a_def_may_take_no_arguments(tmp_path):
     est = model(tmp_path, "def width() = 3 * h\nblock dec extends layer { params = width() }\nstack { dec * n }")
     assert est.stages[0].param_count == 4 * 24
     expect_error(tmp_path, "def width() = 3\nlet x = width(1)\n", "takes 0 arguments")
+
+
+# ---- set options: any subset of named members (Megatron's --recompute-modules) ------------------------
+SET_BODY = """
+    option parts : set {"attn", "mlp", "norm"} = model.parts default "attn" "modules"
+    block dec extends layer {
+      params = 1
+      act = 100 * has(parts, "attn") + 10 * has(parts, "mlp") + has(parts, "norm")
+    }
+    stack { dec * n }
+"""
+
+
+@pytest.mark.parametrize("value, act", [
+    (None, 100),                      # the default, one name
+    (["mlp", "norm"], 11),            # a YAML list
+    ("attn,norm", 101),               # a command line's comma- or space-separated names
+    ("attn mlp norm", 111),
+    ([], 0),                          # the empty set
+])
+def test_set_option_members_are_read_with_has(tmp_path, value, act):
+    keys = {} if value is None else {"parts": value}
+    est = model(tmp_path, SET_BODY, **keys)
+    assert est.stages[0].layers[0].per_layer_values["activations"] == act
+
+
+def test_set_option_refuses_a_name_outside_the_set(tmp_path):
+    with pytest.raises(MemformError, match=r"config key 'model.parts' must be a list of names from .*'mpl' is not one"):
+        model(tmp_path, SET_BODY, parts=["attn", "mpl"])
+    with pytest.raises(MemformError, match="config key 'model.parts'"):
+        model(tmp_path, SET_BODY, parts=3)
+
+
+def test_has_checks_its_arguments_when_the_file_loads(tmp_path):
+    err = expect_error(tmp_path, HEADER + SET_BODY.replace('has(parts, "mlp")', 'has(parts, "mpl")'),
+                       "'mpl' is not a member of set option 'parts'")
+    assert "did you mean 'mlp'" in str(err) and err.loc.line > 1
+    expect_error(tmp_path, HEADER + SET_BODY.replace('has(parts, "mlp")', 'has(h, "mlp")'),
+                 "has() takes a set option")
+
+
+def test_set_option_default_must_be_members(tmp_path):
+    body = 'option bad : set {"a", "b"} = model.bad default "c" "x"\nblock d extends layer { params = has(bad, "a") }\nstack { d * n }\n'
+    with pytest.raises(MemformError, match="default of option 'bad'.*must be a list of names"):
+        model(tmp_path, body)

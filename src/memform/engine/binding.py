@@ -18,7 +18,7 @@ from ..errors import MemformError
 from ..lang import ast
 from ..lang.program import Program
 from .evaluator import Ctx, Evaluator
-from .values import _MISSING, DTYPE_BYTES, check_value, get_path  # noqa: F401 (get_path re-exported)
+from .values import _MISSING, DTYPE_BYTES, check_value, get_path, set_members  # noqa: F401 (get_path re-exported)
 
 def coerce(value: Any, spec: ast.TypeSpec, key: str, *, positive: bool = False) -> Any:
     """Check ``value`` (from YAML) against ``spec``; return bool, str or an exact sympy number."""
@@ -29,7 +29,7 @@ def _exact(v: Any) -> Any:
     if isinstance(v, (bool, str)):
         return v
     if isinstance(v, tuple):
-        return tuple(sympy.Integer(x) for x in v)
+        return tuple(x if isinstance(x, str) else sympy.Integer(x) for x in v)
     if isinstance(v, Fraction):
         return sympy.Rational(v.numerator, v.denominator)
     return sympy.Integer(v)
@@ -120,6 +120,8 @@ def _check_default(v: Any, decl: ast.Binding) -> Any:
         if v not in decl.type.choices:
             raise MemformError(f"{where} must be {decl.type.describe()}")
         return v
+    if kind == "set":
+        return set_members(v, decl.type, lambda extra="": MemformError(f"{where} must be {decl.type.describe()} {extra}".rstrip()))
     if kind == "dtype":
         if isinstance(v, str) and v.lower() in DTYPE_BYTES:
             return sympy.Integer(DTYPE_BYTES[v.lower()])

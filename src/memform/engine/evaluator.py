@@ -460,6 +460,10 @@ class Evaluator:
         x = args[0]
         if node.func == "is_list":
             return isinstance(x, tuple)
+        if node.func == "has":
+            if not isinstance(x, tuple) or not isinstance(args[1], str):
+                raise MemformError("has(x, \"name\") needs a set option and a name in quotes", node.loc)
+            return args[1] in x
         if not isinstance(x, tuple):
             raise MemformError(f"{node.func}() needs a list (an 'int | list' option given a list), got {x}; "
                                f"test is_list(x) first", node.loc)

@@ -38,6 +38,19 @@ def _type_name(v: Any) -> str:
             list: "a list", dict: "a mapping"}.get(type(v), type(v).__name__)
 
 
+def set_members(value: Any, spec: ast.TypeSpec, bad: Any) -> tuple[str, ...]:
+    """The names of a ``set`` value, sorted and unique: a list of names, or one string of names
+    separated by commas or spaces (as a command line gives them: ``--recompute-modules core_attn mlp``)."""
+    if isinstance(value, str):
+        value = value.replace(",", " ").split()
+    if not isinstance(value, (list, tuple)) or any(not isinstance(x, str) for x in value):
+        raise bad()
+    unknown = [x for x in value if x not in spec.choices]
+    if unknown:
+        raise bad(f"('{unknown[0]}' is not one of them)")
+    return tuple(sorted(set(value)))
+
+
 def check_value(value: Any, spec: ast.TypeSpec, key: str, *, positive: bool = False) -> Any:
     """Check ``value`` (from YAML) against ``spec``; return bool, str, int, Fraction or a tuple of ints.
 
@@ -56,6 +69,8 @@ def check_value(value: Any, spec: ast.TypeSpec, key: str, *, positive: bool = Fa
         if not isinstance(value, str) or value not in spec.choices:
             raise bad()
         return value
+    if kind == "set":
+        return set_members(value, spec, bad)
     if kind == "dtype":
         if isinstance(value, str) and value.lower() in DTYPE_BYTES:
             return DTYPE_BYTES[value.lower()]

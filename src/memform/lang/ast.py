@@ -154,7 +154,10 @@ def substitute(node: Expr, name: str, value: Expr) -> Expr:
 
 @dataclass(frozen=True)
 class TypeSpec:
-    """Type of a config-bound name: int (optionally ranged), real, bool, dtype or enum.
+    """Type of a config-bound name: int (optionally ranged), real, bool, dtype, enum or set.
+
+    ``set`` (``set {"a", "b"}``): any subset of the names, given as a list (or one name, or names
+    separated by commas or spaces); in formulas a sorted tuple of the names, read with ``has(x, "a")``.
 
     ``or_bool`` (``bool | int[lo..hi]``): an int option that also takes true or false, which keep
     their values 1 and 0 in formulas (so give the integers a range above 1 to tell them apart).
@@ -170,6 +173,8 @@ class TypeSpec:
     def describe(self) -> str:
         if self.kind == "enum":
             return "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.kind == "set":
+            return "a list of names from " + ", ".join(repr(c) for c in self.choices)
         if self.or_bool:
             return "true, false or " + (f"an integer in {self.lo}..{self.hi}" if self.lo is not None else "an integer")
         if self.or_list:

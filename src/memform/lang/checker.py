@@ -158,6 +158,20 @@ class _Checker:
                 if arity is not None and len(node.args) != arity:
                     raise MemformError(f"{node.func}() takes {arity} argument{'s' * (arity != 1)}, "
                                        f"got {len(node.args)}", node.loc)
+                if node.func == "has":
+                    self._check_has(node)
+
+    def _check_has(self, node: ast.Call) -> None:
+        """``has(x, "name")``: x a ``set`` option, the name one of its choices (a typo would read false)."""
+        x, name = node.args
+        decl = self.prog.bindings.get(x.name) if isinstance(x, ast.Ref) and x.attr is None else None
+        if decl is None or decl.type.kind != "set":
+            raise MemformError("has() takes a set option as its first argument (option x : set {...})", x.loc)
+        if not isinstance(name, ast.Str):
+            raise MemformError("has() takes a name in quotes as its second argument", name.loc)
+        if name.value not in decl.type.choices:
+            raise MemformError(f"'{name.value}' is not a member of set option '{x.name}' "
+                               f"({decl.type.describe()}){did_you_mean(name.value, decl.type.choices)}", name.loc)
 
     def layer_quantity_names(self) -> set[str]:
         """Every quantity a layer block defines: the names a ``layers_*`` argument may use."""

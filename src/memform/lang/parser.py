@@ -17,7 +17,7 @@ _TOKEN_NAMES = {
     "LBRACE": "'{'", "RBRACE": "'}'", "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'",
     "EQUAL": "'='", "COLON": "':'", "COMMA": "','", "DOT": "'.'", "STAR": "'*'", "CMP_OP": "a comparison",
     "ADD_OP": "'+' or '-'", "MUL_OP": "'*', '/' or '%'", "MINUS": "'-'", "CIRCUMFLEX": "'^'",
-    "VBAR": "'|'", "LIST_T": "'list'", "$END": "end of file", "SIGNED_INT": "an integer", "PLACE": "'first' or 'last'",
+    "VBAR": "'|'", "LIST_T": "'list'", "SET_T": "'set'", "$END": "end of file", "SIGNED_INT": "an integer", "PLACE": "'first' or 'last'",
 }
 
 
@@ -110,6 +110,9 @@ class _ToAst(Transformer):
 
     def t_enum(self, meta, c):
         return ast.TypeSpec("enum", choices=tuple(_unquote(x) for x in c))
+
+    def t_set(self, meta, c):
+        return ast.TypeSpec("set", choices=tuple(_unquote(x) for x in c[1:]))
 
     def range(self, meta, c):
         return (int(c[0]), int(c[1]))

@@ -47,6 +47,8 @@ def print_decl(decl: ast.Decl) -> str:
 def print_type(t: ast.TypeSpec) -> str:
     if t.kind == "enum":
         return "{" + ", ".join(f'"{c}"' for c in t.choices) + "}"
+    if t.kind == "set":
+        return "set {" + ", ".join(f'"{c}"' for c in t.choices) + "}"
     if t.or_bool:
         return "bool | " + (f"int[{t.lo}..{t.hi}]" if t.lo is not None else "int")
     if t.or_list:

@@ -22,10 +22,10 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 SUPER = "super"
 BUILTIN_FUNCS = {"ceil": 1, "floor": 1, "min": None, "max": None, "log2": 1, "abs": 1,
                  "layers_sum": 1, "layers_max": 1, "layers_last": 1,
-                 "is_list": 1, "len": 1, "at": 2}
+                 "is_list": 1, "len": 1, "at": 2, "has": 2}
 #: functions on the list values of ``int | list`` options: whether a value is a list, its length,
-#: and its element at a 0-based index
-LIST_FUNCS = ("is_list", "len", "at")
+#: and its element at a 0-based index; and whether a ``set`` option holds a name: has(x, "name")
+LIST_FUNCS = ("is_list", "len", "at", "has")
 #: reductions over the layers of the stage being evaluated (schedule blocks only): the argument
 #: is evaluated once per layer group, in that layer's block with its recompute mode and chunk
 AGGREGATES = ("layers_sum", "layers_max", "layers_last")
@@ -43,13 +43,16 @@ RUNTIME_QUANTITIES = ("bytes",)
 #: bound by the interpreter inside cost blocks: the stage, and the schedule's ``bubble`` (idle
 #: micro-batch slots of a stage per step) and ``overlap`` (the fraction of compute under which the
 #: schedule runs other micro-batches' expert and pipeline transfers)
-COST_NAMES = ("stage", "bubble", "overlap")
+COST_NAMES = ("stage", "bubble", "overlap", "runs")
 COST_QUANTITIES = ("seconds",)
 #: optional cost-block quantities: the seconds the stage's model FLOPs would take at peak (MFU),
 #: and the tokens the whole job trains on per step (tokens/s)
 COST_OPTIONAL = ("ideal_seconds", "tokens")
 #: the schedule quantities bound by the same names in cost blocks
 SCHEDULE_TIME_QUANTITIES = ("bubble", "overlap")
+#: ... and those a schedule may leave out, with their value then: ``runs``, the share of the step's m
+#: micro-batches each of a stage's chunks runs (1; DualPipe's two directions take half each)
+SCHEDULE_TIME_OPTIONAL = (("runs", 1),)
 #: optional layer quantity: bytes of the layer held in host (CPU) memory, e.g. offloaded states
 HOST_QUANTITY = "host_bytes"
 
