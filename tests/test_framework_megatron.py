@@ -22,6 +22,7 @@ from fractions import Fraction as Fr
 from pathlib import Path
 
 import pytest
+import yaml
 import sympy
 
 import memform
@@ -411,7 +412,9 @@ KNOBS = {"training.framework": "megatron", "megatron.fp8": "hybrid", "megatron.f
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_bundled_config_estimates_with_the_knobs_on(path):
     plain = memform.estimate(path, {"training.framework": "megatron"})
-    est = memform.estimate(path, KNOBS)
+    # (fp8 with Megatron FSDP, ZeRO-3, is not modelled: a ZeRO-3 config runs the other knobs)
+    zero3 = (yaml.safe_load(path.read_text()).get("parallel") or {}).get("zero", 0) >= 3
+    est = memform.estimate(path, {k: v for k, v in KNOBS.items() if not (zero3 and k.startswith("megatron.fp8"))})
     assert est.model.structure.framework == "megatron"
     # fp8 params (2 bytes/GEMM element on Hopper) keep the params; full recompute and 10 instead of
     # 12 optimizer bytes per parameter lower the peak
@@ -420,7 +423,7 @@ def test_every_bundled_config_estimates_with_the_knobs_on(path):
 
 @pytest.mark.parametrize("key, value, needle", [
     ("megatron.fp8", "fp4", "megatron.fp8"),
-    ("megatron.fp8_recipe", "blockwise", "megatron.fp8_recipe"),
+    ("megatron.fp8_recipe", "nvfp4", "megatron.fp8_recipe"),
     ("megatron.recompute_uniform_layers", "0", "megatron.recompute_uniform_layers"),
     ("megatron.main_params_dtype", "fp8", "megatron.main_params_dtype"),
     ("megatron.distribute_saved_activations", "true", "megatron.distribute_saved_activations"),

@@ -356,10 +356,10 @@ def test_megatron_profile_flag_errors(tmp_path: Path, extra: str, needle: str) -
 
 def test_megatron_profile_flag_warnings(tmp_path: Path) -> None:
     draft = imported("megatron", write(tmp_path, "a.txt", MEGATRON_BASE + "--recompute-granularity full "
-                                       "--fp8-param-gather --fp8-format hybrid --fp8-recipe blockwise"))
+                                       "--fp8-param-gather --fp8-format hybrid --fp8-recipe custom"))
     assert draft.get("megatron.recompute_uniform_layers") == 1 and draft.get("megatron.fp8_recipe") == "tensorwise"
     assert any("needs --recompute-method" in w for w in draft.warnings)
-    assert any("--fp8-recipe blockwise is not modelled" in w for w in draft.warnings)
+    assert any("--fp8-recipe custom is not modelled" in w for w in draft.warnings)
     alone = imported("megatron", write(tmp_path, "b.txt", MEGATRON_BASE + "--fp8-param-gather"))
     assert alone.get("megatron.fp8_param_gather") is None
     assert alone.warnings == ["--fp8-param-gather has no effect without --fp8-format (ignored)"]

@@ -123,9 +123,13 @@ PROFILE_CASES = {
 
 
 @functools.lru_cache(maxsize=None)
-def _measured(point: Point) -> int:
-    """What forward leaves saved, measured once per point (a measurement never reads the formula files)."""
-    return measure_step(point.config(), point.precision).activations
+def _measured(point: Point, framework: str | None = None) -> int:
+    """What forward leaves saved, measured once per point and profile (a measurement never reads the formula
+    files; the profile decides only where a MoE weights its tokens: torch_models.Shape.probs_in_experts)."""
+    cfg = point.config()
+    if framework:
+        cfg["training"]["framework"] = framework
+    return measure_step(cfg, point.precision).activations
 
 
 def _estimated(point: Point, framework: str | None = None) -> int:
@@ -142,7 +146,7 @@ def _estimated(point: Point, framework: str | None = None) -> int:
 def _layer(point: Point, framework: str | None = None) -> tuple[int, int]:
     """(measured, estimated) bytes of one decoder layer: the two-layer model less the one-layer one."""
     one, two = dataclasses.replace(point, L=1), dataclasses.replace(point, L=2)
-    return (_measured(two) - _measured(one),
+    return (_measured(two, framework) - _measured(one, framework),
             _estimated(two, framework) - _estimated(one, framework))
 
 
@@ -186,11 +190,16 @@ def test_eager_swiglu_experts_keep_one_more_f_wide_tensor():
     """Eager SwiGLU experts (silu(gate) then · up, two ATen ops) keep silu(gate) for the product's backward,
     one f_exp-wide bf16 tensor per routed token more than the fused kernel: k·b·s = 2·2·64 = 256 routed
     tokens × 2 bytes × f = 176 = 90,112 bytes, measured (PyTorch derivatives.yaml: mul saves both factors)
-    and estimated under the generic profile (moe.mf experts.act's ``eager_swiglu`` term) alike."""
+    and estimated under the generic profile (moe.mf experts.act's ``eager_swiglu`` term) alike. With the
+    router probabilities applied inside the experts (Megatron-Core's per_token_scale, the megatron profile's
+    default) the product silu(gate)·up is itself kept by the probability product, one more f-wide tensor:
+    2 × 90,112 bytes (frameworks/megatron/moe.mf fc2_in_b)."""
     fused = dataclasses.replace(BASE, experts=4, top_k=2)
     eager = dataclasses.replace(fused, swiglu_impl="eager")
-    assert _layer(eager)[0] - _layer(fused)[0] == 256 * 2 * 176
+    assert _layer(eager, "fsdp2")[0] - _layer(fused, "fsdp2")[0] == 256 * 2 * 176
     assert _layer(eager, "fsdp2")[1] - _layer(fused, "fsdp2")[1] == 256 * 2 * 176
+    assert _layer(eager)[0] - _layer(fused)[0] == 2 * 256 * 2 * 176
+    assert _layer(eager)[1] - _layer(fused)[1] == 2 * 256 * 2 * 176
 
 
 @pytest.mark.parametrize("framework", [None, "fsdp2"])

@@ -104,7 +104,7 @@ def core_peak(p: Point) -> int:
     return p.b * p.s * 4 + LOSS
 
 
-def moe_peak(p: Point) -> int:
+def moe_peak(p: Point, framework: str | None = None) -> int:
     """The MoE experts' peak remainder (module docstring); every token picks every expert (k = E)."""
     assert p.top_k == p.experts and p.precision == "bf16-mixed", "measured for k = E, bf16"
     tokens, nbytes, e, k = p.b * p.s, BYTES[p.precision], p.experts, p.top_k
@@ -113,6 +113,13 @@ def moe_peak(p: Point) -> int:
     scratch = FUSED_ROWS * p.ffn * 4 * SCRATCH_ROWS[p.precision]
     freed_swiglu_output = nbytes * p.ffn * tokens          # one expert's share: all b·s tokens (k = E)
     combine = 2 * nbytes * p.h * k * tokens                # moe.mf's two h-wide gradients; net 0 measured
+    if p.probs_in_experts and framework in (None, "megatron"):
+        # the probabilities weight the SwiGLU output inside the experts (frameworks/megatron/moe.mf): the
+        # one h-wide gradient the combine's backward gathers is the formula's (no combine remainder); the
+        # weighted kernel's block holds dy·w beside the plain kernel's scratch (FUSED_ROWS f-wide fp32 rows);
+        # and the fp32 probabilities' gradient (index_add, 4 B per routed token), which the weighted combine
+        # has made by this peak, comes after it
+        return tokens * per_token + LOSS + scratch - freed_swiglu_output + FUSED_ROWS * p.ffn * 4 - 4 * k * tokens
     return tokens * per_token + LOSS + scratch - freed_swiglu_output - combine
 
 
@@ -133,13 +140,17 @@ CASES = {
 
 
 @functools.lru_cache(maxsize=None)
-def _step(point: Point):
-    """One measured training step per point (a measurement never reads the formula files)."""
-    return measure_step(point.config(), point.precision)
+def _step(point: Point, framework: str | None = None):
+    """One measured training step per point and profile (a measurement never reads the formula files; the
+    profile decides only where a MoE weights its tokens: torch_models.Shape.probs_in_experts)."""
+    cfg = point.config()
+    if framework:
+        cfg["training"]["framework"] = framework
+    return measure_step(cfg, point.precision)
 
 
-def _measured_peak(point: Point) -> int:
-    return _step(point).activations_peak
+def _measured_peak(point: Point, framework: str | None = None) -> int:
+    return _step(point, framework).activations_peak
 
 
 def _estimated_peak(point: Point, framework: str | None) -> int:
@@ -191,7 +202,9 @@ def test_attention_core_backward_by_hand():
 
 #: MoE cases, kept out of CASES (whose one-rank moments SPLITS below halves over TP / CP ranks)
 MOE_CASES = {
-    "MoE experts: 2 experts top-2, vocabulary 32, flash": (Point(L=1, vocab=32, experts=2, top_k=2), None),
+    "MoE experts: 2 experts top-2, vocabulary 32, flash": (
+        Point(L=1, vocab=32, experts=2, top_k=2, probs_in_experts=False), None),
+    "MoE experts: same, probabilities in the experts (Megatron-Core)": (Point(L=1, vocab=32, experts=2, top_k=2), None),
     "MoE experts: same, fsdp2 profile": (Point(L=1, vocab=32, experts=2, top_k=2), "fsdp2"),
 }
 
@@ -202,8 +215,8 @@ def test_moe_experts_backward_peak_measured_equals_formula(name):
     peak is inside an expert's backward, not the combine's or the head's) and every remainder byte is
     accounted for (module docstring). fsdp2 redefines no experts term: the same remainder."""
     point, framework = MOE_CASES[name]
-    assert _step(point).peak_phase == "backward" and "sigmoid" in _step(point).peak_by_op
-    measured, estimated, extra = _measured_peak(point), _estimated_peak(point, framework), moe_peak(point)
+    assert _step(point, framework).peak_phase == "backward" and "sigmoid" in _step(point, framework).peak_by_op
+    measured, estimated, extra = _measured_peak(point, framework), _estimated_peak(point, framework), moe_peak(point, framework)
     assert measured == estimated + extra, (
         f"{name}: measured peak {measured} B, formula {estimated} B + remainder {extra} B "
         f"(off by {measured - estimated - extra} B)")
@@ -221,7 +234,7 @@ def shared_peak(p: Point) -> int:
 #: shared-experts cases (as MOE_CASES, out of SPLITS): name -> (harness point, framework)
 SHARED_CASES = {
     "shared experts: 2 experts top-2 + 2 shared, vocabulary 32": (
-        Point(L=1, vocab=32, experts=2, top_k=2, shared_experts=2), None),
+        Point(L=1, vocab=32, experts=2, top_k=2, shared_experts=2, probs_in_experts=False), None),
     "shared experts: same, fsdp2 profile": (Point(L=1, vocab=32, experts=2, top_k=2, shared_experts=2), "fsdp2"),
 }
 
@@ -233,9 +246,10 @@ def test_shared_experts_backward_peak_measured_equals_formula(name):
     remainder byte is accounted for (module docstring). fsdp2 redefines no shared-experts term."""
     point, framework = SHARED_CASES[name]
     f_sh = point.shared_experts * point.ffn
-    assert _step(point).peak_phase == "backward"
-    assert _step(point).peak_by_op.get("sigmoid") == FUSED_ROWS * f_sh * 4
-    measured, estimated, extra = _measured_peak(point), _estimated_peak(point, framework), shared_peak(point)
+    assert _step(point, framework).peak_phase == "backward"
+    assert _step(point, framework).peak_by_op.get("sigmoid") == FUSED_ROWS * f_sh * 4
+    measured, estimated, extra = (_measured_peak(point, framework), _estimated_peak(point, framework),
+                                  shared_peak(point))
     assert measured == estimated + extra, (
         f"{name}: measured peak {measured} B, formula {estimated} B + remainder {extra} B "
         f"(off by {measured - estimated - extra} B)")

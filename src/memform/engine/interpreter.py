@@ -28,7 +28,8 @@ import sympy
 from ..errors import MemformError
 from ..lang import ast
 from ..lang.checker import walk
-from ..lang.program import COST_OPTIONAL, COST_QUANTITIES, HOST_QUANTITY, SCHEDULE_TIME_QUANTITIES, Program
+from ..lang.program import (COST_OPTIONAL, COST_QUANTITIES, HOST_QUANTITY, SCHEDULE_TIME_OPTIONAL,
+                            SCHEDULE_TIME_QUANTITIES, Program)
 from .evaluator import Evaluator, LayerSlot, lattice
 from .partition import Partition
 from .results import CATEGORIES, MODEL, PS_PER_SECOND, STATIC, StageNumbers  # noqa: F401 (CATEGORIES, MODEL re-exported)
@@ -248,6 +249,14 @@ class Interpreter:
         extra = (stage,)
         for qname in SCHEDULE_TIME_QUANTITIES:
             q = self.program.pick(self.schedule, qname, None)
+            e = self.ev.as_expr(self.ev.quantity(self.schedule, qname, None, extra=(stage,)), q.loc)
+            self.check_number(e, f"schedule {self.schedule}: {qname} at stage {index}", q.loc)
+            extra += ((qname, e),)
+        for qname, absent in SCHEDULE_TIME_OPTIONAL:
+            q = self.program.pick(self.schedule, qname, None) if self.program.find_quantity(self.schedule, qname) else None
+            if q is None:
+                extra += ((qname, sympy.Integer(absent)),)
+                continue
             e = self.ev.as_expr(self.ev.quantity(self.schedule, qname, None, extra=(stage,)), q.loc)
             self.check_number(e, f"schedule {self.schedule}: {qname} at stage {index}", q.loc)
             extra += ((qname, e),)

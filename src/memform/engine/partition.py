@@ -11,6 +11,10 @@ Placements (named by the schedule block's ``placement`` quantity):
   with one chunk this is the plain split).
 * ``v`` -- chunk 0 runs down the stages and chunk 1 back up: piece k < p goes to stage k,
   piece k ≥ p to stage 2p-1-k (zero-bubble-V / DualPipeV, Qi et al. 2024).
+* ``mirror`` -- the body is cut into p pieces and each is held twice: piece k is stage k's chunk 0
+  and stage p-1-k's chunk 1 (DualPipe, DeepSeek-AI 2024 §3.2.1: micro-batches enter from both ends,
+  so every rank keeps two copies of parameters). ``parallel.stage_layers`` then gives each piece's
+  layers, one count per stage.
 """
 
 from __future__ import annotations
@@ -96,10 +100,16 @@ def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str
     if vpp > 1 and npieces > total:
         raise MemformError(f"parallel.pp × parallel.vpp = {pp} × {vpp} = {npieces} pipeline chunks but the model "
                            f"has only {total} body layers: every chunk needs at least one (lower parallel.vpp)")
-    if placement not in ("interleaved", "v"):
-        raise MemformError(f"unknown placement '{placement}' (use 'interleaved' or 'v')")
+    if placement not in ("interleaved", "v", "mirror"):
+        raise MemformError(f"unknown placement '{placement}' (use 'interleaved', 'v' or 'mirror')")
     if placement == "v" and vpp != 2:
         raise MemformError(f"the V-shaped schedule needs parallel.vpp = 2 (two chunks per stage), got {vpp}")
+    if placement == "mirror":
+        if vpp != 2 or pp % 2:
+            raise MemformError(f"DualPipe (mirror placement) needs parallel.vpp = 2 (each rank holds a piece of "
+                               f"each direction) and an even parallel.pp, got vpp {vpp}, pp {pp}")
+        return _mirror(first, body, last, total, pp=pp, stage_layers=stage_layers, mode_of=mode_of,
+                       pieces_symbol=pieces_symbol)
 
     if stage_layers is not None:
         if sum(stage_layers) != total:
@@ -125,35 +135,11 @@ def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str
         even = True
 
     chunks = [[Chunk(s, c) for c in range(vpp)] for s in range(pp)]
-    # expand the body into (block, count-as-written) runs and cut it into pieces
-    runs = [(i.block, i.count_value, i.count) for i in body]
-    single_run = len(runs) == 1
-    run_idx, used = 0, 0
-    layer_no = sum(i.count_value for i in first)
-    body_start = layer_no
-    per_stage_seen = [0] * pp
-    for k in range(npieces):
+    per_piece = None if pieces_symbol is None else (lambda count: count / pieces_symbol)
+    pieces, layer_no = _cut(body, piece_sizes, [_place(k, pp, placement) for k in range(npieces)], mode_of,
+                            sum(i.count_value for i in first), per_piece if even else None)
+    for k, groups in enumerate(pieces):
         s, c = _place(k, pp, placement)
-        need = piece_sizes[k]
-        modes: list[tuple[str, str, int]] = []  # (block, mode, first_layer) per layer
-        while need:
-            block, count, _ = runs[run_idx]
-            take = min(need, count - used)
-            for j in range(take):
-                mode = mode_of(s, c, per_stage_seen[s], block, index_in_chunk=len(modes),
-                               body_index=layer_no - body_start)
-                per_stage_seen[s] += 1
-                modes.append((block, mode, layer_no))
-                layer_no += 1
-            used += take
-            need -= take
-            if used == count:
-                run_idx, used = run_idx + 1, 0
-        groups = _rle(modes)
-        if even and single_run and len(groups) == 1 and pieces_symbol is not None:
-            g = groups[0]
-            sym = runs[0][2] / pieces_symbol
-            groups = [LayerGroup(g.block, g.mode, sym, g.count_value, g.first_layer)]
         chunks[s][c].groups.extend(groups)
 
     first_s, first_c = _place(0, pp, placement)
@@ -173,6 +159,76 @@ def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str
                                                         i.count_value, layer_no))
         layer_no += i.count_value
     return Partition(pp, vpp, chunks)
+
+
+def _mirror(first: list[StackItem], body: list[StackItem], last: list[StackItem], total: int, *, pp: int,
+            stage_layers: list[int] | None, mode_of, pieces_symbol: sympy.Expr | None) -> Partition:
+    """DualPipe's layout: the body cut into ``pp`` pieces (``stage_layers``: one count per piece),
+    piece k on stage k as chunk 0 and on stage pp-1-k as chunk 1; the first layers go with piece 0
+    and the last ones with piece pp-1, in both of their copies."""
+    if stage_layers is not None:
+        if sum(stage_layers) != total:
+            raise MemformError(f"parallel.stage_layers sums to {sum(stage_layers)} but the model has {total} "
+                               f"body layers")
+        sizes, even = list(stage_layers), False
+    else:
+        if total % pp:
+            raise MemformError(f"{total} body layers do not split evenly over the {pp} DualPipe pieces; set "
+                               f"parallel.stage_layers (one count per piece) or change pp")
+        sizes, even = [total // pp] * pp, True
+    chunks = [[Chunk(s, c) for c in range(2)] for s in range(pp)]
+    # pieces_symbol is p·vp = 2p pieces of a V; DualPipe cuts p, each twice as long
+    per_piece = None if pieces_symbol is None else (lambda count: count / pieces_symbol * 2)
+    pieces, layer_no = _cut(body, sizes, [(k, 0) for k in range(pp)], mode_of, sum(i.count_value for i in first),
+                            per_piece if even else None)
+    head, tail, head_layer = [], [], 0
+    for i in first:
+        head.append(LayerGroup(i.block, mode_of(0, 0, None, i.block, index_in_chunk=None, body_index=None),
+                               i.count, i.count_value, head_layer))
+        head_layer += i.count_value
+    for i in last:
+        tail.append(LayerGroup(i.block, mode_of(pp - 1, 0, None, i.block, index_in_chunk=None, body_index=None),
+                               i.count, i.count_value, layer_no))
+        layer_no += i.count_value
+    pieces[0][:0] = head
+    pieces[-1].extend(tail)
+    for k, groups in enumerate(pieces):
+        chunks[k][0].groups.extend(groups)
+        chunks[pp - 1 - k][1].groups.extend(groups)
+    return Partition(pp, 2, chunks)
+
+
+def _cut(body: list[StackItem], sizes: list[int], places: list[tuple[int, int]], mode_of, layer_no: int,
+         per_piece) -> tuple[list[list[LayerGroup]], int]:
+    """Cut the body into consecutive pieces of ``sizes`` layers, piece k on ``places[k]`` = (stage, chunk)
+    for the layers' recompute modes; the body's first layer is stack layer ``layer_no``. ``per_piece``
+    (an even split of a single body entry): the symbolic count of a piece from the entry's count.
+    Returns each piece's layer groups and the stack index after the body."""
+    runs = [(i.block, i.count_value, i.count) for i in body]
+    body_start, run_idx, used = layer_no, 0, 0
+    per_stage_seen: dict[int, int] = {}
+    pieces = []
+    for need, (s, c) in zip(sizes, places):
+        modes: list[tuple[str, str, int]] = []  # (block, mode, first_layer) per layer
+        while need:
+            block, count, _ = runs[run_idx]
+            take = min(need, count - used)
+            for _ in range(take):
+                mode = mode_of(s, c, per_stage_seen.get(s, 0), block, index_in_chunk=len(modes),
+                               body_index=layer_no - body_start)
+                per_stage_seen[s] = per_stage_seen.get(s, 0) + 1
+                modes.append((block, mode, layer_no))
+                layer_no += 1
+            used += take
+            need -= take
+            if used == count:
+                run_idx, used = run_idx + 1, 0
+        groups = _rle(modes)
+        if per_piece is not None and len(runs) == 1 and len(groups) == 1:
+            g = groups[0]
+            groups = [LayerGroup(g.block, g.mode, per_piece(runs[0][2]), g.count_value, g.first_layer)]
+        pieces.append(groups)
+    return pieces, layer_no
 
 
 def _place(k: int, pp: int, placement: str) -> tuple[int, int]:

@@ -68,7 +68,9 @@ FLAGS = {"bf16", "fp16", "swiglu", "group-query-attention", "disable-bias-linear
          "overlap-param-gather", "use-precision-aware-optimizer", "use-rotary-position-embeddings",
          "fp8-e4m3", "fp8-hybrid", "use-mcore-models", "moe-shared-expert-gate", "mock-data",
          "no-bias-swiglu-fusion", "no-rope-fusion", "no-masked-softmax-fusion", "use-legacy-models",
-         "no-gradient-accumulation-fusion", "optimizer-cpu-offload"}
+         "no-gradient-accumulation-fusion", "optimizer-cpu-offload",
+         "activation-func-fp8-input-store", "account-for-embedding-in-pipeline-split",
+         "account-for-loss-in-pipeline-split"}
 
 #: the memform key an argument decides, for the ``--set`` a message suggests
 ARG_KEYS = {
@@ -649,6 +651,7 @@ def _strategy(f: Fields, draft: Draft, layers: int, tp: int) -> None:
     if (first is not None or last is not None) and pp > 1:
         draft.set("parallel.stage_layers", _uneven_split(f, layers, pp, first, last),
                   "--decoder-first/last-pipeline-num-layers")
+    _account_for(f, draft, layers, pp, uneven=first is not None or last is not None)
     cp = f.integer("context-parallel-size", 1)
     if cp > 1:
         draft.set("parallel.cp", cp, "--context-parallel-size")
@@ -672,6 +675,31 @@ def _strategy(f: Fields, draft: Draft, layers: int, tp: int) -> None:
     if f.raw("use-torch-fsdp2") or f.raw("use-custom-fsdp"):
         draft.warn("FSDP (--use-torch-fsdp2 / --use-custom-fsdp) is imported as the distributed optimizer "
                    "only; set parallel.zero: 3 for fully sharded parameters")
+
+
+def _account_for(f: Fields, draft: Draft, layers: int, pp: int, *, uneven: bool) -> None:
+    """--account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split: the embedding
+    (the loss) takes one layer's slot of the first (last) stage's split (megatron/core/transformer/
+    transformer_block.py get_num_layers_to_build: num_layers += 1 each, the first virtual chunk of the first
+    stage builds one decoder fewer, the last chunk of the last stage likewise). With vpp > 1 memform gives
+    a stage's layers to its chunks first-come, so the first stage's short chunk is its last, not its first."""
+    emb = f.boolean("account-for-embedding-in-pipeline-split", False)
+    loss = f.boolean("account-for-loss-in-pipeline-split", False)
+    if not (emb or loss) or pp == 1:
+        return
+    if uneven:
+        raise MemformError(f"{f.file}: --account-for-embedding/loss-in-pipeline-split cannot be combined with "
+                           f"--decoder-first/last-pipeline-num-layers (Megatron asserts the same)")
+    vpp = int(draft.get("parallel.vpp", 1))
+    total = layers + emb + loss
+    divide(total, pp * vpp, "--num-layers + the accounted embedding and loss over pp × vpp pipeline chunks", f.file)
+    split = [total // pp] * pp
+    split[0] -= emb
+    split[-1] -= loss
+    names = " and ".join(n for n, on in (("embedding", emb), ("loss", loss)) if on)
+    verb = "sits" if emb + loss == 1 else "sit"
+    draft.set("parallel.stage_layers", split, f"--account-for-{names}-in-pipeline-split: (L + {emb + loss}) / pp "
+                                              f"per stage, less one where the {names} {verb}")
 
 
 def _uneven_split(f: Fields, layers: int, pp: int, first: int | None, last: int | None) -> list[int]:
@@ -700,6 +728,7 @@ def _training(f: Fields, draft: Draft) -> None:
         raise f.error("recompute-granularity", f"must be full or selective, got {granularity!r}")
     draft.set("training.recompute", granularity or "none",
               f"--recompute-granularity {granularity}" if granularity else "no --recompute-granularity")
+    _recompute_modules(f, draft, granularity)
     method = f.string("recompute-method", None)
     count = f.integer("recompute-num-layers", None, minimum=0)
     if granularity == "full":
@@ -715,10 +744,38 @@ def _training(f: Fields, draft: Draft) -> None:
     draft.set("training.precision.params", dtype, note)
     draft.set("training.precision.activations", dtype, note)
     _fp8(f, draft)
+    if f.boolean("activation-func-fp8-input-store", False):
+        draft.set("megatron.activation_func_fp8_input_store", True, "--activation-func-fp8-input-store")
     _optimizer_precision(f, draft, dtype)
     optimizer = f.string("optimizer", "adam")
-    if optimizer != "adam":
-        draft.warn(f"--optimizer {optimizer}: memform counts Adam's two moments")
+    if optimizer not in ("adam", "sgd", "lion", "muon"):
+        raise f.error("optimizer", f"is {optimizer!r}; memform models adam, sgd, lion and muon "
+                                   f"(common.mf training.optimizer)")
+    if f.has("optimizer"):
+        draft.set("training.optimizer", optimizer, "--optimizer")
+    if optimizer == "sgd":
+        draft.set("training.sgd_momentum", f.number("sgd-momentum", 0.9),
+                  "--sgd-momentum" if f.has("sgd-momentum") else "Megatron's default --sgd-momentum 0.9")
+
+
+#: --recompute-modules choices (transformer_config.py allowed_modules) memform models
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "mla_up_proj", "moe_act", "shared_experts", "moe")
+
+
+def _recompute_modules(f: Fields, draft: Draft, granularity: str | None) -> None:
+    """--recompute-modules (nargs '*', default core_attn; read with --recompute-granularity selective)."""
+    if not f.has("recompute-modules"):
+        return
+    raw = f.raw("recompute-modules")
+    names = [raw] if isinstance(raw, str) else ([] if raw is True else list(raw))
+    if granularity != "selective":
+        draft.warn("--recompute-modules has no effect without --recompute-granularity selective (ignored)")
+        return
+    unknown = [n for n in names if n not in RECOMPUTE_MODULES]
+    if unknown:
+        raise f.error("recompute-modules", f"names {unknown[0]!r}, which memform does not model "
+                                           f"(it models {', '.join(RECOMPUTE_MODULES)})")
+    draft.set("training.recompute_modules", names, "--recompute-modules")
 
 
 def _full_recompute(f: Fields, draft: Draft, method: str | None, count: int | None) -> None:
@@ -743,7 +800,7 @@ def _full_recompute(f: Fields, draft: Draft, method: str | None, count: int | No
 
 
 #: Transformer Engine fp8 recipes the profile models (Megatron's --fp8-recipe choices)
-FP8_RECIPES = ("delayed", "tensorwise", "mxfp8")
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
 
 
 def _fp8(f: Fields, draft: Draft) -> None:
@@ -768,6 +825,7 @@ def _fp8(f: Fields, draft: Draft) -> None:
     draft.set("megatron.fp8_recipe", recipe, "--fp8-recipe" if f.has("fp8-recipe") else "Megatron's default")
     if f.boolean("fp8-param-gather", False):
         draft.set("megatron.fp8_param_gather", True, "--fp8-param-gather")
+
     if f.boolean("fp8-dot-product-attention", False):
         draft.warn("--fp8-dot-product-attention is not modelled (attention tensors counted in bf16)")
     draft.default("megatron.fp8_weight_transpose", True, "Hopper: TE keeps transposed fp8 weights; "

@@ -75,6 +75,9 @@ class Point:
     d_rope: int = 8
     d_nope: int = 16
     d_v: int = 16
+    # MoE under the megatron profile (the default): the router probabilities weight the tokens inside the
+    # experts (Megatron-Core 0.13+), or at the combine (false: megatron.moe_probs_in_experts, moe.mf's)
+    probs_in_experts: bool = True
 
     @property
     def heads(self) -> int:
@@ -104,7 +107,7 @@ class Point:
             parts.append(f"mla q{self.q_rank} kv{self.kv_rank} r{self.d_rope} n{self.d_nope} v{self.d_v}")
         if self.experts > 1:
             shared = f"+{self.shared_experts}shared" if self.shared_experts else ""
-            parts.append(f"moe{self.experts}x{self.top_k}{shared}")
+            parts.append(f"moe{self.experts}x{self.top_k}{shared}" + ("" if self.probs_in_experts else "-combine"))
         return " ".join(parts)
 
     def config(self) -> dict[str, Any]:
@@ -136,6 +139,8 @@ class Point:
                 model.update(num_shared_experts=self.shared_experts)
             cfg["parallel"].update(ep=1, expert_tp=1)
             cfg["formulas"] = ["moe.mf"]
+            if not self.probs_in_experts:
+                cfg["megatron"] = {"moe_probs_in_experts": False}
         if self.attention == "mla":   # as configs/deepseek-v2-lite.yaml: [moe.mf, mla.mf]
             model.update(attention="mla", q_lora_rank=self.q_rank, kv_lora_rank=self.kv_rank,
                          qk_rope_head_dim=self.d_rope, qk_nope_head_dim=self.d_nope, v_head_dim=self.d_v)

@@ -40,6 +40,7 @@ from typing import Any, Mapping
 
 import torch
 
+from ..engine.binding import get_path
 from .timeline import StorageTimeline
 from .torch_models import build
 from .tracker import LiveStorages, storage_bytes, storages_of
@@ -119,10 +120,10 @@ def _measure(cfg: Mapping[str, Any], precision: str, seed: int) -> Measured:
         master = [p.detach().float().clone() for p in params]
         for mp, p in zip(master, params):
             mp.grad = p.main_grad
-        opt = torch.optim.AdamW(master, lr=1e-3, foreach=False)
+        opts = optimizers(cfg, [n for n, _ in model.named_parameters()], master)
     else:
         master = []
-        opt = torch.optim.AdamW(params, lr=1e-3, foreach=False)
+        opts = optimizers(cfg, [n for n, _ in model.named_parameters()], params)
 
     static = storages_of([*params, *model.buffers(), ids, labels, *master])
     if mixed:
@@ -144,16 +145,35 @@ def _measure(cfg: Mapping[str, Any], precision: str, seed: int) -> Measured:
     phase = "forward" if at <= timeline.marks["forward"] else "backward"
 
     grads = storage_bytes(p.main_grad for p in params) if mixed else storage_bytes(p.grad for p in params)
-    opt.step()
+    for opt in opts:
+        opt.step()
     if mixed:
         with torch.no_grad():
             for mp, p in zip(master, params):
                 p.copy_(mp)
-    states = [t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+    states = [t for opt in opts for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
     optimizer = storage_bytes([*master, *states])
     return Measured(params=storage_bytes(params), grads=grads, optimizer=optimizer, activations=activations,
                     activations_by_op=by_op, loss=float(loss.detach()), activations_peak=peak,
                     peak_by_op=peak_by_op, peak_phase=phase)
+
+
+def optimizers(cfg: Mapping[str, Any], names: list[str], tensors: list[torch.Tensor]) -> list[torch.optim.Optimizer]:
+    """``training.optimizer`` of ``cfg`` over ``tensors`` (the parameters, or their fp32 masters), as
+    common.mf counts it: AdamW; SGD with ``training.sgd_momentum`` (0.9 by default); Muon (torch.optim.Muon)
+    for the decoder blocks' matrices and AdamW for the rest (embedding, head, norms). Lion is not in
+    torch.optim: refused."""
+    kind = str(get_path(cfg, "training.optimizer", "adam"))
+    if kind == "adam":
+        return [torch.optim.AdamW(tensors, lr=1e-3, foreach=False)]
+    if kind == "sgd":
+        momentum = float(get_path(cfg, "training.sgd_momentum", 0.9))
+        return [torch.optim.SGD(tensors, lr=1e-3, momentum=momentum, foreach=False)]
+    if kind == "muon":
+        hidden = [t for n, t in zip(names, tensors) if n.startswith("blocks.") and t.ndim == 2]
+        rest = [t for n, t in zip(names, tensors) if not (n.startswith("blocks.") and t.ndim == 2)]
+        return [torch.optim.Muon(hidden, lr=1e-3), torch.optim.AdamW(rest, lr=1e-3, foreach=False)]
+    raise ValueError(f"the PyTorch harness runs training.optimizer adam, sgd or muon, not {kind!r}")
 
 
 def _accumulate_main_grad(p: torch.Tensor) -> None:

@@ -74,6 +74,9 @@ class Shape:
     top_k: int = 1
     expert_ffn: int = 0
     shared_ffn: int = 0     # total width of the shared experts (0: none), moe.mf's f_sh
+    #: weight each routed token by its router probability inside the expert MLP, before fc2, as
+    #: Megatron-Core does (frameworks/megatron/moe.mf), instead of at the combine (moe.mf)
+    probs_in_experts: bool = False
     attention: str = "mha"  # "mla": multi-head latent attention (mla.mf), with the five widths below
     q_rank: int = 0         # query latent d_c' (0: queries projected directly, DeepSeek-V2-Lite)
     kv_rank: int = 0        # key/value latent d_c
@@ -110,6 +113,10 @@ class Shape:
         # moe.mf's f_sh: the total width if given (Qwen2-MoE / Megatron-LM), else n_shared experts of f_exp
         shared_ffn = (int(m("shared_expert_ffn_hidden_size", 0) or 0)
                       or int(m("num_shared_experts", 0) or 0) * expert_ffn)
+        # the megatron profile (the default) weights inside the experts unless megatron.moe_probs_in_experts
+        # says otherwise; every other profile at the combine
+        in_experts = (get_path(cfg, "training.framework", "megatron") == "megatron"
+                      and bool(get_path(cfg, "megatron.moe_probs_in_experts", True)))
         return cls(hidden=h, heads=a, kv_heads=int(m("num_kv_heads", a)), ffn=int(m("ffn_hidden_size", 4 * h)),
                    layers=int(m("num_layers")), vocab=int(m("vocab_size")), seq=int(m("seq_length")),
                    activation=str(m("activation", "gelu")), norm=str(m("norm", "layernorm")),
@@ -119,7 +126,8 @@ class Shape:
                    swiglu_impl=str(m("swiglu_impl", "fused")),
                    recompute=str(get_path(cfg, "training.recompute", "none")), experts=experts,
                    top_k=int(m("moe_top_k", 2)) if experts > 1 else 1,
-                   expert_ffn=expert_ffn, shared_ffn=shared_ffn if experts > 1 else 0, **mla)
+                   expert_ffn=expert_ffn, shared_ffn=shared_ffn if experts > 1 else 0,
+                   probs_in_experts=in_experts and experts > 1, **mla)
 
 
 def _mla_widths(m, head_dim: int) -> dict[str, Any]:  # noqa: ANN001
@@ -241,6 +249,35 @@ class _SwiGLUFn(torch.autograd.Function):
         return dab
 
 
+class _WeightedSwiGLUFn(torch.autograd.Function):
+    """(silu(a) * b) · w per row, keeping only [a | b] and w (Megatron-Core weighted_bias_swiglu_impl)."""
+
+    @staticmethod
+    def forward(ctx, ab: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        ctx.save_for_backward(ab, w)
+        a, b = ab.chunk(2, dim=-1)
+        return F.silu(a) * b * w
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):  # noqa: ANN001, ANN205
+        ab, w = ctx.saved_tensors
+        two_f = ab.shape[-1]
+        dab, dw = torch.empty_like(ab), torch.empty_like(w)
+
+        def rows(out: torch.Tensor, abr: torch.Tensor, dyr: torch.Tensor, wr: torch.Tensor,
+                 dwr: torch.Tensor) -> None:
+            a, b = _acc(abr).chunk(2, dim=-1)
+            sig = torch.sigmoid(a)
+            dyf = _acc(dyr)
+            dwr.copy_((dyf * a * sig * b).sum(-1, keepdim=True))
+            dyf = dyf * _acc(wr)
+            out.copy_(torch.cat([dyf * b * sig * (1 + a * (1 - sig)), dyf * a * sig], dim=-1))
+
+        _by_rows(rows, dab.view(-1, two_f), ab.reshape(-1, two_f), dy.reshape(-1, two_f // 2),
+                 w.reshape(-1, 1), dw.view(-1, 1))
+        return dab, dw
+
+
 class SwiGLU(nn.Module):
     """gate/up h×f, down f×h (Shazeer 2020); ``impl`` chooses what is kept for backward."""
 
@@ -256,10 +293,15 @@ class SwiGLU(nn.Module):
             self.up = nn.Linear(h, f, bias=bias)
         self.down = nn.Linear(f, h, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, w: torch.Tensor | None = None) -> torch.Tensor:
+        """``w``: one weight per row, applied to the activation's output before fc2 (Megatron-Core's
+        per_token_scale: transformer/mlp.py MLP.forward; fused, moe/experts.py weighted_bias_swiglu)."""
         if self.impl == "fused":
+            if w is not None:
+                return self.down(_WeightedSwiGLUFn.apply(self.gate_up(x), w))
             return self.down(_SwiGLUFn.apply(self.gate_up(x)))
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        y = F.silu(self.gate(x)) * self.up(x)
+        return self.down(y if w is None else y * w)
 
 
 class GeLUMLP(nn.Module):
@@ -269,8 +311,10 @@ class GeLUMLP(nn.Module):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(h, f, bias=bias), nn.Linear(f, h, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
+    def forward(self, x: torch.Tensor, w: torch.Tensor | None = None) -> torch.Tensor:
+        """``w``: per-row weights on the GeLU output (Megatron-Core's unfused per_token_scale product)."""
+        y = F.gelu(self.fc1(x))
+        return self.fc2(y if w is None else y * w)
 
 
 def make_mlp(sh: Shape, f: int) -> nn.Module:
@@ -477,6 +521,7 @@ class MoE(nn.Module):
     def __init__(self, sh: Shape):
         super().__init__()
         self.top_k, self.n = sh.top_k, sh.experts
+        self.in_experts = sh.probs_in_experts
         self.router = nn.Linear(sh.hidden, sh.experts, bias=False)
         self.experts = nn.ModuleList(make_mlp(sh, sh.expert_ffn) for _ in range(sh.experts))
         self.shared = make_mlp(sh, sh.shared_ffn) if sh.shared_ffn else None
@@ -491,9 +536,15 @@ class MoE(nn.Module):
         token = order // self.top_k
         counts = torch.bincount(chosen.flatten(), minlength=self.n).tolist()
         permuted = x.index_select(0, token)
-        outs = [expert(part) for expert, part in zip(self.experts, permuted.split(counts)) if part.shape[0]]
-        w = weight.flatten().index_select(0, order).to(x.dtype)
-        y = torch.cat(outs) * w.unsqueeze(-1)
+        if self.in_experts:  # Megatron-Core: the probabilities scale the activation, the combine only scatters
+            w = weight.flatten().index_select(0, order).to(x.dtype)
+            outs = [expert(part, pw.unsqueeze(-1)) for expert, part, pw
+                    in zip(self.experts, permuted.split(counts), w.split(counts)) if part.shape[0]]
+            y = torch.cat(outs)
+        else:
+            outs = [expert(part) for expert, part in zip(self.experts, permuted.split(counts)) if part.shape[0]]
+            w = weight.flatten().index_select(0, order).to(x.dtype)
+            y = torch.cat(outs) * w.unsqueeze(-1)
         out = x.new_zeros(x.shape).scatter_add(0, token.unsqueeze(-1).expand(-1, x.shape[-1]), y)
         if self.shared is not None:
             out = out + self.shared(x)

@@ -98,6 +98,9 @@ class McoreCase:
     distopt: bool = False
     bf16: bool = False
     recompute: str = "none"     # none | selective | full (uniform, one layer per checkpoint)
+    modules: tuple[str, ...] = ()  # --recompute-modules with selective (empty: Megatron's default, core_attn)
+    experts: int = 1            # > 1: every layer a MoE layer of that many experts (local spec: SequentialMLP)
+    topk: int = 2
     m: int = 4                  # micro-batches per step
     L: int = 4
     h: int = 128
@@ -124,7 +127,9 @@ class McoreCase:
         if self.dp > 1:
             par.append(f"dp{self.dp}" + (" distopt" if self.distopt else ""))
         rc = f" rc={self.recompute}" if self.recompute != "none" else ""
+        rc += f"[{'+'.join(self.modules)}]" if self.modules else ""
         st = f" stage{self.stage}" if self.pp > 1 else ""
+        rc += f" moe{self.experts}x{self.topk}" if self.experts > 1 else ""
         return (f"mcore {' '.join(par)} L{self.L} h{self.h} a{self.heads}/{self.groups} s{self.s} b{self.b}"
                 f" {'bf16' if self.bf16 else 'fp32'}{rc}{st}")
 
@@ -145,6 +150,8 @@ class McoreCase:
                 "--use-cpu-initialization"]
         if self.vpp > 1:
             args += ["--num-layers-per-virtual-pipeline-stage", self.L // (self.pp * self.vpp)]
+        if self.experts > 1:
+            args += ["--num-experts", self.experts, "--moe-router-topk", self.topk, "--moe-ffn-hidden-size", self.ffn]
         if self.distopt:
             args.append("--use-distributed-optimizer")
         if self.bf16:
@@ -153,6 +160,8 @@ class McoreCase:
             args += ["--recompute-granularity", self.recompute]
             if self.recompute == "full":
                 args += ["--recompute-method", "uniform", "--recompute-num-layers", 1]
+            if self.modules:
+                args += ["--recompute-modules", *self.modules]
         return [str(a) for a in args]
 
     def overrides(self) -> dict[str, Any]:
@@ -280,6 +289,20 @@ def _shim() -> None:
 
     mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
     mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    if not mrandom.HAVE_TE:
+        # CheckpointWithoutOutput (--recompute-modules layernorm / moe_act / mla_up_proj) sets
+        # ``self.fp8 = fp8 is not None`` (random.py:731), true for fp8=False, and then asks Transformer
+        # Engine's FP8GlobalStateManager whether fp8 is on (random.py:693-696), a name bound only when TE
+        # imports: without TE, fp8 is off and the forward context is empty
+        import contextlib
+
+        class _NoFP8:
+            is_fp8_enabled = staticmethod(lambda: False)
+            get_fp8_recipe = staticmethod(lambda: None)
+
+        mrandom.FP8GlobalStateManager = _NoFP8
+        mrandom.activation_recompute_forward = lambda **k: contextlib.nullcontext()
+        mrandom.fp8_autocast = lambda **k: contextlib.nullcontext()
     _SHIMMED = True
 
 
@@ -327,6 +350,10 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
         rc = {} if case.recompute == "none" else {"recompute_granularity": case.recompute}
         if case.recompute == "full":
             rc.update(recompute_method="uniform", recompute_num_layers=1)
+        if case.modules:
+            rc.update(recompute_modules=list(case.modules))
+        if case.experts > 1:
+            rc.update(num_moe_experts=case.experts, moe_router_topk=case.topk, moe_ffn_hidden_size=case.ffn)
         config = TransformerConfig(
             num_layers=case.L, hidden_size=case.h, ffn_hidden_size=case.ffn,
             num_attention_heads=case.heads, num_query_groups=case.groups,
@@ -346,7 +373,9 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
         for i in range(vpp or 1):
             pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=i if vpp else None)
             post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=i if vpp else None)
-            model = GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=case.vocab,
+            spec = get_gpt_layer_local_spec(num_experts=case.experts if case.experts > 1 else None,
+                                            normalization="RMSNorm")
+            model = GPTModel(config, spec, vocab_size=case.vocab,
                              max_sequence_length=case.s, pre_process=pre, post_process=post,
                              share_embeddings_and_output_weights=False, position_embedding_type="rope",
                              vp_stage=i if vpp else None)
@@ -499,7 +528,8 @@ def sweep() -> list[McoreCase]:
     """Every megatron-core case of ``bench/validate.py --frameworks``: TP 2 (fp32, bf16, selective and
     full recompute, and MHA with and without selective recompute), PP 2 with 1F1B (fp32, bf16, full
     recompute) and interleaved (vpp 2), TP 2 × PP 2 in bf16 (4 ranks), DP 2 with the distributed
-    optimizer (fp32, bf16); every pipeline stage a row."""
+    optimizer (fp32, bf16), TP 2 bf16 with --recompute-modules (layernorm, mlp, both); every pipeline
+    stage a row."""
     tp = replace(BASE, tp=2)
     pp = replace(BASE, pp=2)
     dp = replace(BASE, dp=2, distopt=True)
@@ -509,6 +539,13 @@ def sweep() -> list[McoreCase]:
     cases += _stages(pp) + _stages(replace(pp, bf16=True)) + _stages(replace(pp, recompute="full"))
     cases += _stages(replace(pp, vpp=2)) + _stages(replace(pp, tp=2, bf16=True))
     cases += [dp, replace(dp, bf16=True)]
+    # --recompute-modules (selective): the norms' outputs, the dense MLP, both
+    sel = replace(tp, recompute="selective", bf16=True)
+    cases += [replace(sel, modules=("core_attn", "layernorm")), replace(sel, modules=("mlp",)),
+              replace(sel, modules=("core_attn", "layernorm", "mlp"))]
+    # MoE (SequentialMLP, 4 experts top-2; one rank: MoE with TP needs sequence parallelism, blocked here)
+    moe = replace(BASE, bf16=True, experts=4, topk=2)
+    cases += [moe, replace(moe, pp=2), replace(moe, pp=2, stage=1)]
     return cases
 
 
