@@ -247,16 +247,13 @@ class Interpreter:
             return out
         stage = ("stage", sympy.Integer(index))
         extra = (stage,)
-        for qname in SCHEDULE_TIME_QUANTITIES:
-            q = self.program.pick(self.schedule, qname, None)
-            e = self.ev.as_expr(self.ev.quantity(self.schedule, qname, None, extra=(stage,)), q.loc)
-            self.check_number(e, f"schedule {self.schedule}: {qname} at stage {index}", q.loc)
-            extra += ((qname, e),)
-        for qname, absent in SCHEDULE_TIME_OPTIONAL:
-            q = self.program.pick(self.schedule, qname, None) if self.program.find_quantity(self.schedule, qname) else None
-            if q is None:
+        # the required ones (the checker made sure the schedule has them), then the optional ones, whose
+        # value stands in where the schedule leaves them out
+        for qname, absent in [(q, None) for q in SCHEDULE_TIME_QUANTITIES] + list(SCHEDULE_TIME_OPTIONAL):
+            if absent is not None and self.program.find_quantity(self.schedule, qname) is None:
                 extra += ((qname, sympy.Integer(absent)),)
                 continue
+            q = self.program.pick(self.schedule, qname, None)
             e = self.ev.as_expr(self.ev.quantity(self.schedule, qname, None, extra=(stage,)), q.loc)
             self.check_number(e, f"schedule {self.schedule}: {qname} at stage {index}", q.loc)
             extra += ((qname, e),)
