@@ -280,6 +280,11 @@ class _Samples(StorageSamples):
         out = func(*args, **kwargs)
         if name == "_record_function_exit" and self._regions:
             self._regions.pop()
+        if name == "wait_tensor" and type(out).__name__ == "FakeTensor":
+            # under FakeTensorMode the Meta kernel of _c10d_functional.wait_tensor allocates a copy
+            # (torch/distributed/_functional_collectives.py _wait_tensor_meta: empty_like); the real op
+            # returns its input once the collective is done: no memory of its own
+            out = args[0]
         self._record(out, name)
         return out
 

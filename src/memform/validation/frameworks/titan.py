@@ -26,7 +26,19 @@ line of torchtitan that assumes a GPU or a torch nightly:
   op list: the CPU flash kernel is added to its save list, as the CUDA kernels are there;
 - the ``spmd_types`` backend fails in torch 2.13's FSDP2 (``_fsdp_param.py``): ``partial_dtensor``;
 - ``torch.nn.init.trunc_normal_`` is data-dependent (``mask.any()``), which fake tensors refuse: it is
-  a no-op while the weights are initialised (their values do not change memory).
+  a no-op while the weights are initialised (their values do not change memory);
+- torchtitan's ``RMSNorm`` (``models/common/nn_modules.py``, ``nn.RMSNorm``) calls ``F.rms_norm`` ->
+  ``at::_fused_rms_norm``, a CUDA kernel whose autograd saves the input, the weight and the fp32 rstd
+  (``tools/autograd/derivatives.yaml`` ``_fused_rms_norm``); torch's CPU build has no kernel for it and
+  runs its CompositeImplicitAutograd body (upcast, pow, mean, rsqrt, mul), which saves two fp32 copies
+  of the input -- four times a bf16 input, kept by every norm outside a checkpoint and re-made by every
+  recomputed one, which no GPU run holds. ``RMSNorm.forward`` is an autograd function that saves what
+  the CUDA kernel saves (:func:`_fused_rms_norm_class`; the same values).
+
+Two tracer details matter with tensor parallelism (DTensor, ``tp`` > 1): the model's buffers are DTensors
+too (each block's RoPE cache), so their local tensors are what ``static`` excludes; and under
+``FakeTensorMode`` the Meta kernel of ``_c10d_functional.wait_tensor`` allocates a copy where the real op
+returns its input (:class:`..fsdp2._Samples` records its input instead).
 
 Needs torchtitan 0.3.0 (``pip install torchtitan==0.3.0`` and ``pip install --no-deps triton``, which
 torchtitan imports unconditionally: about 1 GB, so it is not in the ``frameworks`` extra).
@@ -146,7 +158,50 @@ def _shim() -> None:
     routed = llama3.get_attention_config
     llama3.get_attention_config = (
         lambda backend: ScaledDotProductAttention.Config() if backend == "sdpa" else routed(backend))
+    # torchtitan's RMSNorm is nn.RMSNorm (models/common/nn_modules.py), F.rms_norm -> at::_fused_rms_norm:
+    # a CUDA kernel whose autograd saves the input, the weight and the fp32 rstd (derivatives.yaml
+    # _fused_rms_norm); torch's CPU build has no kernel for it, and its CompositeImplicitAutograd body
+    # (upcast, pow, mean, rsqrt, mul) saves two fp32 copies of the input instead -- four times the input
+    # at bf16, which no GPU run keeps
+    from torchtitan.models.common.nn_modules import RMSNorm
+
+    fused = _fused_rms_norm_class()
+    RMSNorm.forward = lambda self, x: fused.apply(x, self.weight, self.eps)
     _SHIMMED = True
+
+
+def _fused_rms_norm_class():  # noqa: ANN202 - a torch.autograd.Function
+    import torch
+
+    class FusedRMSNorm(torch.autograd.Function):
+        """RMSNorm over the last dimension with what at::_fused_rms_norm's CUDA autograd saves: the input,
+        the weight and the fp32 rstd (one per row); its backward recomputes the normalised input."""
+
+        @staticmethod
+        def forward(ctx, x, weight, eps):  # noqa: ANN001, ANN205
+            eps = torch.finfo(x.dtype).eps if eps is None else eps
+            xf = x.float()
+            rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+            y = xf * rstd
+            if weight is not None:
+                y = y * weight
+            ctx.save_for_backward(x, weight, rstd)
+            return y.type_as(x)
+
+        @staticmethod
+        def backward(ctx, gy):  # noqa: ANN001, ANN205
+            x, weight, rstd = ctx.saved_tensors
+            xhat = x.float() * rstd
+            g = gy.float()
+            gw = None
+            if weight is not None:
+                if ctx.needs_input_grad[1]:
+                    gw = (g * xhat).sum(dim=tuple(range(g.dim() - 1))).to(weight.dtype)
+                g = g * weight
+            gx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+            return gx.type_as(x), gw, None
+
+    return FusedRMSNorm
 
 
 def measure(case: TitanCase) -> Step:
@@ -212,8 +267,10 @@ def measure(case: TitanCase) -> Step:
             step()                        # warm-up: the optimizer's states exist
             opts.zero_grad()
             params = list(model.parameters())
-            static = storages_of([*(_local(p) for p in params), *model.buffers(), inputs, labels, positions,
-                                  tokens])
+            # (with TP the buffers are DTensors too -- each block's RoPE cache, Replicate over the TP mesh --:
+            # their local tensors are the storages)
+            static = storages_of([*(_local(p) for p in params), *(_local(b) for b in model.buffers()), inputs,
+                                  labels, positions, tokens])
             states = lambda: [t for o in opts.optimizers for st in o.state.values()  # noqa: E731
                               for t in st.values() if isinstance(t, torch.Tensor)]
             measured, by_op = trace_step(model, static, forward, step, states, tensor_parallel=case.tp > 1)
@@ -223,9 +280,16 @@ def measure(case: TitanCase) -> Step:
 
 
 def sweep() -> list[TitanCase]:
-    """torchtitan's Llama-3.1-8B recipe on 8 GPUs (its docs' FSDP example), whole and cut to 2 blocks."""
-    return [TitanCase("llama3_8b", world=8), TitanCase("llama3_8b", world=8, layers=2)]
+    """torchtitan's Llama-3.1-8B recipe on 8 GPUs (its docs' FSDP example), whole and cut to 2 blocks; the
+    same recipe with FSDP × TP (DTensor, sequence parallel: torchtitan's default with TP) 4 × 2 and 4 × 4,
+    whose peak is the vocabulary-parallel loss; and the Llama-3.1-70B recipe on 256 GPUs, FSDP 32 × TP 8
+    with full AC (its own parallelism), whose peak is a block's forward re-run in backward (issue 29)."""
+    return [TitanCase("llama3_8b", world=8), TitanCase("llama3_8b", world=8, layers=2),
+            TitanCase("llama3_8b", world=8, tp=2), TitanCase("llama3_8b", world=8, tp=2, layers=2),
+            TitanCase("llama3_8b", world=16, tp=4),
+            TitanCase("llama3_70b", world=256, tp=8), TitanCase("llama3_70b", world=256, tp=8, layers=2)]
 
 
 def quick_sweep() -> list[TitanCase]:
-    return [TitanCase("llama3_8b", world=8, layers=2)]
+    """The cases the test suite runs: the 8B recipe cut to 2 blocks, and the 70B FSDP × TP recipe cut to 2."""
+    return [TitanCase("llama3_8b", world=8, layers=2), TitanCase("llama3_70b", world=256, tp=8, layers=2)]
