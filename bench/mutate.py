@@ -677,7 +677,9 @@ def worker(spec_path: str, out_path: str) -> int:
     oracle = Oracle(spec)
     os.chdir(ROOT)
     with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
-        pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:xdist", "-m", "not slow",
+        # one process, the oracle in it: the README's addopts (-n auto, pytest-xdist) are dropped
+        pytest.main(["-q", "-o", "addopts=", "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:xdist",
+                     "-m", "not slow",
                      *spec["tests"]], plugins=[oracle])
     Path(out_path).write_text(json.dumps(oracle.results), encoding="utf-8")
     return 0

@@ -94,7 +94,7 @@ SWEEP = [1, 2, 4, 8]
 
 
 def test_vary_sweep_numbers_equal_estimate_with_set():
-    d = compare_json("configs/llama2-7b.yaml", "--vary", "parallel.tp=" + ",".join(map(str, SWEEP)))
+    d = compare_json("configs/llama2-7b.yaml", "--vary", "parallel.tp=" + ",".join(map(str, SWEEP)), "--free-devices")
     assert [v["label"] for v in d["variants"]] == [f"llama2-7b (parallel.tp={t})" for t in SWEEP]
     assert d["sweep"] == [{"key": "parallel.tp", "values": [str(t) for t in SWEEP]}]
     ests = [estimate_json("configs/llama2-7b.yaml", f"parallel.tp={t}") for t in SWEEP]
@@ -107,7 +107,7 @@ def test_vary_sweep_numbers_equal_estimate_with_set():
 
 
 def test_vary_sweep_terminal_uses_one_row_per_variant():
-    r = run_memform("compare", "configs/llama2-7b.yaml", "--vary", "parallel.tp=1,2,4,8")
+    r = run_memform("compare", "configs/llama2-7b.yaml", "--vary", "parallel.tp=1,2,4,8", "--free-devices")
     assert r.returncode == 0, r.stderr
     ests = [estimate_json("configs/llama2-7b.yaml", f"parallel.tp={t}") for t in SWEEP]
     assert r.stdout.startswith("compare: llama2-7b: parallel.tp = 1, 2, 4, 8")
@@ -119,9 +119,30 @@ def test_vary_sweep_terminal_uses_one_row_per_variant():
     assert signed_bytes(d) in " ".join(rows["D-A"])
 
 
+def test_vary_of_a_degree_keeps_the_config_device_count():
+    """issue 32: "tp 2 -> 4" is a question about the same cluster. llama2-7b runs dp 2 × tp 2 × pp 2 on 8
+    devices: a variant that changes tp (not dp) takes dp = 8 / (tp × pp), and tp 8 with pp 2 cannot hold 8
+    devices, which that variant says; --free-devices lets the count follow the degrees (the old behaviour)."""
+    d = compare_json("configs/llama2-7b.yaml", "--vary", "parallel.tp=1,2,4,8")
+    assert [v["label"] for v in d["variants"]] == ["llama2-7b (parallel.tp=1, parallel.dp=4)", "llama2-7b (parallel.tp=2)",
+                                                   "llama2-7b (parallel.tp=4, parallel.dp=1)", "llama2-7b (parallel.tp=8)"]
+    for v, sets in zip(d["variants"][:3], (["parallel.tp=1", "parallel.dp=4"], ["parallel.tp=2"],
+                                           ["parallel.tp=4", "parallel.dp=1"])):
+        assert numbers(v["estimate"]) == numbers(estimate_json("configs/llama2-7b.yaml", *sets))
+        assert v["estimate"]["setup"]["devices"] == 8
+    assert not d["variants"][3]["ok"]
+    assert "keeps the config's 8 devices, which tp × pp × cp = 16 does not divide" in d["variants"][3]["error"]
+    # dp given by the variant itself, or a key outside the device product: nothing is added
+    cmp = compare(ROOT / "configs/llama2-7b.yaml", variants=["parallel.tp=4,parallel.dp=2", "training.recompute=full"])
+    assert [v.overrides for v in cmp.variants[1:]] == [["parallel.tp=4", "parallel.dp=2"], ["training.recompute=full"]]
+    assert cmp.variants[1].est.setup["devices"] == 16
+    free = compare_json("configs/llama2-7b.yaml", "--vary", "parallel.tp=1,2", "--free-devices")
+    assert [v["estimate"]["setup"]["devices"] for v in free["variants"]] == [4, 8]
+
+
 def test_several_vary_make_the_cartesian_product():
     base = ROOT / "configs/llama2-7b.yaml"
-    cmp = compare(base, vary=["parallel.tp=1,2", "training.recompute=none,full"])
+    cmp = compare(base, vary=["parallel.tp=1,2", "training.recompute=none,full"], free_devices=True)
     combos = [(t, m) for t in (1, 2) for m in ("none", "full")]
     assert [v.overrides for v in cmp.variants] == [[f"parallel.tp={t}", f"training.recompute={m}"] for t, m in combos]
     for v, (t, m) in zip(cmp.variants, combos):
@@ -150,8 +171,8 @@ def test_bad_variant_and_sweep_specs_are_user_errors():
         plan(["x.yaml"], vary=["parallel.tp=" + ",".join(map(str, range(1, 10))),
                                "parallel.dp=" + ",".join(map(str, range(1, 9)))])
     for args, text in [(["--vary", "parallel.tp"], "--vary expects KEY=VALUE1,VALUE2"),
-                       (["--vary", "parallel.tp=1,,2"], "empty item"),
-                       (["--vary", "parallel.tp=1,1"], "given twice"),
+                       (["--vary", "parallel.tp=1,,2", "--free-devices"], "empty item"),
+                       (["--vary", "parallel.tp=1,1", "--free-devices"], "given twice"),
                        ([], "two variants or more")]:
         r = run_memform("compare", "configs/llama2-7b.yaml", *args)
         assert r.returncode == 2 and text in r.stderr and "Traceback" not in r.stderr, r.stderr
@@ -163,7 +184,7 @@ def test_failing_variant_is_a_row_with_its_error():
     assert r.returncode == 2
     message = r.stderr.strip().removeprefix("memform: error: ")
     assert "num_heads" in message
-    d = compare_json("configs/llama3-70b.yaml", "--vary", "parallel.tp=4,3,8")
+    d = compare_json("configs/llama3-70b.yaml", "--vary", "parallel.tp=4,3,8", "--free-devices")
     ok = [v["ok"] for v in d["variants"]]
     assert ok == [True, False, True]
     b = d["variants"][1]
@@ -172,20 +193,20 @@ def test_failing_variant_is_a_row_with_its_error():
     assert {"key": "parallel.tp", "values": [4, 3, 8]} in d["config_keys"]   # read from the config anyway
     e8 = estimate_json("configs/llama3-70b.yaml", "parallel.tp=8")
     assert numbers(d["variants"][2]["estimate"]) == numbers(e8)
-    t = run_memform("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=4,3,8")
+    t = run_memform("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=4,3,8", "--free-devices")
     assert t.returncode == 0, t.stderr
     assert f"B = llama3-70b (parallel.tp=3)\n    FAILED: {message}" in t.stdout
 
 
 def test_failing_baseline_hands_over_to_the_first_that_estimated():
-    cmp = compare(ROOT / "configs/llama3-70b.yaml", vary=["parallel.tp=3,4,8"])
+    cmp = compare(ROOT / "configs/llama3-70b.yaml", vary=["parallel.tp=3,4,8"], free_devices=True)
     assert cmp.baseline == 1 and not cmp.variants[0].ok
     txt = render_comparison(cmp, "txt")
     assert "deltas against B" in txt and "peak C - B:" in txt
 
 
 def test_every_variant_failing_exits_2_with_every_message():
-    r = run_memform("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=3,5")
+    r = run_memform("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=3,5", "--free-devices")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "every variant failed" in r.stderr
     assert "parallel.tp = 3;" in r.stderr and "parallel.tp = 5;" in r.stderr
@@ -197,7 +218,7 @@ def test_every_variant_failing_exits_2_with_every_message():
 @pytest.fixture(scope="module")
 def mixed():
     """Four variants of Llama-3-70B, tp 2, 3 (fails), 4, 8 and their ``estimate --json``."""
-    cmp = compare(ROOT / "configs/llama3-70b.yaml", vary=["parallel.tp=2,3,4,8"])
+    cmp = compare(ROOT / "configs/llama3-70b.yaml", vary=["parallel.tp=2,3,4,8"], free_devices=True)
     ests = {t: memform.estimate(ROOT / "configs/llama3-70b.yaml", [f"parallel.tp={t}"]) for t in (2, 4, 8)}
     return cmp, ests
 
@@ -257,7 +278,7 @@ def test_tex_balances_and_escapes(mixed):
 
 
 def test_cli_formats_from_suffix(tmp_path):
-    args = ["compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=4,3,8"]
+    args = ["compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=4,3,8", "--free-devices"]
     for suffix, start in ((".md", "# Comparison"), (".html", "<!DOCTYPE html>"), (".tex", "\\documentclass")):
         out = tmp_path / f"c{suffix}"
         r = run_memform(*args, "-o", out)
@@ -339,20 +360,20 @@ def test_compare_headers_carry_each_variants_setup_line():
 def test_variants_with_a_device_show_their_step_time_and_its_difference():
     # issue 14: memory is the constraint, time the objective -- a comparison of plans shows each one's
     # step time (the estimate's own line) and its difference from the baseline's
-    data = compare_json("configs/llama3-70b.yaml", "--vary", "parallel.tp=4,8")
+    data = compare_json("configs/llama3-70b.yaml", "--vary", "parallel.tp=4,8", "--free-devices")
     want = [estimate_json("configs/llama3-70b.yaml", f"parallel.tp={t}")["time"]["step_seconds"] for t in (4, 8)]
     got = [v["estimate"]["time"]["step_seconds"] for v in data["variants"]]
     assert got == want
     assert data["variants"][0]["step_delta_seconds"] is None
     assert data["variants"][1]["step_delta_seconds"] == pytest.approx(want[1] - want[0], rel=1e-12)
-    r = run_memform("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=4,8")
+    r = run_memform("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=4,8", "--free-devices")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert sum(l.strip().startswith("step ≈ ") for l in lines) == 2
     delta = next(l for l in lines if l.startswith("step B - A: "))
     assert delta.startswith(f"step B - A: {want[1] - want[0]:+.3g} s (")
     for fmt in ("md", "html", "tex"):
-        r = run_memform("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=4,8", "--format", fmt)
+        r = run_memform("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=4,8", "--free-devices", "--format", fmt)
         assert r.returncode == 0, r.stderr
         step = "step $\\approx$ " if fmt == "tex" else "step ≈ "
         assert r.stdout.count(step) == 2 and f"{want[1] - want[0]:+.3g} s vs A" in r.stdout, fmt

@@ -280,7 +280,7 @@ def test_cli_search_csv_json_and_errors(tmp_path):
     assert est.peak_bytes == int(first["peak_bytes"])
 
     out = tmp_path / "s.json"
-    r = _memform("search", cfg, "--devices", "8", "--format", "json", "--output", str(out),
+    r = _memform("search", cfg, "--devices", "8", "--format", "json", "-o", str(out),
                  "--sort=-micro_batch_size,peak_bytes", "--top", "5", "--progress", *small)
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())

@@ -14,6 +14,12 @@ Variants, in this order (each gets a letter: A, B, C, ...):
 * ``vary`` (``--vary parallel.tp=1,2,4,8``) replaces each variant so far by one variant per value,
   several keys giving their cartesian product.
 
+A variant that changes a parallel degree of the device product (``parallel.tp``, ``pp`` or ``cp``)
+without setting ``parallel.dp`` keeps its config's device count: its ``dp`` becomes the devices
+over the new ``tp × pp × cp`` (and the variant fails, saying so, where that does not divide). "tp 4 ->
+8" is a question about the same cluster; ``free_devices`` (``--free-devices``) lets the count follow
+the degrees instead.
+
 ``overrides`` (``--set``) apply to every variant, before the variant's own. A variant whose
 estimate fails (an unmet ``require``, a missing file) keeps its error message and no estimate;
 only when every variant fails is that an error. Stages are matched by index; a variant with
@@ -34,6 +40,8 @@ from ..errors import MemformError
 
 #: a comparison estimates every variant; a product of sweeps beyond this is most likely a typo
 MAX_VARIANTS = 64
+#: the degrees whose product is the device count (expert parallelism works inside dp)
+DEVICE_DEGREES = ("parallel.dp", "parallel.tp", "parallel.pp", "parallel.cp")
 
 
 def variant_key(index: int) -> str:
@@ -167,7 +175,9 @@ class Comparison:
         """A short name for the whole comparison (headings, chart titles)."""
         labels = [v.label for v in self.variants]
         if self.sweep:
-            bases = list(dict.fromkeys(_strip_sweep(v.label, self.sweep) for v in self.variants))
+            # the dp that keeps the device count follows the swept degree: not a variant of its own
+            strip = self.sweep + [("parallel.dp", [])]
+            bases = list(dict.fromkeys(_strip_sweep(v.label, strip) for v in self.variants))
             what = "; ".join(f"{k} = {', '.join(vals)}" for k, vals in self.sweep)
             return (f"{bases[0]}: " if len(bases) == 1 else f"{' vs '.join(bases)}: ") + what
         if len(labels) <= 4:
@@ -350,6 +360,40 @@ def plan(configs: Sequence[ConfigSource], *, set_a: Iterable[str] = (), set_b: I
     return runs, sweep
 
 
+def _degrees(config: ConfigSource, overrides: list[str]) -> dict[str, int] | None:
+    """dp, tp, pp, cp of a config with overrides (1 where unset), or None where they cannot be read
+    as positive integers (the estimate will say why)."""
+    data = _config_data(config, overrides)
+    if data is None:
+        return None
+    out = {}
+    for key in DEVICE_DEGREES:
+        section, name = key.split(".")
+        v = (data.get(section) or {}).get(name, 1) if isinstance(data.get(section) or {}, Mapping) else None
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            return None
+        out[key] = v
+    return out
+
+
+def _keep_devices(config: ConfigSource, shared: list[str], own: list[str]) -> list[str]:
+    """``own`` plus the ``parallel.dp`` that keeps the device count of ``config`` (with the shared
+    ``--set`` overrides), where ``own`` changes tp, pp or cp and sets neither dp nor the device count
+    (see the module docstring)."""
+    keys = {o.partition("=")[0].strip() for o in own}
+    if not keys & set(DEVICE_DEGREES[1:]) or keys & {"parallel.dp", "parallel.devices"}:
+        return own
+    before, after = _degrees(config, shared), _degrees(config, shared + own)
+    if before is None or after is None:
+        return own
+    devices = _product(list(before.values()))
+    others = _product([v for k, v in after.items() if k != "parallel.dp"])
+    if devices % others:
+        raise MemformError(f"keeps the config's {devices} devices, which tp × pp × cp = {others} does not divide "
+                           f"(--free-devices lets the device count follow the degrees)")
+    return own + [f"parallel.dp={devices // others}"] if devices // others != after["parallel.dp"] else own
+
+
 def _product(xs: list[int]) -> int:
     out = 1
     for x in xs:
@@ -359,7 +403,8 @@ def _product(xs: list[int]) -> int:
 
 def compare(*configs: ConfigSource | None, overrides: list[str] | None = None,
             set_a: list[str] | None = None, set_b: list[str] | None = None,
-            variants: Sequence[str | Sequence[str]] | None = None, vary: Sequence[str] | None = None) -> Comparison:
+            variants: Sequence[str | Sequence[str]] | None = None, vary: Sequence[str] | None = None,
+            free_devices: bool = False) -> Comparison:
     """Estimate every variant (see the module's docstring for how they are formed) and line
     their stages up. ``compare(a, b)``, ``compare(a, set_b=[...])`` are the two-variant forms."""
     configs_l = [c for c in configs if c is not None]
@@ -375,6 +420,9 @@ def compare(*configs: ConfigSource | None, overrides: list[str] | None = None,
     for i, (config, own) in enumerate(runs):
         v = Variant(variant_key(i), _label(config, own, variant_key(i)), config, own)
         try:
+            if not free_devices:
+                own = _keep_devices(config, shared, own)
+                v.label, v.overrides = _label(config, own, variant_key(i)), own
             v.est = estimate(config, shared + own)
             v.data = v.est.model.data
         except MemformError as exc:

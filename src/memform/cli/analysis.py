@@ -73,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top", type=int, default=20, help="rows to print (0: all; default 20)")
     p.add_argument("--format", choices=("table", "csv", "json", "html"), default="table",
                    help="html: the rows and a chart of peak memory against step time (the Pareto front marked)")
-    p.add_argument("--output", metavar="FILE", help="write the rows there instead of stdout")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the rows there instead of stdout")
     p.add_argument("--no-cache", action="store_true",
                    help="compile every structure afresh; do not read or write the on-disk cache")
     prog = p.add_mutually_exclusive_group()

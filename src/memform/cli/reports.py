@@ -54,6 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vary", action="append", default=[], metavar="KEY=V1,V2,...",
                    help="sweep a key: one variant per value, for every variant above (repeatable: the "
                         "cartesian product)")
+    p.add_argument("--free-devices", action="store_true",
+                   help="let the device count follow the degrees; by default a variant that changes tp, pp or cp "
+                        "and not dp keeps its config's devices (its dp is the devices over tp × pp × cp)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="machine-readable output (every estimate + deltas)")
     out.add_argument("--format", choices=("txt", "md", "html", "tex"), default=None,
@@ -112,7 +115,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if picture and args.dpi <= 0:
         raise MemformError(f"--dpi must be positive, got {args.dpi}")
     cmp = compare(*args.configs, overrides=args.overrides, set_a=args.set_a, set_b=args.set_b,
-                  variants=args.variants, vary=args.vary)
+                  variants=args.variants, vary=args.vary, free_devices=args.free_devices)
     for v in cmp.failed if (args.json or (args.output and args.output != "-")) else []:
         print(f"memform: variant {v.key} ({v.label}) failed: {v.error}", file=sys.stderr)
     if args.json:

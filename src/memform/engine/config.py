@@ -403,6 +403,14 @@ def formula_files(data: Mapping[str, Any]) -> list[str]:
     return files
 
 
+def _approx(x: Any) -> str:
+    """A number for a message, however large (``float()`` of a 400-digit integer overflows)."""
+    try:
+        return f"{float(x):g}"
+    except OverflowError:
+        return f"about 10^{len(str(int(x))) - 1}"
+
+
 def structure(data: Mapping[str, Any], schedules: list[str]) -> Structure:
     pp = structural_value(data, "parallel.pp")
     vpp = structural_value(data, "parallel.vpp")
@@ -421,7 +429,7 @@ def structure(data: Mapping[str, Any], schedules: list[str]) -> Structure:
     default = get_path(data, "training.recompute", None)
     cap = structural_value(data, "device.capacity_gib")
     if cap > 2 ** 200:  # reports turn byte counts into floats; 2^230 bytes is far past any device
-        raise MemformError(f"config key 'device.capacity_gib' must be at most 2^200, got {float(cap):g}")
+        raise MemformError(f"config key 'device.capacity_gib' must be at most 2^200, got {_approx(cap)}")
     return Structure(name=data["name"], pp=pp, vpp=vpp, schedule=schedule, stage_layers=stage_layers,
                      recompute=recompute, capacity_bytes=int(math.floor(cap * 2 ** 30)),
                      recompute_stages=stages, recompute_layers=layers, recompute_num_layers=num_layers,
