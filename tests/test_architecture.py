@@ -18,15 +18,15 @@ SRC = Path(memform.__file__).resolve().parent
 
 #: subpackage -> the memform packages/modules it may import (besides itself)
 ALLOWED = {
-    "lang": {"errors", "resources"},
+    "lang": {"errors", "resources", "cachedir"},
     "allocator": {"errors"},
     "engine": {"lang", "allocator", "errors", "resources", "units"},
-    "analysis": {"engine", "allocator", "lang", "errors", "resources", "units"},
+    "analysis": {"engine", "allocator", "lang", "errors", "resources", "units", "cachedir"},
     "report": {"engine", "analysis", "lang", "errors", "resources", "units", "__init__"},  # __version__
     "importers": {"engine", "lang", "errors", "resources"},
     "validation": {"engine", "allocator", "api", "importers", "errors", "units", "__init__"},
     "cli": {"api", "engine", "lang", "analysis", "report", "importers", "errors", "resources", "units",
-            "__init__"},
+            "cachedir", "__init__"},
 }
 TOP_LEVEL_LIMIT = 8
 

@@ -19,11 +19,15 @@ def test_estimate_table():
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("llama2-7b: 1f1b schedule, pp=2")
-    # second header line: the run's shape and the model's size (issue 16); then the table
-    assert lines[1].startswith("  tp=2 dp=2 pp=2") and "parameters" in lines[1]
-    assert "activations" in lines[2] and "fits" in lines[2]
-    assert len([l for l in lines[2:] if l.strip()[:1].isdigit()]) == 2  # one row per stage
+    # then the run's shape and the model's size (issue 16; on two lines within 100 columns, issue 32),
+    # the unit of the figures and the table
+    assert lines[1].startswith("  tp=2 dp=2 pp=2") and lines[2] == "  6.74 B parameters (6,738,415,616)"
+    assert lines[3] == "GiB per device"
+    assert "acts" in lines[4] and "fits" in lines[4]
+    assert len([l for l in lines[4:] if l.strip()[:1].isdigit()]) == 2  # one row per stage
     assert lines[-1].startswith("peak: stage 0")
+    wide = run("estimate", "configs/llama2-7b.yaml", "--wide").stdout.splitlines()
+    assert "parameters" in wide[1] and "activations" in wide[2] and "27.28 GiB" in wide[3]
 
 
 @pytest.mark.parametrize("extra", [[], ["--explain", "0"], ["--symbolic"]])

@@ -309,8 +309,8 @@ def test_svg_chart_has_a_bar_group_per_stage_and_the_legend(mixed, tmp_path):
 
 # ------------------------------------------------------------------ setup line in titles (issue 16 b)
 def header_setup(config: str) -> str:
-    """The setup line the ``estimate`` header prints (its second line)."""
-    r = run_memform("estimate", config)
+    """The setup line the ``estimate`` header prints (its second line, unwrapped with --wide)."""
+    r = run_memform("estimate", config, "--wide")
     assert r.returncode == 0, r.stderr
     return r.stdout.splitlines()[1].strip()
 

@@ -25,9 +25,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_search import _exprs, x, y, z
 
-from memform.analysis import cachestore, fastcache
+from memform import cachedir
+from memform.analysis import fastcache
 from memform.analysis.exact import compile_exact
-from memform.analysis.fastcache import cache_dir, fast_estimate, load_scalar
+from memform.analysis.fastcache import cache_dir, fast_estimate, load_scalar, numeric_estimate
 from memform.analysis.scalar import compile_scalar
 from memform.engine.config import frameworks
 from memform.engine.model import estimate as interpreted
@@ -39,11 +40,16 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 
 def _same(config, overrides=None) -> bool:
-    """True when the fast path answered (and then with the interpreter's numbers and table)."""
-    fast = fast_estimate(config, overrides)
+    """True when the compiled fast path answered (and then with the interpreter's numbers and table);
+    the numbers-only interpretation (what a first, uncompiled call answers) must always answer so."""
+    full = interpreted(config, overrides)
+    numeric = numeric_estimate(config, overrides)
+    assert numeric is not None
+    assert numeric.to_dict() == full.to_dict()
+    assert render_table(numeric) == render_table(full)
+    fast = fast_estimate(config, overrides, compile=True)
     if fast is None:
         return False
-    full = interpreted(config, overrides)
     assert fast.to_dict() == full.to_dict()
     assert render_table(fast) == render_table(full)
     return True
@@ -52,10 +58,11 @@ def _same(config, overrides=None) -> bool:
 def _declines(config, overrides, error: MemformError) -> None:
     """Where the interpreter refuses, the fast path answers nothing (or raises the same error,
     when the config is refused before any formula is read)."""
-    try:
-        assert fast_estimate(config, overrides) is None
-    except MemformError as exc:
-        assert str(exc) == str(error)
+    for compile_now in (True, False):
+        try:
+            assert fast_estimate(config, overrides, compile=compile_now) is None
+        except MemformError as exc:
+            assert str(exc) == str(error)
 
 
 # --------------------------------------------------------------------------- the scalar backend
@@ -125,9 +132,10 @@ def test_drawn_degrees_match_the_interpreter_or_both_refuse(config, overrides, r
     except MemformError as exc:
         _declines(path, overrides, exc)
         return
-    fast = fast_estimate(path, overrides)
+    fast = fast_estimate(path, overrides, compile=True)
     assert fast is not None, overrides  # the interpreter answers: so does a compiled structure
     assert fast.to_dict() == full.to_dict()
+    assert numeric_estimate(path, overrides).to_dict() == full.to_dict()
 
 
 def test_a_mapping_config_and_a_failed_require_fall_back(gpt3):
@@ -158,6 +166,7 @@ def _entries() -> list[Path]:
 def own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv(fastcache.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(fastcache, "_MEMO", {})
+    monkeypatch.setattr(fastcache, "_MISSES", set())
     return tmp_path
 
 
@@ -176,7 +185,7 @@ def test_entries_are_reused_and_corrupt_ones_rebuilt(own_cache, monkeypatch):
     config = ROOT / "configs" / "llama3-8b.yaml"
     want = interpreted(config).to_dict()
     calls = _count_compiles(monkeypatch)
-    assert fast_estimate(config).to_dict() == want
+    assert fast_estimate(config, compile=True).to_dict() == want
     (entry,) = _entries()
     good = entry.read_text()
     monkeypatch.setattr(fastcache, "_MEMO", {})
@@ -187,7 +196,7 @@ def test_entries_are_reused_and_corrupt_ones_rebuilt(own_cache, monkeypatch):
                 json.dumps({**stored, "format": -1}), good.replace(stored["key"], "0" * 64)):
         entry.write_text(bad)
         monkeypatch.setattr(fastcache, "_MEMO", {})
-        assert fast_estimate(config).to_dict() == want
+        assert fast_estimate(config, compile=True).to_dict() == want
         assert json.loads(entry.read_text())["checksum"] == stored["checksum"]  # rewritten
     assert len(calls) == 8
 
@@ -208,29 +217,49 @@ def test_a_changed_formula_file_is_never_served_stale(own_cache):
     assert "\n" in text
     formulas.write_text(text + "\nlet memform_test_unused = 1\n")
     os.utime(formulas, ns=(1, 1))  # even with an old modification time the contents are checked
-    cachestore._DIGESTS.clear()
+    cachedir._DIGESTS.clear()
     assert _same(config)
     assert interpreted(config).to_dict() == before.to_dict()
 
 
 def test_no_cache_writes_nothing(own_cache):
+    """--no-cache neither reads nor writes the cache directory (compiled structures, parsed formula
+    files, the grammar's tables); the command line compiles nothing but keeps the parsed files."""
     r = run_memform("estimate", "configs/llama2-7b.yaml", "--no-cache",
                     env_extra={fastcache.CACHE_ENV: str(own_cache / "cache")})
     assert r.returncode == 0, r.stderr
     assert not (own_cache / "cache").exists()
     r2 = run_memform("estimate", "configs/llama2-7b.yaml", env_extra={fastcache.CACHE_ENV: str(own_cache / "cache")})
-    assert r2.stdout == r.stdout and _entries()
+    assert r2.stdout == r.stdout and not _entries()
+    assert list((own_cache / "cache" / "syntax").rglob("*.pickle"))
+    r3 = run_memform("estimate", "configs/llama2-7b.yaml", env_extra={fastcache.CACHE_ENV: str(own_cache / "cache")})
+    assert r3.stdout == r.stdout
+
+
+def test_a_structure_is_compiled_the_second_time_a_process_asks(own_cache, monkeypatch):
+    config = ROOT / "configs" / "llama3-8b.yaml"
+    calls = _count_compiles(monkeypatch)
+    first = fast_estimate(config, {"parallel.tp": 2})
+    assert first is not None and not calls and not _entries()      # one estimate: interpreted numbers
+    second = fast_estimate(config, {"parallel.tp": 4})             # same structure, other degrees: a loop
+    assert len(calls) == 1 and len(_entries()) == 1
+    assert second.to_dict() == interpreted(config, {"parallel.tp": 4}).to_dict()
+    assert first.to_dict() == interpreted(config, {"parallel.tp": 2}).to_dict()
+    fast_estimate(config, {"parallel.tp": 8}, compile=False)
+    assert len(calls) == 1
 
 
 def test_the_cli_cache_hit_does_not_import_sympy(own_cache):
+    fast_estimate(ROOT / "configs" / "deepseek-v3.yaml", compile=True)  # a loop in Python stored it
     env = {**os.environ, fastcache.CACHE_ENV: str(own_cache / "cache")}
     script = ("import sys; from memform.cli import main; code = main(['estimate', 'configs/deepseek-v3.yaml']); "
               "sys.stderr.write('SYMPY' if 'sympy' in sys.modules else 'NOSYMPY'); sys.exit(code)")
-    first = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert first.returncode == 0 and first.stderr.endswith("SYMPY")  # compiled: sympy was needed
-    second = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert second.returncode == 0 and second.stderr.endswith("NOSYMPY"), second.stderr
-    assert second.stdout == first.stdout
+    hit = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert hit.returncode == 0 and hit.stderr.endswith("NOSYMPY"), hit.stderr
+    env[fastcache.CACHE_ENV] = str(own_cache / "empty")
+    miss = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert miss.returncode == 0 and miss.stderr.endswith("SYMPY")  # interpreted numbers: sympy's rationals
+    assert hit.stdout == miss.stdout
 
 
 # --------------------------------------------------------------------------- search structures

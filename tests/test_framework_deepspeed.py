@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import yaml
@@ -107,6 +106,25 @@ def step_states(s) -> int:
 def test_the_fixture_is_the_zero_paper_model_size():
     s = stage0({"parallel.dp": 8})
     assert s.param_count == gpt_params() and abs(gpt_params() / 7.5e9 - 1) < 0.01
+
+
+# ---- the ZeRO paper's model states, stage by stage ---------------------------------------------------
+# Rajbhandari et al. 2020, §5.1 and Figure 1 (mixed-precision Adam, K = 12): the baseline holds 2Ψ + 2Ψ +
+# KΨ; P_os shards the K·Ψ optimizer states (fp32 master, momentum, variance) over N_d; P_os+g also the 2Ψ
+# gradients; P_os+g+p also the 2Ψ parameters. (DeepSpeed's stage 1 shares stage 2's bucketed reduction,
+# stage_1_and_2.py: its gradients are read by the estimator rows above, not here.)
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+@pytest.mark.parametrize("n", [8, 64])
+def test_each_zero_stage_shards_what_the_zero_paper_says(zero, n):
+    s = stage0({"parallel.zero": zero, "parallel.dp": n})
+    psi = gpt_params()
+    assert psi % 64 == 0  # every figure below is a whole number of bytes
+    assert s.values["optimizer"] == (12 * psi if zero == 0 else 12 * psi // n)
+    assert s.values["params"] == (2 * psi if zero < 3 else 2 * psi // n)
+    if zero >= 2:
+        assert s.values["grads"] == 2 * psi // n
+    elif zero == 0:
+        assert s.values["grads"] == 2 * psi
 
 
 # ---- DeepSpeed's estimators -------------------------------------------------------------------------

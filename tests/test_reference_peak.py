@@ -71,7 +71,6 @@ the decoder's ``bwd_extra`` and the head's ``bwd_extra``, torch.mf's ``mlp.bwd_g
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import pytest

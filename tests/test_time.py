@@ -16,7 +16,6 @@ from fractions import Fraction
 import pytest
 
 import memform
-from memform.engine.results import PS_PER_SECOND
 from memform.errors import MemformError
 
 from cli_helpers import ROOT, run_memform

@@ -473,7 +473,7 @@ def test_browser_inputs_redraw_the_estimates_numbers(page_factory, llama70b):
     assert page_numbers(page) == json_numbers(estimate_json("llama3-70b.yaml", *sets))
     assert len(page_numbers(page)) == 8
     # the step time, MFU and tokens/s as `memform estimate` prints them for the same values
-    text = run_memform("estimate", config("llama3-70b.yaml"), *[a for s in sets for a in ("--set", s)]).stdout
+    text = run_memform("estimate", config("llama3-70b.yaml"), "--wide", *[a for s in sets for a in ("--set", s)]).stdout
     line = next(x for x in text.splitlines() if x.startswith("step ≈"))
     step, slowest = re.match(r"step ≈ (\S+ s) \(.*; slowest stage (\d+)\)", line).groups()
     assert page.text_content("#step") == step and f"(slowest stage {slowest})" in page.text_content("#summary")

@@ -11,6 +11,7 @@ so a job may still fit (more slowly: every release synchronises the device).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from .caching import AllocatorConfig, OutOfMemory, replay
@@ -84,29 +85,41 @@ def to_bytes(value: Any) -> int:
     return int(sympy.ceiling(value))
 
 
-def layer_blocks(stage: "StageResult", model: "Model", ev: Any) -> list[LayerBlocks]:
-    """The stage's layers in forward order, one :class:`LayerBlocks` per layer (interpreted estimate)."""
+def layer_blocks(stage: "StageResult", model: "Model", ev: Any,
+                 memo: dict[tuple[str, str], list[int]] | None = None) -> list[LayerBlocks]:
+    """The stage's layers in forward order, one :class:`LayerBlocks` per layer (interpreted estimate).
+    ``memo``: the granularity figures per (block, mode), shared by the stages of one estimate."""
     layers: list[LayerBlocks] = []
+    memo = {} if memo is None else memo
     for g in stage.layers:
         v: dict[str, Any] = g.per_layer_values
-        extra = [to_bytes(ev.number(e)) for e in granularity_exprs(model, ev, g.block, g.mode)]
+        extra = memo.get((g.block, g.mode))
+        if extra is None:
+            extra = memo[(g.block, g.mode)] = [to_bytes(ev.number(e))
+                                               for e in granularity_exprs(model, ev, g.block, g.mode)]
         lb = LayerBlocks(*(to_bytes(v[c]) for c in GROUP_FIGURES), to_bytes(g.inflight_value), *extra)
         layers += [lb] * g.count_value
     return layers
 
 
+@lru_cache(maxsize=64)
+def _unbounded(layers: tuple[LayerBlocks, ...], config: AllocatorConfig, grads_kept: bool) -> Any:
+    """The replay of a stage's sequence without a capacity: the stages of a pipeline's middle hold the
+    same layers, so one replay serves them all."""
+    return replay(from_estimate(layers, grads_persist=grads_kept), config)
+
+
 def stage_reserve(stage: "StageNumbers", layers: list[LayerBlocks], config: AllocatorConfig,
                   grads_kept: bool) -> StageReserve:
     """Replay the stage's synthesized two-step sequence; see the module docstring."""
-    events = from_estimate(layers, grads_persist=grads_kept)
-    free = replay(events, config)
+    free = _unbounded(tuple(layers), config, grads_kept)
     reserve = max(0, free.peak_reserved - free.peak_requested)
     oom, releases = False, 0
     model_bytes = stage.model_bytes
     if model_bytes + reserve + stage.runtime_bytes > stage.capacity_bytes:
         room = stage.capacity_bytes - stage.runtime_bytes - max(0, model_bytes - free.peak_requested)
         try:
-            bounded = replay(events, AllocatorConfig(config.expandable_segments, config.max_split_size,
+            bounded = replay(from_estimate(layers, grads_persist=grads_kept), AllocatorConfig(config.expandable_segments, config.max_split_size,
                                                      capacity=max(0, room)))
             releases = bounded.releases
         except OutOfMemory:
@@ -130,5 +143,6 @@ def apply(stages: list["StageResult"], model: "Model") -> None:
     if config is None:
         return
     ev = model.evaluator()
+    memo: dict[tuple[str, str], list[int]] = {}
     for s in stages:
-        set_reserve(s, layer_blocks(s, model, ev), config, kept)
+        set_reserve(s, layer_blocks(s, model, ev, memo), config, kept)

@@ -1,13 +1,11 @@
 """The on-disk store of compiled structures, shared by ``memform estimate`` and ``memform search``.
 
-Entries live under the platform's user cache directory (``platformdirs``), or under
-``$MEMFORM_CACHE_DIR``, as ``PURPOSE/KEY[:2]/KEY.json``. The key is a SHA-256 of the structure
+Entries live in the cache directory (:mod:`memform.cachedir`: its size limit, atomic writes,
+``--no-cache``) as ``PURPOSE/KEY[:2]/KEY.json``. The key is a SHA-256 of the structure
 (:func:`structure_key`: memform's code, the formula files' contents, the config without its
 input values). An entry records every formula file it was compiled from with its digest, and a
 checksum of itself: one that does not parse, fails its checksum, names another key or format,
-or whose files changed, is ignored (and rewritten by the caller), never trusted. Writes are
-atomic (a temporary file renamed into place), so concurrent processes see an old entry or a
-new one. Nothing here imports sympy.
+or whose files changed, is ignored (and rewritten by the caller), never trusted. Nothing here imports sympy.
 """
 
 from __future__ import annotations
@@ -15,58 +13,15 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
-import tempfile
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from ..cachedir import CACHE_ENV, cache_dir, code_digest, digest, enabled, write_atomic  # noqa: F401 (re-exported)
 from ..engine.config import formula_files
-from ..resources import VERSION, grammar_file, resolve_formula_path
+from ..resources import resolve_formula_path
 
 #: bump when the entry layout or the meaning of its fields changes
 FORMAT = 2
-#: environment variable naming the cache directory (overrides the platform default)
-CACHE_ENV = "MEMFORM_CACHE_DIR"
-
-_DIGESTS: dict[str, tuple[int, int, str]] = {}  # path -> (mtime_ns, size, sha256)
-
-
-def cache_dir() -> Path:
-    """Where entries are stored: ``$MEMFORM_CACHE_DIR``, else the user cache directory."""
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env)
-    import platformdirs
-    return Path(platformdirs.user_cache_dir("memform", appauthor=False)) / VERSION
-
-
-def digest(path: str) -> str | None:
-    """SHA-256 of a file's bytes (memoized by modification time and size); None if unreadable."""
-    try:
-        st = os.stat(path)
-        hit = _DIGESTS.get(path)
-        if hit is not None and hit[0] == st.st_mtime_ns and hit[1] == st.st_size:
-            return hit[2]
-        value = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return None
-    _DIGESTS[path] = (st.st_mtime_ns, st.st_size, value)
-    return value
-
-
-@lru_cache(maxsize=1)
-def code_digest() -> str:
-    """SHA-256 over memform's version, the grammar and the source of every package that turns
-    a config into numbers (``lang``, ``engine``, ``analysis``): an entry compiled by other code
-    is never reused, even within one version."""
-    h = hashlib.sha256(VERSION.encode())
-    package = Path(__file__).resolve().parent.parent
-    files = [grammar_file()] + sorted(f for sub in ("lang", "engine", "analysis") for f in (package / sub).glob("*.py"))
-    for f in files:
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
 
 
 def structure_key(data: Mapping[str, Any], files: list[str], inputs: Sequence[str], purpose: str) -> str | None:
@@ -103,7 +58,9 @@ def entry_path(purpose: str, key: str) -> Path:
 def read_entry(path: Path, key: str, load: Callable[[dict[str, Any]], Any]) -> tuple[Any, list[list[str]], str | None] | None:
     """A stored entry as ``(load(body), files, reason)`` (``load`` is not called for an
     uncompilable structure, whose body is None), or None when it is missing, corrupt, stale,
-    of another format, or ``load`` fails on it."""
+    of another format, or ``load`` fails on it (or the cache is switched off)."""
+    if not enabled():
+        return None
     try:
         stored = json.loads(path.read_text(encoding="utf-8"))
         payload = {k: stored[k] for k in ("format", "key", "files", "body", "reason")}
@@ -120,15 +77,7 @@ def read_entry(path: Path, key: str, load: Callable[[dict[str, Any]], Any]) -> t
 def write_entry(path: Path, key: str, files: list[list[str]], body: dict[str, Any] | None, reason: str | None) -> None:
     """Store an entry (``body`` None: uncompilable, for ``reason``); a failure only costs speed."""
     payload = {"format": FORMAT, "key": key, "files": files, "body": body, "reason": reason}
-    text = json.dumps({**payload, "checksum": _checksum(payload)})
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)  # atomic: a concurrent reader sees the old entry or the new one
-    except OSError:
-        pass  # an unwritable cache only costs speed
+    write_atomic(path, json.dumps({**payload, "checksum": _checksum(payload)}).encode())
 
 
 def formula_paths(data: Mapping[str, Any], source: Path | None) -> list[str]:

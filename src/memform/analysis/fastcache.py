@@ -5,7 +5,7 @@ changes between calls: a planner varies the parallel degrees and micro-batching,
 re-runs the same file. So a config is split into
 
 * its *structure*: the formula files' contents, memform's own code (version, grammar and the
-  sources that compute numbers: :func:`memform.analysis.cachestore.code_digest`) and every
+  sources that compute numbers: :func:`memform.cachedir.code_digest`) and every
   config value except the numeric keys of :data:`NUMERIC_KEYS` that the config sets (their
   presence is part of the structure, their values are not); and
 * its *inputs*: those numeric values.
@@ -16,6 +16,13 @@ directory via ``platformdirs``; ``MEMFORM_CACHE_DIR`` overrides it). The key is 
 the structure; an entry also records every formula file it read with its digest, and a
 checksum of itself. An entry that does not parse, fails its checksum, names another key or
 format, or whose files changed, is ignored and rebuilt, never trusted.
+
+A compile costs seconds of sympy; the interpreter with every symbol replaced by its number as it is
+read (``keep=frozenset()``: exact rationals, no closed forms) costs a few tenths. So a structure is
+compiled only where it pays: when the same process asks for it a second time (a planner's or a
+notebook's loop) or when asked to (``compile=True``). Until then a miss answers with those
+interpreted numbers (:func:`numeric_estimate`), byte for byte the interpreter's; the command line,
+one estimate per process, compiles nothing and reads what a loop stored.
 
 Nothing here imports sympy: a cache hit reads YAML, hashes a few files and runs integer code.
 Where the compiled function reports that the interpreter would refuse or treat differently
@@ -41,6 +48,9 @@ from .cachestore import digest, entry_path, file_digests, formula_paths, read_en
 
 
 _MEMO: dict[str, "_Loaded"] = {}          # key -> entry and its function, this process
+_MISSES: set[str] = set()                 # keys this process answered without compiling (compiled next time)
+#: what :func:`_lookup` returns for a structure not worth compiling yet
+_NOT_YET = "not yet"
 
 
 @dataclass
@@ -78,7 +88,7 @@ def _compile(config: Any, overrides: Any, candidates: list[str]) -> tuple[_Loade
 
 
 def _lookup(config: Any, overrides: Any, data: Mapping[str, Any], source: Path | None,
-            use_disk: bool) -> _Loaded | None:
+            use_disk: bool, compile: bool | None) -> _Loaded | str | None:
     files = formula_paths(data, source)
     candidates = [k for k in NUMERIC_KEYS if type(get_path(data, k, None)) is int]
     key = structure_key(data, files, candidates, "estimate")
@@ -94,6 +104,9 @@ def _lookup(config: Any, overrides: Any, data: Mapping[str, Any], source: Path |
         body, function = pair or (None, None)
         loaded = _Loaded(body, files, function)
     else:
+        if compile is False or (compile is None and key not in _MISSES):
+            _MISSES.add(key)
+            return _NOT_YET
         built = _compile(config, overrides, candidates)
         if built is None:
             return None
@@ -105,20 +118,52 @@ def _lookup(config: Any, overrides: Any, data: Mapping[str, Any], source: Path |
 
 
 def fast_estimate(config: Any, overrides: Mapping[str, Any] | list[str] | None = None, *,
-                  cache: bool = True) -> "FastEstimate | None":
-    """The numbers of ``memform.estimate(config, overrides)`` from a compiled structure, or None
-    where the interpreter must answer (uncompilable structure, refused config, values outside
-    the region the compiled function vouches for). ``cache=False`` skips the on-disk cache."""
+                  cache: bool = True, compile: bool | None = None) -> "FastEstimate | None":
+    """The numbers of ``memform.estimate(config, overrides)`` without closed forms, or None where
+    the interpreter must answer (a refused config, values outside the region a compiled function
+    vouches for). From a compiled structure where one is in memory or on disk; on a miss,
+    ``compile`` says whether to compile it now (True), never (False: the command line), or the
+    second time this process misses it (None); otherwise, and for a structure that does not
+    compile, from :func:`numeric_estimate`. ``cache=False`` skips the on-disk cache."""
     if isinstance(config, Mapping):
         raw, source = copy.deepcopy(dict(config)), None
     else:
         source = Path(config)
         raw = read_yaml(source)
     data = normalize(apply_overrides(raw, overrides), source)
-    loaded = _lookup(config, overrides, data, source, cache)
-    if loaded is None or loaded.body is None:
+    loaded = _lookup(config, overrides, data, source, cache, compile)
+    if loaded is None:
         return None
+    if loaded is _NOT_YET or loaded.body is None:
+        return numeric_estimate(config, overrides)
     return _run(loaded, data, lambda: _full_estimate(config, overrides))
+
+
+def numeric_estimate(config: Any, overrides: Mapping[str, Any] | list[str] | None = None) -> "FastEstimate | None":
+    """The interpreter's numbers with every symbol replaced by its value as it is read (no closed
+    forms to build: a tenth of the symbolic estimate's time), as a :class:`FastEstimate` whose
+    closed forms come from the symbolic estimate on first use. None where the interpreter refuses
+    the config: the symbolic estimate then raises its own error."""
+    from ..engine.model import estimate
+    try:
+        num = estimate(config, overrides, keep=frozenset())
+    except MemformError:
+        return None
+    body = {"name": num.name, "capacity_bytes": num.capacity_bytes, "schedule": num.schedule,
+            "framework": num.framework, "pp": num.pp, "vpp": num.vpp, "recompute": num.recompute,
+            "stages": [{"labels": num.stage_labels(i), "terminal": num.terminal_label(i)}
+                       for i in range(len(num.stages))]}
+    stages = []
+    for s in num.stages:
+        fs = FastStage(s.stage, dict(s.values), s.param_count, s.capacity_bytes, s.peak_moment, dict(s.moments),
+                       s.host_bytes, dict(s.runtime), dict(s.time_ps), s.ideal_ps, s.tokens)
+        if s.reserve is not None:
+            fs.set_reserve(s.reserve, s.reserve_oom, s.reserve_releases)
+        stages.append(fs)
+    est = FastEstimate(body, stages, dict(num.setup), dict(num.parameters), lambda: _full_estimate(config, overrides))
+    for fs in stages:
+        fs._owner = est
+    return est
 
 
 def _full_estimate(config: Any, overrides: Any) -> Any:

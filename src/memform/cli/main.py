@@ -16,7 +16,7 @@ from .common import add_config_args
 #: modules that add sub-commands: each defines ``register(subparsers)`` and sets
 #: ``func=`` on its parser(s) (one module per feature keeps this file small)
 EXTENSIONS: list[str] = ["memform.cli.reports", "memform.cli.imports", "memform.cli.analysis", "memform.cli.keys",
-                         "memform.cli.whatif"]
+                         "memform.cli.cache", "memform.cli.whatif"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="machine-readable numbers (with --symbolic: also closed forms and assumptions)")
     out.add_argument("--explain", type=int, metavar="STAGE", help="every layer's contribution on one stage")
     p.add_argument("--symbolic", action="store_true", help="closed form of each stage's peak")
+    p.add_argument("--wide", action="store_true",
+                   help="the table unabridged: each figure with its unit, every layer group on one line "
+                        "(by default it fits 100 columns: memform.report.table.WIDTH)")
     p.add_argument("--no-cache", action="store_true",
                    help="do not read or write the on-disk cache of compiled structures")
     p.set_defaults(func=cmd_estimate)
@@ -48,14 +51,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    """The table and ``--json`` numbers come from the compiled fast path when it applies (no sympy
-    on a cache hit); closed forms (``--symbolic``, ``--explain``) from the interpreter."""
+    """The table and ``--json`` numbers come from the fast path (a compiled structure on a cache hit,
+    no sympy; else the interpreter's numbers without closed forms: one estimate does not repay a
+    compile); closed forms (``--symbolic``, ``--explain``) from the interpreter."""
     if args.symbolic and args.explain is not None:
         raise MemformError("--symbolic and --explain: choose one")
     est = None
     if not args.symbolic and args.explain is None:
         from ..analysis.fastcache import fast_estimate
-        est = fast_estimate(args.config, args.overrides, cache=not args.no_cache)
+        est = fast_estimate(args.config, args.overrides, cache=not args.no_cache, compile=False)
     if est is None:
         from ..engine.model import estimate
         est = estimate(args.config, args.overrides)
@@ -71,7 +75,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             write_text(render("explain.txt.j2", est, stage=est.stages[args.explain]))
     else:
         from ..report.table import render_table
-        write_text(render_table(est))
+        write_text(render_table(est, wide=args.wide))
     return 0
 
 
@@ -93,6 +97,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "no_cache", False):
+        from ..cachedir import set_enabled
+        set_enabled(False)
     try:
         return args.func(args)
     except MemformError as exc:

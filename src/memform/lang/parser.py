@@ -23,8 +23,19 @@ _TOKEN_NAMES = {
 
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
+    # lark keeps the LALR tables it builds from the grammar (a third of a cold parse) in a file of the
+    # cache directory, checked against the grammar's hash on every load
+    from ..cachedir import cache_dir, enabled
+    folder = cache_dir() / "lark"
+    cache: str | bool = False
+    try:
+        if enabled():
+            folder.mkdir(parents=True, exist_ok=True)
+            cache = str(folder / "memform-grammar.lark")
+    except OSError:
+        pass
     return Lark(grammar_file().read_text(encoding="utf-8"), parser="lalr",
-                propagate_positions=True, maybe_placeholders=False)
+                propagate_positions=True, maybe_placeholders=False, cache=cache)
 
 
 def _describe(token_type: str) -> str:
@@ -296,16 +307,47 @@ def parse_file(path: str | Path) -> ast.File:
     text = read_text(p, "formula file")
     # Syntax trees are immutable, so a file whose text is unchanged is parsed once per process:
     # a planner (or a property test) estimating many strategies of one model reparses nothing.
+    # Across processes the tree is kept in the cache directory (see _stored_tree).
     key = (str(p), text)
     tree = _PARSED.get(key)
     if tree is None:
         if len(_PARSED) >= 256:
             _PARSED.clear()
-        tree = _PARSED[key] = parse_text(text, str(p))
+        tree = _PARSED[key] = _stored_tree(str(p), text)
     return tree
 
 
 _PARSED: dict[tuple[str, str], ast.File] = {}
+
+
+def _stored_tree(path: str, text: str) -> ast.File:
+    """The syntax tree of ``text``, read back from the cache directory where an earlier process
+    parsed the same text under the same name with the same code (a bundled file is parsed once per
+    install, not on every run), else parsed and stored. The entry's name is a SHA-256 of memform's
+    code, the name and the text; it is a pickle of our own frozen dataclasses, written atomically
+    into the user's own cache directory (the trust of the compiled entries stored beside it), and
+    one that does not load as a syntax tree is parsed again."""
+    import hashlib
+    import pickle
+
+    from ..cachedir import cache_dir, code_digest, enabled, write_atomic
+    if not enabled():
+        return parse_text(text, path)
+    name = hashlib.sha256("\0".join((code_digest(), path, text)).encode()).hexdigest()
+    entry = cache_dir() / "syntax" / name[:2] / f"{name}.pickle"
+    try:
+        tree = pickle.loads(entry.read_bytes())
+        if isinstance(tree, ast.File) and tree.path == path:
+            return tree
+    except Exception:  # noqa: BLE001 - missing, unreadable or foreign: parse again
+        pass
+    tree = parse_text(text, path)
+    try:
+        data = pickle.dumps(tree, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, RecursionError):
+        return tree
+    write_atomic(entry, data)
+    return tree
 
 
 def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str, path: str) -> MemformError:

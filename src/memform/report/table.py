@@ -7,6 +7,7 @@ the cached fast path) without importing sympy, which is most of a cold start.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Any
 
@@ -15,7 +16,15 @@ import jinja2
 from ..resources import templates_dir
 from ..units import human_bytes, human_count
 
-TABLE_TEMPLATE = "estimate.txt.j2"
+#: the default table, within WIDTH columns
+TABLE_TEMPLATE = "estimate_narrow.txt.j2"
+#: every category on one line per stage, layer groups unabridged, each figure with its unit (``--wide``; the
+#: template reports and ``--template`` users know as estimate.txt.j2)
+WIDE_TEMPLATE = "estimate.txt.j2"
+#: the default table fits a terminal this wide (labels and long lines wrap; ``--wide`` does not)
+WIDTH = 100
+#: the narrowest layers column before the table gives up on WIDTH (many extra categories)
+MIN_LABEL = 12
 
 
 def setup_line(est: Any) -> str:
@@ -38,6 +47,88 @@ def setup_line(est: Any) -> str:
     if p["expert"]:
         params += f": {human_count(p['expert'])} expert, {human_count(p['dense'])} dense"
     return ", ".join(parts) + "; " + params
+
+
+def _unit(values: list[int]) -> tuple[str, int]:
+    """The one binary unit a table's figures are printed in: the largest that the largest figure
+    reaches (GiB for any real job), so that every cell is a short number."""
+    top = max((abs(v) for v in values), default=0)
+    for unit, size in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if top >= size:
+            return unit, size
+    return "bytes", 1
+
+
+def _cell(value: int, size: int) -> str:
+    if value == 0:
+        return "0"
+    if size == 1:
+        return f"{value:,}"
+    x = value / size
+    return f"{x:.2f}" if abs(x) < 10 ** 5 else f"{x:.3g}"
+
+
+def _setup_lines(line: str, width: int) -> list[str]:
+    """The setup line, or its shape and its parameter count on lines of their own where it is too long."""
+    import textwrap
+
+    if len(line) <= width:
+        return [line]
+    shape, _, params = line.partition("; ")
+    return [x for part in (shape + ";", params) if part
+            for x in textwrap.wrap(part, width, break_on_hyphens=False)]
+
+
+def narrow_context(est: Any) -> dict[str, Any]:
+    """What ``estimate_narrow.txt.j2`` reads: the table within :data:`WIDTH` columns. Figures share one unit
+    named above the table, categories get short titles, layer groups and long lines wrap."""
+    import textwrap
+
+    stages = est.stages
+    extra = [c for c, attr in (("runtime", "runtime_bytes"), ("host", "host_bytes"))
+             if any(getattr(s, attr) for s in stages)]
+    reserved = any(s.reserve is not None for s in stages)
+    spec = [("params", lambda s: s.values["params"]), ("grads", lambda s: s.values["grads"]),
+            ("optim", lambda s: s.values["optimizer"]), ("acts", lambda s: s.values["activations"]),
+            ("comm", lambda s: s.values["comm"])]
+    spec += [(c, (lambda s: s.runtime_bytes) if c == "runtime" else (lambda s: s.host_bytes)) for c in extra]
+    spec += [("peak", lambda s: s.peak_bytes)] + ([("reserved", lambda s: s.reserved_bytes)] if reserved else [])
+    figures = [[get(s) for _, get in spec] for s in stages]
+    unit, size = _unit([v for row in figures for v in row])
+    cells = [[_cell(v, size) for v in row] for row in figures]
+    widths = [max(7, len(title), *(len(row[i]) for row in cells)) for i, (title, _) in enumerate(spec)]
+    labels = [est.terminal_label(s.stage) for s in stages]
+    fixed = 5 + 2 + sum(w + 1 for w in widths) + len("  fits")
+    label_width = max(MIN_LABEL, min(WIDTH - fixed, max([len("layers")] + [len(x) for x in labels])))
+    rows, released = [], []
+    for s, label, row in zip(stages, labels, cells):
+        fits = "yes" if s.fits else "NO"
+        if s.fits and s.reserve_releases:
+            fits += "*"
+            released.append(f"stage {s.stage}: {s.reserve_releases} x")
+        rows.append({"stage": s.stage, "cells": row, "fits": fits,
+                     "labels": textwrap.wrap(label, label_width, break_on_hyphens=False) or [""]})
+    peak = (f"peak: stage {est.peak_stage}, {human_bytes(est.peak_bytes)}"
+            + (f" allocated, {human_bytes(stages[est.peak_stage].reserved_bytes)} reserved by the caching allocator"
+               if reserved else "")
+            + f" of {human_bytes(est.capacity_bytes)} ({'fits' if est.fits else 'does NOT fit'})"
+            + ("; host memory is not counted in the peak" if "host" in extra else ""))
+    notes = [peak]
+    if released:
+        notes.append("* fits once the allocator releases its cached segments (" + ", ".join(released) + ")")
+    if time_line(est):
+        notes.append(time_line(est))
+    wrap = textwrap.TextWrapper(WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+    # a figure stays with its name and its unit ("pp 0.0107", "44.80 GiB"): those spaces do not break
+    keep = re.compile(r" (?=[\d%(])|(?<=\d) (?=(?:s|[KMGTP]iB|B|tokens/s|x)\b)|(?<=\w) (?==)")
+    return {
+        "name": est.name, "schedule": est.schedule, "pp": est.pp, "vpp": est.vpp, "recompute": est.recompute,
+        "framework": est.framework, "capacity_bytes": est.capacity_bytes,
+        "setup_lines": _setup_lines(setup_line(est), WIDTH - 2),
+        "unit": unit, "label_width": label_width, "rows": rows,
+        "columns": [{"title": t, "width": w} for (t, _), w in zip(spec, widths)],
+        "note_lines": [line.replace("\u00a0", " ") for n in notes for line in wrap.wrap(keep.sub("\u00a0", n))],
+    }
 
 
 def table_context(est: Any) -> dict[str, Any]:
@@ -76,6 +167,9 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def render_table(est: Any) -> str:
-    """The per-stage table ``memform estimate`` prints."""
-    return _environment().get_template(TABLE_TEMPLATE).render(**table_context(est))
+def render_table(est: Any, *, wide: bool = False) -> str:
+    """The per-stage table ``memform estimate`` prints: within :data:`WIDTH` columns, or with ``wide``
+    every figure with its unit and every layer group on one line (``memform estimate --wide``)."""
+    if wide:
+        return _environment().get_template(WIDE_TEMPLATE).render(**table_context(est))
+    return _environment().get_template(TABLE_TEMPLATE).render(**narrow_context(est))
