@@ -143,13 +143,19 @@ def test_solve_answers_only_values_every_requirement_accepts():
     memform.estimate(CONFIGS / "llama3-70b.yaml", {"model.seq_length": sol.value})  # accepted
     with pytest.raises(memform.MemformError, match="sequence_parallel"):
         memform.estimate(CONFIGS / "llama3-70b.yaml", {"model.seq_length": sol.refused_value})
-    # a degree: tp 5..7 would fit in memory, but do not divide the 64 heads
+    # a degree: tp 5..7 would fit in memory (the closed form crosses the capacity at t = 4.05, printed
+    # below), but do not divide the 64 heads: memory's limit is t = 5, not the nearest refused t = 7
     tp = solve(model, "parallel.tp")
-    assert tp.value == 8 and tp.refused_value == 7 and any("num_heads" in r for r in tp.refused_by)
+    assert tp.value == 8 and tp.refused_value == 5 and tp.refused_values == [5, 6, 7]
+    assert any("num_heads" in r for r in tp.refused_by)
+    assert [float(r) for r in tp.continuous] == pytest.approx([4.04782], rel=1e-5)
+    r = _memform("solve", "configs/llama3-70b.yaml", "--for", "parallel.tp")
+    assert "memory alone would allow t = 5; t = 5, 6, 7 are refused: parallel.tp must divide" in r.stdout, r.stdout
     r = _memform("solve", "configs/llama3-70b.yaml", "--for", "model.seq_length")
-    assert r.returncode == 0 and "shaped by requirements: s = " in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "shaped by requirements: memory alone would allow s = " in r.stdout, r.stdout + r.stderr
     out = json.loads(_memform("solve", "configs/llama3-70b.yaml", "--for", "model.seq_length", "--json").stdout)
     assert out["refused_value"] == sol.refused_value and out["refused_by"] == sol.refused_by
+    assert out["refused_values"] == sol.refused_values and sol.refused_values[-1] == sol.refused_value
 
 
 def test_ring_context_parallelism_needs_two_cp_chunks_of_the_sequence(gpt3):

@@ -162,7 +162,7 @@ def _finish(d: Derivation, out: list[str]) -> str:
     """``out`` with the conditions the closed forms hold under, as text."""
     if d.assumptions:
         out.append("")
-        out.extend(assumption_lines(d.assumptions))
+        out.extend(assumption_lines(d.assumptions, shown=None))  # a derivation states every condition
     return "\n".join(out) + "\n"
 
 
@@ -208,7 +208,7 @@ def render_latex(d: Derivation, stages: Iterable[int]) -> str:
     body = "\n".join(lines)
     text = "\\begin{aligned}\n" + body + "\n\\end{aligned}\n"
     if d.assumptions:
-        text += "".join(f"% {line}\n" for line in assumption_lines(d.assumptions))
+        text += "".join(f"% {line}\n" for line in assumption_lines(d.assumptions, shown=None))
     return text
 
 

@@ -48,10 +48,12 @@ class Solution:
     continuous: list[sympy.Expr] = field(default_factory=list)  # real roots of peak = capacity
     derivative: sympy.Expr | None = None   # d peak / d symbol at the answer (bytes per unit)
     notes: list[str] = field(default_factory=list)
-    #: the nearest value past the answer that fits in memory but that requirements refuse, and their
-    #: messages (the requirements that shaped the answer); None when memory alone decided it
+    #: what memory alone would allow past the answer where requirements refuse it (the farthest value that
+    #: fits in memory with only refused values between) and their messages; None when memory decided
     refused_value: int | None = None
     refused_by: list[str] = field(default_factory=list)
+    #: every value between the answer and ``refused_value`` (inclusive), all refused by requirements
+    refused_values: list[int] = field(default_factory=list)
 
 
 def resolve_symbol(model: Model, name: str) -> tuple[str, sympy.Symbol]:
@@ -177,22 +179,27 @@ def _compiled(model: Model, overrides: dict[str, Any], keys: list[str], cache: b
 
 def _refused_past(sol: Solution, xs: np.ndarray, pick: int, valid: np.ndarray, peaks: np.ndarray, capacity: int,
                   smallest: bool, batch_at: Any, gbs: Any, other: int, key: str) -> None:
-    """Record the nearest value past the answer that would fit in memory but is refused, and by
-    which requirements (the formula files' ``require`` messages; a global batch it does not divide)."""
+    """Record what memory alone would allow past the answer where requirements refuse it: the farthest
+    value past the answer that fits in memory with only refused values between (for a degree, the
+    smallest that fits; "t = 5", not the nearest "t = 7"), every such value, and the requirements that
+    refuse them (the formula files' ``require`` messages; a global batch they do not divide)."""
     fits_memory = peaks.max(axis=1) <= capacity
     past = np.arange(pick - 1, -1, -1) if smallest else np.arange(pick + 1, len(xs))
+    refused: list[int] = []
+    reasons: list[str] = []
     for i in past:
-        if valid[i]:
-            return  # the next valid value does not fit: memory decided the answer
-        if not fits_memory[i]:
-            continue
+        if valid[i] or not fits_memory[i]:
+            break  # a valid value (it does not fit) or one memory refuses: memory's limit is behind
         x = int(xs[i])
-        reasons = list(batch_at(x).reasons)
+        why = list(batch_at(x).reasons)
         if gbs is not None and gbs % (x * other):
-            reasons.append(f"training.global_batch_size ({gbs}) must be a multiple of micro_batch_size × dp")
-        if reasons:
-            sol.refused_value, sol.refused_by = x, reasons
-            return
+            why.append(f"training.global_batch_size ({gbs}) must be a multiple of micro_batch_size × dp")
+        if not why:
+            break
+        refused.append(x)
+        reasons += [r for r in why if r not in reasons]
+    if refused:
+        sol.refused_value, sol.refused_by, sol.refused_values = refused[-1], reasons, sorted(refused)
 
 
 def _verify(base: Model, key: str, sol: Solution, derive_m: bool) -> None:

@@ -38,6 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="config key or symbol, e.g. training.micro_batch_size, model.seq_length, parallel.tp")
     p.add_argument("--max", dest="limit", type=int, help="largest value tried (default 2^20; 2^16 for degrees)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--assumptions", action="store_true", help="every condition the closed form holds under "
+                   "(by default the first 8, simplified)")
     p.set_defaults(func=cmd_solve)
 
     p = sub.add_parser("sensitivity", help="∂(stage peak)/∂symbol at the config, in bytes per unit")
@@ -45,6 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--wrt", required=True, metavar="KEY", action="append",
                    help="config key or symbol (repeatable), e.g. --wrt b --wrt model.seq_length")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--assumptions", action="store_true", help="every condition the closed forms hold under "
+                   "(by default the first 8, simplified)")
     p.set_defaults(func=cmd_sensitivity)
 
     p = sub.add_parser("search", help="every parallel strategy for N devices that fits, ranked")
@@ -142,7 +146,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
             "continuous": [str(r) for r in sol.continuous],
             "bytes_per_unit": None if sol.derivative is None else str(sol.derivative),
             "assumptions": sol.assumptions, "notes": sol.notes,
-            "refused_value": sol.refused_value, "refused_by": sol.refused_by,
+            "refused_value": sol.refused_value, "refused_by": sol.refused_by, "refused_values": sol.refused_values,
         }, indent=2))
         return 0 if sol.value is not None else 1
     name = model.structure.name
@@ -170,8 +174,10 @@ def cmd_solve(args: argparse.Namespace) -> int:
     else:
         print(f"  binding stage: {sol.binding_stage}")
     if sol.refused_value is not None:
-        print(f"  shaped by requirements: {x} = {sol.refused_value} would fit in memory but "
-              + "; ".join(sol.refused_by))
+        vals = sol.refused_values
+        which = ", ".join(map(str, vals)) if len(vals) <= 4 else f"{vals[0]} ... {vals[-1]} ({len(vals)} values)"
+        print(f"  shaped by requirements: memory alone would allow {x} = {sol.refused_value}; {x} = {which} "
+              f"{'is' if len(vals) == 1 else 'are'} refused: " + "; ".join(sol.refused_by))
     if sol.closed_form is not None:
         print(f"  stage {sol.binding_stage} peak in {x}: {sympy.sstr(sol.closed_form)}")
         if sol.continuous:
@@ -181,8 +187,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
             print(f"  d peak / d {x} at {sol.value}: {human_bytes(float(sol.derivative))} per unit "
                   f"({sympy.sstr(sol.derivative)} bytes)")
         if sol.assumptions:
-            from ..engine.symbolic import assumption_lines
-            for line in assumption_lines(sol.assumptions, "  closed form valid where:", "    "):
+            from ..engine.symbolic import SHOWN_ASSUMPTIONS, assumption_lines
+            for line in assumption_lines(sol.assumptions, "  closed form valid where:", "    ",
+                                         shown=None if args.assumptions else SHOWN_ASSUMPTIONS):
                 print(line)
     for n in sol.notes:
         print(f"  note: {n}")
@@ -219,8 +226,8 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
             print(f"{r.stage:5d}  {human_bytes(float(r.value)) + ' / unit':>22}  {step:>22}  "
                   f"{sympy.sstr(r.derivative, order='grlex')}")
         if assumptions:
-            from ..engine.symbolic import assumption_lines
-            for line in assumption_lines(assumptions):
+            from ..engine.symbolic import SHOWN_ASSUMPTIONS, assumption_lines
+            for line in assumption_lines(assumptions, shown=None if args.assumptions else SHOWN_ASSUMPTIONS):
                 print(line)
         print()
     return 0

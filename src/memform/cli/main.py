@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="machine-readable numbers (with --symbolic: also closed forms and assumptions)")
     out.add_argument("--explain", type=int, metavar="STAGE", help="every layer's contribution on one stage")
     p.add_argument("--symbolic", action="store_true", help="closed form of each stage's peak")
+    p.add_argument("--assumptions", action="store_true",
+                   help="with --symbolic: every condition the closed forms hold under (by default the first 8)")
     p.add_argument("--wide", action="store_true",
                    help="the table unabridged: each figure with its unit, every layer group on one line "
                         "(by default it fits 100 columns: memform.report.table.WIDTH)")
@@ -68,7 +70,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     elif args.symbolic or args.explain is not None:
         from ..report.render import render
         if args.symbolic:
-            write_text(render("symbolic.txt.j2", est))
+            write_text(render("symbolic.txt.j2", est, every_assumption=args.assumptions))
         elif not 0 <= args.explain < len(est.stages):
             raise MemformError(f"--explain: stage {args.explain} does not exist (stages 0..{len(est.stages) - 1})")
         else:

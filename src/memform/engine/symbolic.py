@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import re
 from functools import lru_cache
+from typing import Any
 
 import sympy
 
@@ -36,6 +38,145 @@ def ordered_assumptions(assumptions: list[str]) -> list[str]:
     return prose + [a for a in assumptions if not _PROSE.search(a)]
 
 
-def assumption_lines(assumptions: list[str], head: str = "valid where:", indent: str = "  ") -> list[str]:
-    """``valid where:`` followed by one assumption per line (see :func:`ordered_assumptions`)."""
-    return [head] + [indent + a for a in ordered_assumptions(assumptions)]
+#: assumption lines a terminal shows before "... and N more" (``--assumptions`` shows them all)
+SHOWN_ASSUMPTIONS = 8
+#: longest condition (characters) handed to sympy to simplify and compare
+SIMPLIFY_MAX = 200
+_AT_STAGE = re.compile(r"^(?P<what>.+) at stage (?P<stage>\d+)$")
+_DIVIDES = re.compile(r"^(?P<n>\d+)/(?P<x>[A-Za-z_]\w*) is an integer$")
+_MULTIPLE = re.compile(r"^(?P<e>.+)/(?P<n>\d+) is an integer$")
+
+
+def _ranges(numbers: list[int]) -> str:
+    """``0-3, 5, 7-9``: sorted integers as runs."""
+    out, nums = [], sorted(set(numbers))
+    start = prev = nums[0]
+    for n in nums[1:] + [None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if n is not None:
+            start = prev = n
+    return ", ".join(out)
+
+
+def _relation(text: str) -> "sympy.Basic | None":
+    """An (in)equality assumption as a sympy relational (``vp = 1`` included), None if it is not one."""
+    try:
+        if re.search(r"(?<![<>=!])=(?!=)", text):
+            left, right = text.split("=", 1)
+            return sympy.Eq(sympy.sympify(left), sympy.sympify(right))
+        rel = sympy.sympify(text)
+    except (sympy.SympifyError, SyntaxError, TypeError, ValueError):
+        return None
+    return rel if isinstance(rel, (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanAtom)) else None
+
+
+def _bound(rel: "sympy.Basic") -> tuple[str, str, sympy.Expr] | None:
+    """``rel`` as ``(E, op, c)``, meaning ``E op c`` (op one of >=, >, <=, <) with E free of a constant
+    term and of a positive numeric factor, its sign fixed: conditions on the same E are comparable
+    (``p - 3 <= m`` and ``p <= m`` are both bounds on ``p - m``). None for anything else."""
+    if not isinstance(rel, (sympy.Ge, sympy.Gt, sympy.Le, sympy.Lt)) or not rel.free_symbols:
+        return None
+    diff = sympy.expand(rel.lhs - rel.rhs)
+    c0, rest = diff.as_coeff_Add()
+    if rest == 0:
+        return None
+    k, e = rest.primitive()
+    if not k.is_positive:
+        return None
+    op = rel.rel_op
+    if e.could_extract_minus_sign():
+        e, c0, op = -e, -c0, {">=": "<=", ">": "<", "<=": ">=", "<": ">"}[op]
+    return sympy.sstr(e), op, -c0 / k
+
+
+def simplify_assumptions(assumptions: list[str]) -> list[str]:
+    """The same conditions, said once: prose repeated per stage becomes one line with the stages as
+    ranges; ``N/x is an integer`` for several N becomes ``x divides gcd`` and ``E/N is an integer`` for
+    several N ``E/lcm is an integer``; short (in)equalities are simplified (``8*t > 8`` -> ``t > 1``),
+    tautologies dropped, and of the bounds on one expression only the tightest of each side kept
+    (``16 <= m`` implies ``4 <= m``, ``p <= m`` implies ``p - 3 <= m``). Conditions it cannot read stay
+    as they are. Prose first, in the order first met (see :func:`ordered_assumptions`)."""
+    stages: dict[str, list[int]] = {}
+    divides: dict[str, list[int]] = {}
+    multiples: dict[str, list[int]] = {}  # E/N is an integer for several N: E is a multiple of their lcm
+    out: list[tuple[str, Any]] = []  # (kind, what) in the order first met
+    bounds: dict[tuple[str, str], tuple[sympy.Expr, str]] = {}  # (E, side) -> (tightest bound, its text)
+    seen: set[str] = set()
+    for a in ordered_assumptions(assumptions):
+        m, d = _AT_STAGE.match(a), _DIVIDES.match(a)
+        if m and _PROSE.search(m["what"]):
+            if m["what"] not in stages:
+                out.append(("stage", m["what"]))
+            stages.setdefault(m["what"], []).append(int(m["stage"]))
+            continue
+        if d:
+            if d["x"] not in divides:
+                out.append(("divides", d["x"]))
+            divides.setdefault(d["x"], []).append(int(d["n"]))
+            continue
+        mult = _MULTIPLE.match(a)
+        if mult and not _DIVIDES.match(a):
+            e = mult["e"][1:-1] if mult["e"].startswith("(") and mult["e"].endswith(")") else mult["e"]
+            if e not in multiples:
+                out.append(("multiple", e))
+            multiples.setdefault(e, []).append(int(mult["n"]))
+            continue
+        # the decisions of a step-time model's max/min run to kilobytes of ceiling terms: sympy would
+        # spend seconds on them and find nothing to drop; they are shown as recorded
+        rel = None if _PROSE.search(a) or len(a) > SIMPLIFY_MAX else _relation(a)
+        if rel is not None:
+            # (sympy's own Relational.simplify tests random numbers: seconds for a few dozen conditions)
+            if rel is sympy.true:
+                continue  # a tautology at these values
+            if isinstance(rel, sympy.Eq):
+                a = f"{sympy.sstr(rel.lhs)} = {sympy.sstr(rel.rhs)}"
+            b = _bound(rel)
+            if b is not None:
+                e, op, c = b
+                said = f"{e} {op} {sympy.sstr(c)}"
+                a = said if len(said) < len(a) else a  # rewritten only where that says it shorter
+                side = ">" if op in (">=", ">") else "<"
+                key = (e, side)
+                if key not in bounds:
+                    out.append(("bound", key))
+                old = bounds.get(key)
+                tighter = old is None or (c > old[0] if side == ">" else c < old[0]) or (c == old[0] and len(op) == 1)
+                if tighter:
+                    bounds[key] = (c, a)
+                continue
+        if a not in seen:
+            seen.add(a)
+            out.append(("text", a))
+    lines = []
+    for kind, item in out:
+        if kind == "stage":
+            st = stages[item]
+            lines.append(f"{item} at stage {st[0]}" if len(st) == 1 else f"{item} at stages {_ranges(st)}")
+        elif kind == "divides":
+            ns = sorted(set(divides[item]))
+            g = math.gcd(*ns)
+            lines.append(f"{g}/{item} is an integer" if len(ns) == 1 else
+                         f"{item} divides {g} (so {', '.join(f'{n}/{item}' for n in ns)} are integers)")
+        elif kind == "multiple":
+            n = math.lcm(*multiples[item])
+            e = f"({item})" if re.search(r"[+\-/]", item) else item
+            lines.append(f"{e}/{n} is an integer")
+        elif kind == "bound":
+            lines.append(bounds[item][1])
+        else:
+            lines.append(item)
+    return lines
+
+
+def assumption_lines(assumptions: list[str], head: str = "valid where:", indent: str = "  ",
+                     shown: int | None = SHOWN_ASSUMPTIONS) -> list[str]:
+    """``valid where:`` followed by one condition per line, simplified (:func:`simplify_assumptions`);
+    at most ``shown`` of them, then a line naming how many more ``--assumptions`` shows (None: all)."""
+    lines = simplify_assumptions(assumptions)
+    if shown is not None and len(lines) > shown + 1:
+        rest = len(lines) - shown
+        lines = lines[:shown] + [f"... and {rest} more (--assumptions shows every condition)"]
+    return [head] + [indent + a for a in lines]

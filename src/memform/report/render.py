@@ -22,7 +22,8 @@ import sympy
 
 from ..engine.interpreter import CATEGORIES, MODEL, QUANTITY_OF, STATIC, LayerReport, StageResult, to_bytes
 from ..engine.model import Estimate
-from ..engine.symbolic import assumption_lines, closed_form_latex, closed_form_text, ordered_assumptions, tidy
+from ..engine.symbolic import (assumption_lines, closed_form_latex, closed_form_text, ordered_assumptions,
+                               simplify_assumptions, tidy)
 from ..errors import MemformError
 from ..lang.program import Program
 from ..resources import resolve_display_path, templates_dir
@@ -394,6 +395,7 @@ def _add_filters(env: jinja2.Environment) -> jinja2.Environment:
     env.filters["count"] = human_count
     env.filters["assumption_lines"] = assumption_lines
     env.filters["ordered_assumptions"] = ordered_assumptions
+    env.filters["simplified_assumptions"] = simplify_assumptions
     env.filters["signed_bytes"] = signed_bytes
     env.filters["signed_seconds"] = signed_seconds
     env.filters["percent"] = percent
