@@ -232,6 +232,26 @@ def test_cp_divides_layer_activations(algo):
         assert layer_values(_llama8b_cp(cp, algo), "decoder")["activations"] * cp == base
 
 
+@pytest.mark.parametrize("framework", ["megatron", "torch", "fsdp2", "mindspore"])
+@pytest.mark.parametrize("config", ["deepseek-v2-lite.yaml", "mixtral-8x7b.yaml", "deepseek-v3.yaml"])
+def test_cp_halves_every_layer_of_mla_and_moe_models_under_every_profile(config, framework):
+    # the same rule as above for MLA attention, routed and shared experts, under each profile that runs
+    # context parallelism; tp 4 so that a term split t·cp ways is told from one split t² ways (at tp 2
+    # they agree). MemEst body.py (memest-formulas.md §1.3): activations / (t·cp).
+    over = {"training.framework": framework, "parallel.tp": 4, "parallel.sequence_parallel": True,
+            "parallel.devices": None, "training.global_batch_size": None, "parallel.ep": 1,
+            "parallel.expert_tp": 1, "parallel.dp": 1, "model.flash_attention": True}
+    one = api.estimate(CONFIGS / config, {**over, "parallel.cp": 1}, keep=frozenset())
+    two = api.estimate(CONFIGS / config, {**over, "parallel.cp": 2}, keep=frozenset())
+    checked = 0
+    for a, b in zip(one.stages, two.stages):
+        for la, lb in zip(a.layers, b.layers):
+            assert (la.block, la.mode) == (lb.block, lb.mode)
+            assert lb.per_layer_values["activations"] * 2 == la.per_layer_values["activations"], (la.block, la.mode)
+            checked += bool(la.per_layer_values["activations"] > 0)
+    assert checked
+
+
 def test_cp_kv_buffers_ring_vs_allgather():
     # MemEst CP buffer (memest-formulas.md §1.4): chunk = (s/cp)·b·kv_dim·4 bytes (K and V at 2
     # bytes), cp-1 extra chunks when every K,V chunk is gathered (= our allgather, Llama 3

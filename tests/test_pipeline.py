@@ -224,6 +224,24 @@ def test_seqpipe_counts_sequence_chunks_at_the_chunk_length():
         assert e.stages[i].moments["warmup"] == (4 - i + 3) * 12 * act / 4
 
 
+@pytest.mark.parametrize("vp, n, m", [(2, 4, 16), (3, 2, 16), (2, 4, 2)])
+def test_seqpipe_with_virtual_chunks_holds_memests_less_memory_split(vp, n, m):
+    """SeqPipe with vp > 1, MemEst pp_seq1f1b_micro_factor, less-memory split (memest-formulas.md §2.2):
+    with B = min(p, m), every chunk but the last holds B pieces, the last B - i + n - 1 (at least 1);
+    each piece holds a layer's activations at sequence length s / n (flash attention: linear in s)."""
+    p = 4
+    e = est(parallel__pp_schedule="seqpipe", parallel__seq_chunks=n, parallel__vpp=vp,
+            training__num_micro_batches=m)
+    b = min(p, m)
+    act = decoder_act(est())
+    for i in range(p):
+        want = {c: (b if c < vp - 1 else max(1, b - i + n - 1)) for c in range(vp)}
+        assert inflight(e, i) == want, (i, inflight(e, i), want)
+        # 48 layers over 4 stages and vp chunks: 12 / vp decoders per chunk; stage 0 has no other block
+        if i == 0:
+            assert e.stages[0].moments["warmup"] == sum(want.values()) * (12 // vp) * act / n
+
+
 # ------------------------------------------------------------------ recomputation
 
 def test_recompute_num_layers_is_full_on_the_first_n_of_each_stage():
