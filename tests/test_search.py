@@ -304,11 +304,19 @@ def test_cli_search_table():
                  "--zero", "1", "--recompute", "selective", "--set", "device.peak_flops_bf16=0")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
+    # within 100 columns (issue 32): the headline wraps, the plans stay one per line
+    assert max(len(line) for line in lines) <= 100 and "strategies fit" in lines[0]
+    at = next(i for i, line in enumerate(lines) if line.split()[:3] == ["dp", "tp", "pp"])
+    assert len([line for line in lines[at + 1:] if line.split()[0].isdigit()]) == 3
+    # --wide: nothing wrapped or cut, the headline on one line
+    lines = _memform("search", str(CONFIGS / "llama3-70b.yaml"), "--devices", "64", "--top", "3", "--pp", "4,8",
+                     "--zero", "1", "--recompute", "selective", "--set", "device.peak_flops_bf16=0",
+                     "--wide").stdout.splitlines()
     assert "strategies fit" in lines[0] and lines[1].split()[:3] == ["dp", "tp", "pp"]
     assert len(lines) == 2 + 3 + 1
     # with the time model: the ranking line, then the header and the plans
     r = _memform("search", str(CONFIGS / "llama3-70b.yaml"), "--devices", "64", "--top", "3", "--pp", "4,8",
-                 "--zero", "1", "--recompute", "selective")
+                 "--zero", "1", "--recompute", "selective", "--wide")
     lines = r.stdout.splitlines()
     assert "ranked by estimated step time" in lines[1] and lines[2].split()[:3] == ["dp", "tp", "pp"]
     assert "step s" in lines[2] and len(lines) >= 3 + 3

@@ -75,6 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pareto", action="store_true",
                    help="only the plans no other beats in both step time and peak memory, by peak memory")
     p.add_argument("--top", type=int, default=20, help="rows to print (0: all; default 20)")
+    p.add_argument("--wide", action="store_true", help="the table unabridged: every merged alternative and "
+                   f"per-stage layer list whole, no line wrapped (by default it fits {TABLE_WIDTH} columns)")
     p.add_argument("--format", choices=("table", "csv", "json", "html"), default="table",
                    help="html: the rows and a chart of peak memory against step time (the Pareto front marked)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the rows there instead of stdout")
@@ -285,7 +287,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         w.writerows(shown)
         text = buf.getvalue()
     else:
-        text = _table(model.structure.name, args.devices, result, shown, total, fields, len(listed))
+        text = _table(model.structure.name, args.devices, result, shown, total, fields, len(listed), wide=args.wide)
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as fh:
@@ -298,8 +300,27 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0 if total else 1
 
 
+#: the search table fits a terminal this wide (``--wide``: unabridged)
+TABLE_WIDTH = 100
+
+
+def _fit(text: str, width: int) -> str:
+    """A comma-separated cell cut at a comma to ``width`` characters, saying how many entries it left
+    out (``a, b, +3 more``)."""
+    if len(text) <= width:
+        return text
+    parts = [p.strip() for p in text.split(",")]
+    for keep in range(len(parts) - 1, 0, -1):
+        cut = ",".join(parts[:keep]) + f", +{len(parts) - keep} more"
+        if len(cut) <= width:
+            return cut
+    return f"{len(parts)} entries" if len(parts) > 1 else text[: max(1, width - 1)] + "…"
+
+
 def _table(name: str, devices: int, result: Any, shown: list[dict[str, Any]], total: int,
-           fields: list[str], listed: int | None = None) -> str:
+           fields: list[str], listed: int | None = None, wide: bool = False) -> str:
+    import textwrap
+
     st = result.stats
     cols = [f for f in fields if f not in ("peak_bytes", "headroom_bytes", "schedule")
             and not (f == "stage_layers" and not any(r[f] for r in shown))]
@@ -320,26 +341,52 @@ def _table(name: str, devices: int, result: Any, shown: list[dict[str, Any]], to
         return str(v)
 
     shown = [{**r, **{f: cell(f, r[f]) for f in cols}} for r in shown]
+    sep, below = "  ", []
+    if not wide:
+        # within TABLE_WIDTH: one space between columns, no used/idle columns when no plan leaves a device
+        # idle, and the per-stage layer lists and merged alternatives on an indented line under their row,
+        # cut at a comma (--wide, --format json/csv give them whole)
+        sep = " "
+        if all(str(r.get("devices_wasted", "0")) == "0" for r in shown):
+            cols = [f for f in cols if f not in ("devices_used", "devices_wasted")]
+        below = [f for f in ("stage_layers", "equivalent") if f in cols]
+        cols = [f for f in cols if f not in below]
     widths = {f: max(len(head.get(f, f)), *(len(str(r[f])) for r in shown)) if shown else len(head.get(f, f))
               for f in cols}
-    lines = [f"{name}: {total} of {st.valid} valid strategies fit {human_bytes(result.capacity_bytes)} on "
+    prose = [f"{name}: {total} of {st.valid} valid strategies fit {human_bytes(result.capacity_bytes)} on "
              f"{devices} devices ({st.evaluated} candidates over {st.structures} structures; "
              f"compile {st.compile_seconds:.2f} s, evaluate {st.evaluate_seconds:.3f} s)"]
-    for reason, count in st.structures_skipped.items():
-        lines.append(f"skipped {count} structure(s): {reason}")
+    if st.structures_skipped:
+        skipped = sum(st.structures_skipped.values())
+        prose.append(f"skipped {skipped} structure(s): " + "; ".join(
+            f"{reason} ({count})" for reason, count in st.structures_skipped.items()))
     if result.timed:
-        lines.append("ranked by estimated step time (formulas/time.mf; memory breaks ties); rows with the same "
+        prose.append("ranked by estimated step time (formulas/time.mf; memory breaks ties); rows with the same "
                      "memory and time merged; plans slower and bigger than another dropped (--all keeps them)")
+    wrap = (lambda t: [t]) if wide else \
+        textwrap.TextWrapper(TABLE_WIDTH, subsequent_indent="  ", break_on_hyphens=False).wrap
+    lines = [line for t in prose for line in wrap(t)]
     if not shown:
         lines.append("nothing fits")
         return "\n".join(lines) + "\n"
-    lines.append("  ".join(head.get(f, f).rjust(widths[f]) if f != "equivalent" else head[f] for f in cols))
+    lines.append(sep.join(head.get(f, f).rjust(widths[f]) if f != "equivalent" else head[f] for f in cols))
+    label = {"stage_layers": "layers per stage", "equivalent": "same memory and time with"}
     for r in shown:
-        lines.append("  ".join(str(r[f]).rjust(widths[f]) if f != "equivalent" else str(r[f]) for f in cols))
+        lines.append(sep.join(str(r[f]).rjust(widths[f]) if f != "equivalent" else str(r[f])
+                              for f in cols).rstrip())
+        extra = [(f, str(r[f])) for f in below if r[f] not in ("", "-", None)]
+        if extra:
+            text = "; ".join(f"{label[f]}: {v}" for f, v in extra)
+            if len(text) > TABLE_WIDTH - 4:
+                room = TABLE_WIDTH - 4 - sum(len(label[f]) + 4 for f, _ in extra)
+                text = "; ".join(f"{label[f]}: {_fit(v, max(12, room // len(extra)))}" for f, v in extra)
+            lines.append("    " + text)
     listed = total if listed is None else listed
+    tail = []
     if listed > len(shown):
-        lines.append(f"... {listed - len(shown)} more (--top 0 for all)")
+        tail.append(f"... {listed - len(shown)} more (--top 0 for all)")
     if listed < total:
-        lines.append(f"({total - listed} of the {total} fitting strategies are merged into an equivalent row or "
-                     f"beaten in both step time and peak memory: --all lists them)")
+        tail.append(f"({total - listed} of the {total} fitting strategies are merged into an equivalent row or "
+                    f"beaten in both step time and peak memory: --all lists them)")
+    lines += [line for t in tail for line in wrap(t)]
     return "\n".join(lines) + "\n"
