@@ -568,3 +568,15 @@ def test_cli_no_cache_writes_no_entries(tmp_path):
     assert res.returncode == 0, res.stderr
     assert list(cache.glob("whatif-*/*/*.json"))
     assert (tmp_path / "c.html").read_text() == out.read_text()
+
+
+def test_zero_axis_says_when_the_distributed_optimizer_shards_at_zero_0():
+    """Issue 32: deepseek-v3 runs Megatron's distributed optimizer at ZeRO 0; the select showed "0 (config)"
+    as if nothing were sharded (common.mf: shard_os applies with dist_opt at any ZeRO stage)."""
+    from memform.engine.model import load_model
+    from memform.report.whatif import default_axes
+
+    axes = {a.key: a for a in default_axes(load_model(ROOT / "configs" / "deepseek-v3.yaml"))}
+    assert "distributed optimizer on" in axes["parallel.zero"].label
+    plain = {a.key: a for a in default_axes(load_model(ROOT / "configs" / "gpt3-175b.yaml"))}
+    assert plain["parallel.zero"].label == "ZeRO stage"

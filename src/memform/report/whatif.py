@@ -199,7 +199,12 @@ def default_axes(model: Model, *, pp: Sequence[int] | None = None, vpp: Sequence
         spec = zero_bound[1].type
         values = list(zero) if zero is not None else list(range(spec.lo or 0, (spec.hi if spec.hi is not None
                                                                                 else 3) + 1))
-        axes.append(Axis("parallel.zero", "ZeRO stage", values, base))
+        label = "ZeRO stage"
+        if get_path(model.data, "parallel.distributed_optimizer", False):
+            # Megatron's distributed optimizer shards the optimizer states by itself (common.mf shard_os):
+            # at ZeRO 0 the page still estimates ZeRO-1's optimizer bytes, which "0" alone would hide
+            label = "ZeRO stage (distributed optimizer on: optimizer states sharded even at 0)"
+        axes.append(Axis("parallel.zero", label, values, base))
     elif zero is not None:
         raise MemformError("--zero: the formula files do not bind parallel.zero")
     for a in axes:
