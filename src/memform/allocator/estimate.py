@@ -138,11 +138,19 @@ def defer_reserve(stage: "StageNumbers", layers: list[LayerBlocks], config: Allo
 
 
 def apply(stages: list["StageResult"], model: "Model") -> None:
-    """Set each stage's ``reserve`` (and whether it fits under the allocator model)."""
+    """Give each stage its ``reserve`` (and whether it fits under the allocator model), computed on
+    first use."""
     config, kept = settings(model)
     if config is None:
         return
-    ev = model.evaluator()
-    memo: dict[tuple[str, str], list[int]] = {}
+    # deferred to the stage's first use of its reserve (``fits`` reads it): an estimate whose peaks alone
+    # are read (a loop over configs, a planner) never replays
+    shared: dict[str, Any] = {}
+
+    def replay_stage(st: "StageNumbers", s: "StageResult") -> None:
+        if "ev" not in shared:
+            shared["ev"], shared["memo"] = model.evaluator(), {}
+        set_reserve(st, layer_blocks(s, model, shared["ev"], shared["memo"]), config, kept)
+
     for s in stages:
-        set_reserve(s, layer_blocks(s, model, ev, memo), config, kept)
+        s._reserve_pending = lambda st, s=s: replay_stage(st, s)

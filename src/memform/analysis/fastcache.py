@@ -157,8 +157,9 @@ def numeric_estimate(config: Any, overrides: Mapping[str, Any] | list[str] | Non
     for s in num.stages:
         fs = FastStage(s.stage, dict(s.values), s.param_count, s.capacity_bytes, s.peak_moment, dict(s.moments),
                        s.host_bytes, dict(s.runtime), dict(s.time_ps), s.ideal_ps, s.tokens)
-        if s.reserve is not None:
-            fs.set_reserve(s.reserve, s.reserve_oom, s.reserve_releases)
+        if s._reserve_pending is not None or s._reserve is not None:
+            # the interpreted stage's replay, run on first use (the table's fits reads it; a loop's peaks do not)
+            fs._reserve_pending = lambda st, s=s: st.set_reserve(s.reserve, s.reserve_oom, s.reserve_releases)
         stages.append(fs)
     est = FastEstimate(body, stages, dict(num.setup), dict(num.parameters), lambda: _full_estimate(config, overrides))
     for fs in stages:
