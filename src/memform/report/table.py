@@ -8,6 +8,7 @@ the cached fast path) without importing sympy, which is most of a cold start.
 from __future__ import annotations
 
 import re
+import textwrap
 from functools import lru_cache
 from typing import Any
 
@@ -70,8 +71,6 @@ def _cell(value: int, size: int) -> str:
 
 def _setup_lines(line: str, width: int) -> list[str]:
     """The setup line, or its shape and its parameter count on lines of their own where it is too long."""
-    import textwrap
-
     if len(line) <= width:
         return [line]
     shape, _, params = line.partition("; ")
@@ -82,8 +81,6 @@ def _setup_lines(line: str, width: int) -> list[str]:
 def narrow_context(est: Any) -> dict[str, Any]:
     """What ``estimate_narrow.txt.j2`` reads: the table within :data:`WIDTH` columns. Figures share one unit
     named above the table, categories get short titles, layer groups and long lines wrap."""
-    import textwrap
-
     stages = est.stages
     extra = [c for c, attr in (("runtime", "runtime_bytes"), ("host", "host_bytes"))
              if any(getattr(s, attr) for s in stages)]
@@ -116,8 +113,9 @@ def narrow_context(est: Any) -> dict[str, Any]:
     notes = [peak]
     if released:
         notes.append("* fits once the allocator releases its cached segments (" + ", ".join(released) + ")")
-    if time_line(est):
-        notes.append(time_line(est))
+    step = time_line(est)
+    if step:
+        notes.append(step)
     wrap = textwrap.TextWrapper(WIDTH, subsequent_indent="  ", break_on_hyphens=False)
     # a figure stays with its name and its unit ("pp 0.0107", "44.80 GiB"): those spaces do not break
     keep = re.compile(r" (?=[\d%(])|(?<=\d) (?=(?:s|[KMGTP]iB|B|tokens/s|x)\b)|(?<=\w) (?==)")
