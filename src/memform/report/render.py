@@ -29,7 +29,7 @@ from ..lang.program import Program
 from ..resources import resolve_display_path, templates_dir
 from ..units import human_bytes, human_count, signed_bytes, signed_seconds
 from .chart import CAPACITY_COLOR, CATEGORY_COLORS, CATEGORY_LABELS, PEAK_COLOR, axis_for
-from .table import setup_line, time_line  # noqa: F401 (re-exported: plot, templates)
+from .table import setup_line, time_line, wrap_prose  # noqa: F401 (re-exported: plot, templates)
 
 if TYPE_CHECKING:
     from ..analysis.compare import Comparison
@@ -396,6 +396,7 @@ def _add_filters(env: jinja2.Environment) -> jinja2.Environment:
     env.filters["assumption_lines"] = assumption_lines
     env.filters["ordered_assumptions"] = ordered_assumptions
     env.filters["simplified_assumptions"] = simplify_assumptions
+    env.filters["wrap_prose"] = wrap_prose
     env.filters["signed_bytes"] = signed_bytes
     env.filters["signed_seconds"] = signed_seconds
     env.filters["percent"] = percent

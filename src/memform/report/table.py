@@ -69,6 +69,18 @@ def _cell(value: int, size: int) -> str:
     return f"{x:.2f}" if abs(x) < 10 ** 5 else f"{x:.3g}"
 
 
+#: spaces a line of prose does not break at: a figure stays with its name and its unit ("pp 0.0107",
+#: "44.80 GiB", "MFU 42.8 %")
+_KEEP = re.compile(r" (?=[\d%(])|(?<=\d) (?=(?:s|[KMGTP]iB|B|tokens/s|x)\b)|(?<=\w) (?==)")
+
+
+def wrap_prose(text: str, width: int, indent: str = "") -> list[str]:
+    """``text`` as lines of at most ``width`` characters, the later ones starting with ``indent``,
+    never breaking between a figure and its name or unit (the ``wrap_prose`` filter of templates)."""
+    wrapper = textwrap.TextWrapper(width, subsequent_indent=indent, break_on_hyphens=False)
+    return [line.replace("\u00a0", " ") for line in wrapper.wrap(_KEEP.sub("\u00a0", str(text)))]
+
+
 def _setup_lines(line: str, width: int) -> list[str]:
     """The setup line, or its shape and its parameter count on lines of their own where it is too long."""
     if len(line) <= width:
@@ -116,16 +128,13 @@ def narrow_context(est: Any) -> dict[str, Any]:
     step = time_line(est)
     if step:
         notes.append(step)
-    wrap = textwrap.TextWrapper(WIDTH, subsequent_indent="  ", break_on_hyphens=False)
-    # a figure stays with its name and its unit ("pp 0.0107", "44.80 GiB"): those spaces do not break
-    keep = re.compile(r" (?=[\d%(])|(?<=\d) (?=(?:s|[KMGTP]iB|B|tokens/s|x)\b)|(?<=\w) (?==)")
     return {
         "name": est.name, "schedule": est.schedule, "pp": est.pp, "vpp": est.vpp, "recompute": est.recompute,
         "framework": est.framework, "capacity_bytes": est.capacity_bytes,
         "setup_lines": _setup_lines(setup_line(est), WIDTH - 2),
         "unit": unit, "label_width": label_width, "rows": rows,
         "columns": [{"title": t, "width": w} for (t, _), w in zip(spec, widths)],
-        "note_lines": [line.replace("\u00a0", " ") for n in notes for line in wrap.wrap(keep.sub("\u00a0", n))],
+        "note_lines": [line for n in notes for line in wrap_prose(n, WIDTH, "  ")],
     }
 
 
@@ -162,6 +171,7 @@ def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), trim_blocks=True,
                              lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
     env.filters["bytes"] = human_bytes
+    env.filters["wrap_prose"] = wrap_prose
     return env
 
 
