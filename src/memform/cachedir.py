@@ -81,6 +81,7 @@ def code_digest() -> str:
         h.update(f.read_bytes())
     return h.hexdigest()
 
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write a cache file (a temporary file renamed into place: a concurrent reader sees the old
     file or the new one), then keep the directory within its limit. Nothing while the cache is

@@ -119,8 +119,8 @@ def stage_reserve(stage: "StageNumbers", layers: list[LayerBlocks], config: Allo
     if model_bytes + reserve + stage.runtime_bytes > stage.capacity_bytes:
         room = stage.capacity_bytes - stage.runtime_bytes - max(0, model_bytes - free.peak_requested)
         try:
-            bounded = replay(from_estimate(layers, grads_persist=grads_kept), AllocatorConfig(config.expandable_segments, config.max_split_size,
-                                                     capacity=max(0, room)))
+            bounded = replay(from_estimate(layers, grads_persist=grads_kept),
+                             AllocatorConfig(config.expandable_segments, config.max_split_size, capacity=max(0, room)))
             releases = bounded.releases
         except OutOfMemory:
             oom = True
