@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import memform
-from memform.analysis.search import default_space, merge_equivalent, pareto_front, search
+from memform.analysis.search import FAR_FROM_BEST, default_space, merge_equivalent, pareto_front, search
+from memform.errors import MemformError
 from memform.engine.model import load_model
 
 from cli_helpers import ROOT, run_memform
@@ -38,9 +39,38 @@ def test_plans_are_ranked_by_step_time_and_none_is_dominated(result):
     everything = result.plans(keep_all=True)
     assert len(everything) > len(plans)
     assert not any(_dominated(r, everything) for r in plans)
-    # every plan left out is beaten in both by one kept
+    # every plan left out is beaten in both by one kept, or takes over FAR_FROM_BEST x the fastest step
     kept = {id(r) for r in pareto_front(everything)}
-    assert all(_dominated(r, plans) for r in everything if id(r) not in kept)
+    fastest = steps[0]
+    assert all(_dominated(r, everything) for r in everything if id(r) not in kept)
+    assert all(r["step_seconds"] > FAR_FROM_BEST * fastest for r in everything
+               if id(r) in kept and r["step_seconds"] not in steps)
+    assert all(r["step_seconds"] <= FAR_FROM_BEST * fastest for r in plans)
+
+
+def test_plans_far_slower_than_the_best_are_dropped_unless_all():
+    # issue 33: the default table ended in 0.1 %-MFU rows; the front's slow, small plans stay under --all
+    # (ZeRO-3 with full recompute on 16 devices: the front reaches 2.5x the fastest step)
+    model = load_model(CFG)
+    result = search(model, default_space(model, 16, zero=[0, 3], micro_batch=[1, 2, 4],
+                                         recompute=["none", "full"]))
+    front = pareto_front(result.plans(keep_all=True))
+    fastest = min(r["step_seconds"] for r in front)
+    far = [r for r in front if r["step_seconds"] > FAR_FROM_BEST * fastest]
+    assert far, "the sample search should have slow, small plans on its front"
+    shown = {(r["dp"], r["tp"], r["pp"], r["micro_batch_size"], r["recompute"]) for r in result.plans()}
+    assert not any((r["dp"], r["tp"], r["pp"], r["micro_batch_size"], r["recompute"]) in shown for r in far)
+
+
+def test_a_timed_search_needs_a_global_batch():
+    # issue 33: without one, rows of different micro-batch x dp are steps of different sizes
+    model = load_model(CFG, {"training.global_batch_size": None})
+    with pytest.raises(MemformError, match=r"training\.global_batch_size is not set"):
+        search(model, default_space(model, 16, zero=[1], micro_batch=[1]))
+    r = run_memform("search", CFG, "--devices", "16", *SMALL, "--set", "training.global_batch_size=null",
+                    "--no-progress")
+    assert r.returncode == 2 and "--set training.global_batch_size=N" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_tensor_parallelism_stays_inside_a_node():

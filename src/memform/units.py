@@ -22,6 +22,16 @@ def human_bytes(n: Any) -> str:
     return f"{int(n)} B"
 
 
+def common_unit(values: Any) -> tuple[str, int]:
+    """The one binary unit a table's figures are printed in: the largest that the largest figure
+    reaches (GiB for any real job), so that every cell is a short number; ``bytes`` below 1 KiB."""
+    top = max((abs(v) for v in values), default=0)
+    for unit, size in _UNITS:
+        if top >= size:
+            return unit, size
+    return "bytes", 1
+
+
 def signed_bytes(n: Any) -> str:
     """A difference in bytes with an explicit sign: ``+1.50 GiB``, ``-32.00 MiB``, ``0 B``."""
     n = float(n)

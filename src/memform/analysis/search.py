@@ -47,6 +47,9 @@ MERGE_KEY = ("devices_used", "peak_bytes", "peak_stage", "step_seconds")
 #: the settings in which merged rows may differ (named in the kept row's ``equivalent``)
 MERGEABLE = ("dp", "tp", "pp", "vpp", "cp", "ep", "zero", "recompute", "schedule", "micro_batch_size",
              "num_micro_batches", "stage_layers")
+#: with a time model, the default listing drops plans whose step takes more than this many times the
+#: best plan's: a 0.1 %-MFU plan is never the answer, however little memory it takes (--all keeps it)
+FAR_FROM_BEST = 2.0
 #: default ranking without a time model: fewest wasted devices, then the lowest peak
 DEFAULT_SORT = ("devices_wasted", "peak_bytes")
 #: default ranking with one: the shortest step, then the lowest peak
@@ -110,11 +113,14 @@ class SearchResult:
               keep_all: bool = False) -> list[dict[str, Any]]:
         """Ranked rows as a planner wants them: equivalent rows merged (the first in rank order
         stands for the others, its ``equivalent`` naming them) and, with a time model and unless
-        ``keep_all``, plans dominated in (step time, peak memory) dropped; then the ``top`` best."""
+        ``keep_all``, plans dominated in (step time, peak memory) or slower than
+        :data:`FAR_FROM_BEST` × the fastest dropped; then the ``top`` best."""
         rows = merge_equivalent(self.ranked(self.default_sort if keys is None else keys))
         if self.timed and not keep_all:
             front = set(map(id, pareto_front(rows)))
-            rows = [r for r in rows if id(r) in front]
+            fastest = min((r["step_seconds"] for r in rows if r["step_seconds"] is not None), default=None)
+            rows = [r for r in rows if id(r) in front
+                    and (fastest is None or r["step_seconds"] is None or r["step_seconds"] <= FAR_FROM_BEST * fastest)]
         return rows[:top] if top else rows
 
     @property
@@ -297,6 +303,11 @@ def search(model: Model, space: SearchSpace, *,
     stats = SearchStats()
     keys = tuple(k for k in NUMERIC_KEYS if model.symbol_for_key(k) is not None)
     gbs = get_path(model.data, "training.global_batch_size", None)
+    if gbs is None and (get_path(model.data, "device.peak_flops_bf16", 0) or 0) > 0:
+        # rows of different micro-batch × dp would be steps of different sizes: their times do not compare
+        raise MemformError(f"{model.structure.name}: search ranks plans by step time, which compares only at "
+                           f"one global batch, and training.global_batch_size is not set: add it to the config "
+                           f"or pass --set training.global_batch_size=N (sequences per optimizer step)")
     m_default = int(get_path(model.data, "training.num_micro_batches", 1) or 1)
     capacity = model.structure.capacity_bytes
     structures = list(itertools.product(space.pp, space.vpp, space.schedules, space.recompute,

@@ -321,6 +321,8 @@ def _table(name: str, devices: int, result: Any, shown: list[dict[str, Any]], to
            fields: list[str], listed: int | None = None, wide: bool = False) -> str:
     import textwrap
 
+    from ..analysis.search import FAR_FROM_BEST
+
     st = result.stats
     cols = [f for f in fields if f not in ("peak_bytes", "headroom_bytes", "schedule")
             and not (f == "stage_layers" and not any(r[f] for r in shown))]
@@ -332,8 +334,8 @@ def _table(name: str, devices: int, result: Any, shown: list[dict[str, Any]], to
     def cell(f: str, v: Any) -> str:
         if v is None:
             return "-"
-        if f == "step_seconds":
-            return f"{v:.4g}"
+        if f == "step_seconds":  # fixed-point: 12,650 s reads as a step, 1.265e+04 does not
+            return f"{v:.4g}" if v < 100 else f"{v:,.0f}"
         if f == "mfu":
             return f"{100 * v:.1f}"
         if f == "tokens_per_second":
@@ -362,7 +364,8 @@ def _table(name: str, devices: int, result: Any, shown: list[dict[str, Any]], to
             f"{reason} ({count})" for reason, count in st.structures_skipped.items()))
     if result.timed:
         prose.append("ranked by estimated step time (formulas/time.mf; memory breaks ties); rows with the same "
-                     "memory and time merged; plans slower and bigger than another dropped (--all keeps them)")
+                     "memory and time merged; plans slower and bigger than another, or more than "
+                     f"{FAR_FROM_BEST:g}× slower than the fastest, dropped (--all keeps them)")
     wrap = (lambda t: [t]) if wide else \
         textwrap.TextWrapper(TABLE_WIDTH, subsequent_indent="  ", break_on_hyphens=False).wrap
     lines = [line for t in prose for line in wrap(t)]
@@ -387,6 +390,7 @@ def _table(name: str, devices: int, result: Any, shown: list[dict[str, Any]], to
         tail.append(f"... {listed - len(shown)} more (--top 0 for all)")
     if listed < total:
         tail.append(f"({total - listed} of the {total} fitting strategies are merged into an equivalent row or "
-                    f"beaten in both step time and peak memory: --all lists them)")
+                    f"beaten in both step time and peak memory" + (f", or take over {FAR_FROM_BEST:g}× the "
+                    f"fastest step" if result.timed else "") + ": --all lists them)")
     lines += [line for t in tail for line in wrap(t)]
     return "\n".join(lines) + "\n"

@@ -15,7 +15,7 @@ from typing import Any
 import jinja2
 
 from ..resources import templates_dir
-from ..units import human_bytes, human_count
+from ..units import common_unit, human_bytes, human_count
 
 #: the default table, within WIDTH columns
 TABLE_TEMPLATE = "estimate_narrow.txt.j2"
@@ -48,16 +48,6 @@ def setup_line(est: Any) -> str:
     if p["expert"]:
         params += f": {human_count(p['expert'])} expert, {human_count(p['dense'])} dense"
     return ", ".join(parts) + "; " + params
-
-
-def _unit(values: list[int]) -> tuple[str, int]:
-    """The one binary unit a table's figures are printed in: the largest that the largest figure
-    reaches (GiB for any real job), so that every cell is a short number."""
-    top = max((abs(v) for v in values), default=0)
-    for unit, size in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if top >= size:
-            return unit, size
-    return "bytes", 1
 
 
 def _cell(value: int, size: int) -> str:
@@ -103,7 +93,7 @@ def narrow_context(est: Any) -> dict[str, Any]:
     spec += [(c, (lambda s: s.runtime_bytes) if c == "runtime" else (lambda s: s.host_bytes)) for c in extra]
     spec += [("peak", lambda s: s.peak_bytes)] + ([("reserved", lambda s: s.reserved_bytes)] if reserved else [])
     figures = [[get(s) for _, get in spec] for s in stages]
-    unit, size = _unit([v for row in figures for v in row])
+    unit, size = common_unit([v for row in figures for v in row])
     cells = [[_cell(v, size) for v in row] for row in figures]
     widths = [max(7, len(title), *(len(row[i]) for row in cells)) for i, (title, _) in enumerate(spec)]
     labels = [est.terminal_label(s.stage) for s in stages]
