@@ -10,6 +10,7 @@ is a MemformError (exit 2) before anything is written.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -38,9 +39,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="deepspeed: the model underneath, a memform config YAML or a Hugging Face config.json")
     p.add_argument("--adapter", metavar="JSON",
                    help="hf: PEFT's adapter_config.json of a LoRA job (rank, target_modules, lora_dropout: lora.*)")
+    p.add_argument("--accept", action="append", default=[], metavar="FIELD[,FIELD]",
+                   help="a source field memform does not read, vouched for as memory-neutral (the import "
+                        "refuses unread fields otherwise; repeatable)")
+    p.add_argument("--args", dest="script_args", metavar='"ARG ..."',
+                   help="megatron: the launch script's own arguments, split shell-style ($1, $2, ..., $#, $@; "
+                        "e.g. Pai-Megatron-Patch's run_mcore_*.sh take some 25)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="set a memform key in the output, e.g. --set parallel.tp=8 (repeatable)")
     p.set_defaults(func=cmd_import)
+
+
+def _script_args(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as exc:
+        raise MemformError(f"--args {text!r}: cannot split it shell-style: {exc}") from None
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -53,7 +69,10 @@ def cmd_import(args: argparse.Namespace) -> int:
     source = files if len(files) > 1 else files[0]
     draft = import_config(args.format, source, Options(devices=args.devices, name=args.name,
                                                        overrides=overrides, model=args.model,
-                                                       adapter=args.adapter))
+                                                       adapter=args.adapter,
+                                                       accept=tuple(a for arg in args.accept
+                                                                    for a in arg.split(",")),
+                                                       script_args=_script_args(args.script_args)))
     text = draft.to_yaml()
     if args.output:
         try:

@@ -59,6 +59,10 @@ class Options:
     check: bool = True
     model: str | None = None  # a model file for formats that describe only training (TAKES_MODEL)
     adapter: str | None = None  # hf: PEFT's adapter_config.json of a LoRA fine-tuning job
+    #: unread source fields the user vouches for as memory-neutral (``--accept``; see Draft.check_unread)
+    accept: tuple[str, ...] = ()
+    #: megatron: the launch script's own positional arguments (``--args "a b c"``: $1, $2, ..., $#, $@)
+    script_args: tuple[str, ...] | None = None
 
 
 def import_config(fmt: str, path: str | Path | Sequence[str | Path], options: Options | None = None) -> Draft:
@@ -85,7 +89,12 @@ def import_config(fmt: str, path: str | Path | Sequence[str | Path], options: Op
     takes_model = getattr(module, "TAKES_MODEL", False)
     if options.model is not None and not takes_model:
         raise MemformError(f"--model is not read by 'memform import {fmt}': its file describes the model itself")
-    extra = {"model": Path(options.model) if options.model is not None else None} if takes_model else {}
+    extra: dict[str, Any] = {"model": Path(options.model) if options.model is not None else None} if takes_model else {}
+    if options.script_args is not None:
+        if not getattr(module, "TAKES_ARGS", False):
+            raise MemformError(f"--args is read by 'memform import megatron' only (a launch script's positional "
+                               f"arguments), not by 'memform import {fmt}'")
+        extra["args"] = list(options.script_args)
     source: Path | list[Path] = paths if len(paths) > 1 else path
     # the overrides as a mapping: an importer may test a key's presence (``in``) or read its value
     # (megatron: a value its script leaves unknown may come from --set)
@@ -98,11 +107,15 @@ def import_config(fmt: str, path: str | Path | Sequence[str | Path], options: Op
 
         peft.convert(Path(options.adapter), draft, module.read_json)
     draft.apply(options.overrides)
+    adjust = getattr(module, "adjust", None)  # an importer's reading of --set values (megatron: vocab padding)
+    if adjust is not None:
+        adjust(draft, options.overrides)
     _name(draft, path, options.name)
     _strategy(draft, options.devices or hinted, from_cli=options.devices is not None)
     finish = getattr(module, "finish", None)  # an importer's last step, once dp is known
     if finish is not None:
         finish(draft)
+    draft.check_unread(options.accept)
     _formulas(draft)
     names = ", ".join(p.name for p in paths)
     draft.header[:0] = [f"memform config imported from {names} ({module.TITLE}) by `memform import {fmt}`."]

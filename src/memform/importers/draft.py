@@ -159,6 +159,9 @@ class Draft:
     header: list[str] = field(default_factory=list)
     #: why the finished config does not load (the loader's message), None when it loads or was not checked
     load_error: str | None = None
+    #: fields the source sets that memform neither reads nor knows to leave memory unchanged (their
+    #: names as messages print them): the import refuses them unless ``--accept`` names each one
+    unread: list[str] = field(default_factory=list)
 
     def set(self, path: str, value: Any, note: str = "", *, default: bool = False) -> None:
         self.entries[path] = Entry(value, note, default)
@@ -181,6 +184,39 @@ class Draft:
     def warn_unused(self, fields: Fields, ignored: Iterable[str] = ()) -> None:
         for key in fields.unused(ignored):
             self.warn(f"field '{fields.name(key)}' is not used by memform (ignored)")
+
+    def refuse_unused(self, fields: Fields, neutral: Iterable[str] = ()) -> None:
+        """Record every field of ``fields`` that was neither read nor listed in ``neutral`` (an
+        importer's table of fields that cannot change memory, each with its reason): a field
+        memform skips may change the model or the strategy, so the import refuses it at its end
+        (:meth:`check_unread`) rather than warning past a silently wrong estimate."""
+        for key in fields.unused(neutral):
+            self.refuse_unread(fields.name(key))
+
+    def refuse_unread(self, name: str) -> None:
+        if name not in self.unread:
+            self.unread.append(name)
+
+    def check_unread(self, accepted: Iterable[str] = ()) -> None:
+        """Raise (exit 2) naming every unread field ``accepted`` (``--accept``) does not name; the
+        accepted ones become warnings, so the output still says what was taken on trust."""
+        accept = {a.strip().lstrip("-") for a in accepted if a.strip()}
+        left = [name for name in self.unread if name.lstrip("-") not in accept]
+        for name in self.unread:
+            if name.lstrip("-") in accept:
+                self.warn(f"field '{name}' is not read by memform; taken as memory-neutral (--accept)")
+        for name in sorted(accept - {n.lstrip("-") for n in self.unread}):
+            self.warn(f"--accept {name}: the source sets no such unread field")
+        if left:
+            listed = ", ".join(f"'{name}'" for name in left)
+            flags = ",".join(name.lstrip("-") for name in left)
+            raise MemformError(
+                f"{self.source}: memform does not read {listed} and does not know "
+                f"{'it' if len(left) == 1 else 'them'} to leave memory unchanged, so an estimate that "
+                f"skipped {'it' if len(left) == 1 else 'them'} could be silently wrong. Remove "
+                f"{'it' if len(left) == 1 else 'them'} from the source, or pass --accept {flags} if "
+                f"{'it does' if len(left) == 1 else 'they do'} not change the model, the strategy or "
+                f"the precision (the README's importer table lists what each format reads)")
 
     def apply(self, overrides: Mapping[str, Any]) -> None:
         """``--set`` values from the command line win over imported ones."""
