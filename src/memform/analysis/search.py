@@ -50,6 +50,16 @@ MERGEABLE = ("dp", "tp", "pp", "vpp", "cp", "ep", "zero", "recompute", "schedule
 #: with a time model, the default listing drops plans whose step takes more than this many times the
 #: best plan's: a 0.1 %-MFU plan is never the answer, however little memory it takes (--all keeps it)
 FAR_FROM_BEST = 2.0
+#: plans whose estimated step is within this fraction of the fastest one's are ranked by simplicity
+#: first: the time model's error differs by up to 3.9 points between one model's runs under different
+#: layouts (``python bench/throughput.py``: Korthikanti et al. 2022's 530B rows at +14.0, +16.1 and
+#: +17.9 %), so a smaller difference does not say which plan is faster, and the simpler plan is the
+#: one a practitioner would run
+TIE_TOLERANCE = 0.05
+#: context parallelism on sequences shorter than this is an exotic choice: published runs use it for
+#: long context only (Llama 3 §3.3.2: CP 16 for the 131K-token stage, none at 8K; DeepSeek-V3 §3.2
+#: trains 4K sequences without it)
+LONG_CONTEXT = 32768
 #: default ranking without a time model: fewest wasted devices, then the lowest peak
 DEFAULT_SORT = ("devices_wasted", "peak_bytes")
 #: default ranking with one: the shortest step, then the lowest peak
@@ -101,6 +111,7 @@ class SearchResult:
     stats: SearchStats
     capacity_bytes: int
     timed: bool = False   # rows carry step_seconds / mfu / tokens_per_second
+    seq_length: int | None = None  # the model's sequence length (context parallelism on short ones is exotic)
 
     def __len__(self) -> int:
         return len(self.columns["peak_bytes"])
@@ -114,13 +125,24 @@ class SearchResult:
         """Ranked rows as a planner wants them: equivalent rows merged (the first in rank order
         stands for the others, its ``equivalent`` naming them) and, with a time model and unless
         ``keep_all``, plans dominated in (step time, peak memory) or slower than
-        :data:`FAR_FROM_BEST` × the fastest dropped; then the ``top`` best."""
-        rows = merge_equivalent(self.ranked(self.default_sort if keys is None else keys))
+        :data:`FAR_FROM_BEST` × the fastest dropped; then the ``top`` best. With a time model and the
+        default ranking, the plans within :data:`TIE_TOLERANCE` of the fastest step come first, the
+        simplest first (:func:`complexity`); among them a plan is dropped only when a plan no less
+        simple beats it in both step time and peak memory."""
+        rows = self.ranked(self.default_sort if keys is None else keys)
+        if self.timed and keys is None:  # of equal plans the simplest stands for the others
+            rows.sort(key=lambda r: (r["step_seconds"], r["peak_bytes"], complexity(r, self.seq_length)[0]))
+        rows = merge_equivalent(rows)
+        band: list[dict[str, Any]] = []
+        if self.timed and keys is None:
+            band, rows = simplest_first(rows, self.seq_length)
         if self.timed and not keep_all:
-            front = set(map(id, pareto_front(rows)))
-            fastest = min((r["step_seconds"] for r in rows if r["step_seconds"] is not None), default=None)
+            band = _simple_front(band)
+            front = set(map(id, pareto_front(band + rows)))
+            fastest = min((r["step_seconds"] for r in band + rows if r["step_seconds"] is not None), default=None)
             rows = [r for r in rows if id(r) in front
                     and (fastest is None or r["step_seconds"] is None or r["step_seconds"] <= FAR_FROM_BEST * fastest)]
+        rows = band + rows
         return rows[:top] if top else rows
 
     @property
@@ -386,7 +408,55 @@ def search(model: Model, space: SearchSpace, *,
         progress(len(structures), len(structures), stats)
     columns = {f: (np.concatenate(v) if v else np.array([], dtype=np.int64)) for f, v in parts.items()}
     stats.total_seconds = time.perf_counter() - start
-    return SearchResult(columns, stats, capacity, timed)
+    seq = get_path(model.data, "model.seq_length", None)
+    return SearchResult(columns, stats, capacity, timed, seq if isinstance(seq, int) else None)
+
+
+def complexity(row: dict[str, Any], seq_length: int | None = None) -> tuple[int, list[str]]:
+    """How unusual a plan is, and what makes it so: a point for each parallel dimension beyond data
+    parallelism (tp, pp, cp, ep, an interleaved pipeline) and for ZeRO-3 (every parameter
+    all-gathered per micro-batch: PP is the published choice at scale), two more for context
+    parallelism on sequences shorter than :data:`LONG_CONTEXT`."""
+    traits = [name for name, on in (("tp", row["tp"] > 1), ("pp", row["pp"] > 1), ("cp", row["cp"] > 1),
+                                    ("ep", (row.get("ep") or 1) > 1), ("interleaving", row["vpp"] > 1),
+                                    ("ZeRO-3", row.get("zero") == 3)) if on]
+    points = len(traits)
+    if row["cp"] > 1 and seq_length is not None and seq_length < LONG_CONTEXT:
+        points += 2
+        traits.append(f"context parallelism on {seq_length:,}-token sequences")
+    return points, traits
+
+
+def simplest_first(rows: list[dict[str, Any]], seq_length: int | None) -> tuple[list[dict[str, Any]],
+                                                                              list[dict[str, Any]]]:
+    """(the plans within :data:`TIE_TOLERANCE` of the fastest step, simplest first; the rest, in
+    their given order). The first plan of the band gets a ``why`` entry when it is not the fastest."""
+    steps = [r["step_seconds"] for r in rows if r["step_seconds"] is not None]
+    if not steps:
+        return [], rows
+    fastest = min(steps)
+    limit = fastest * (1 + TIE_TOLERANCE)
+    band = [r for r in rows if r["step_seconds"] is not None and r["step_seconds"] <= limit]
+    rest = [r for r in rows if not (r["step_seconds"] is not None and r["step_seconds"] <= limit)]
+    band.sort(key=lambda r: (complexity(r, seq_length)[0], r["step_seconds"], r["peak_bytes"]))
+    if band and band[0]["step_seconds"] > fastest:
+        first, quick = band[0], min(band, key=lambda r: (r["step_seconds"], r["peak_bytes"]))
+        simpler = [t for t in complexity(quick, seq_length)[1] if t not in complexity(first, seq_length)[1]]
+        band[0] = dict(first, why=(
+            f"the simplest of the {len(band)} plans within {TIE_TOLERANCE:.0%} of the fastest step "
+            f"({quick['step_seconds']:.4g} s), which the time model cannot tell apart: "
+            + (f"no {', no '.join(simpler)}" if simpler else "fewer parallel dimensions")))
+    return band, rest
+
+
+def _simple_front(band: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The band's plans (in its order: simplest first) that no earlier plan -- one no less simple --
+    beats in both step time and peak memory."""
+    kept: list[dict[str, Any]] = []
+    for r in band:
+        if not any(o["step_seconds"] <= r["step_seconds"] and o["peak_bytes"] <= r["peak_bytes"] for o in kept):
+            kept.append(r)
+    return kept
 
 
 def body_layers(model: Model) -> int:

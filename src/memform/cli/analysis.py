@@ -275,7 +275,8 @@ def cmd_search(args: argparse.Namespace) -> int:
                                      "compile_seconds": round(st.compile_seconds, 4),
                                      "evaluate_seconds": round(st.evaluate_seconds, 4)},
                            "ranking": list(sort_keys or result.default_sort), "timed": result.timed,
-                           "rows": [{f: r[f] for f in fields} for r in shown]}, indent=2) + "\n"
+                           "rows": [{**{f: r[f] for f in fields}, **({"why": r["why"]} if "why" in r else {})}
+                                    for r in shown]}, indent=2) + "\n"
     elif args.format == "html":
         from ..report.search import render_search_html
         everything = result.plans(sort_keys, None, keep_all=True)
@@ -321,7 +322,7 @@ def _table(name: str, devices: int, result: Any, shown: list[dict[str, Any]], to
            fields: list[str], listed: int | None = None, wide: bool = False) -> str:
     import textwrap
 
-    from ..analysis.search import FAR_FROM_BEST
+    from ..analysis.search import FAR_FROM_BEST, TIE_TOLERANCE
 
     st = result.stats
     cols = [f for f in fields if f not in ("peak_bytes", "headroom_bytes", "schedule")
@@ -365,7 +366,10 @@ def _table(name: str, devices: int, result: Any, shown: list[dict[str, Any]], to
     if result.timed:
         prose.append("ranked by estimated step time (formulas/time.mf; memory breaks ties); rows with the same "
                      "memory and time merged; plans slower and bigger than another, or more than "
-                     f"{FAR_FROM_BEST:g}× slower than the fastest, dropped (--all keeps them)")
+                     f"{FAR_FROM_BEST:g}× slower than the fastest, dropped (--all keeps them); plans within "
+                     f"{TIE_TOLERANCE:.0%} of the fastest step ranked simplest first")
+    if shown and shown[0].get("why"):
+        prose.append(f"first row: {shown[0]['why']}")
     wrap = (lambda t: [t]) if wide else \
         textwrap.TextWrapper(TABLE_WIDTH, subsequent_indent="  ", break_on_hyphens=False).wrap
     lines = [line for t in prose for line in wrap(t)]
