@@ -352,17 +352,21 @@ def test_import_onto_a_hugging_face_config_json(tmp_path):
     assert json.loads(est.stdout)["stages"][0]["host_bytes"] > 0
 
 
-def test_import_warns_unused_keys_once(tmp_path):
+def test_import_refuses_unread_keys_unless_accepted(tmp_path):
+    # issue 31: a key memform neither reads nor knows to be memory-neutral stops the import (exit 2, named
+    # once), unless --accept vouches for it; the neutral ones (deepspeed.py NEUTRAL) pass silently
     data = json.loads((FIX / "megatron_ds_zero1.json").read_text())
     data["my_custom_flag"] = 1
     data["zero_optimization"]["my_zero_flag"] = True
     src = tmp_path / "ds.json"
     src.write_text(json.dumps(data))
     r = run_memform("import", "deepspeed", src, "--model", GPT)
-    assert r.returncode == 0, r.stderr
-    assert r.stderr.count("'my_custom_flag' is not used") == 1
-    assert r.stderr.count("'zero_optimization.my_zero_flag' is not used") == 1
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.count("'my_custom_flag'") == 1 and r.stderr.count("'zero_optimization.my_zero_flag'") == 1
     assert "steps_per_print" not in r.stderr and "gradient_clipping" not in r.stderr
+    r = run_memform("import", "deepspeed", src, "--model", GPT, "--accept", "my_custom_flag,zero_optimization.my_zero_flag")
+    assert r.returncode == 0, r.stderr
+    assert "'my_custom_flag' is not read by memform; taken as memory-neutral" in r.stderr
 
 
 BAD_DS = [

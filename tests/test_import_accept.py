@@ -63,3 +63,11 @@ def test_nested_fields_are_named_with_their_section() -> None:
     with pytest.raises(MemformError, match=r"'zero_optimization\.zero_hpz'"):
         draft.check_unread()
     draft.check_unread(["zero_optimization.zero_hpz"])
+
+
+def test_a_field_of_another_file_names_that_file() -> None:
+    # deepspeed reads its model from --model config.json: an unread field there is named with its file
+    draft = Draft(Path("ds.json"), "test")
+    draft.refuse_unused(Fields({"odd_field": 1}, Path("model/config.json")))
+    with pytest.raises(MemformError, match=r"ds\.json: .*'odd_field' \(in model/config\.json\)"):
+        draft.check_unread()

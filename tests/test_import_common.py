@@ -32,7 +32,8 @@ def write(path: Path, text: str) -> Path:
 
 def test_exit_0_when_the_written_config_loads(tmp_path: Path) -> None:
     out = tmp_path / "llama.yaml"
-    r = run_memform("import", "hf", LLAMA, "-o", out)
+    # the training sequence given: hf's default (4096) would otherwise be warned about (issue 31)
+    r = run_memform("import", "hf", LLAMA, "--set", "model.seq_length=8192", "-o", out)
     assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
     assert run_memform("estimate", out).returncode == 0
 
@@ -40,7 +41,7 @@ def test_exit_0_when_the_written_config_loads(tmp_path: Path) -> None:
 def test_a_config_that_does_not_load_is_written_then_exit_2(tmp_path: Path) -> None:
     # Llama-3-8B's 32 heads do not split over tp 3 (formulas/dense.mf: parallel.tp must divide num_heads)
     out = tmp_path / "llama.yaml"
-    r = run_memform("import", "hf", LLAMA, "--set", "parallel.tp=3", "-o", out)
+    r = run_memform("import", "hf", LLAMA, "--set", "parallel.tp=3", "--set", "model.seq_length=8192", "-o", out)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.startswith(f"memform: error: {out} was written but does not load")
     assert "parallel.tp must divide" in r.stderr
@@ -76,13 +77,17 @@ def test_one_file_per_format_unless_it_reads_several(fmt: str) -> None:
 def test_warnings_come_once_after_the_config(tmp_path: Path) -> None:
     cfg = json.loads(LLAMA.read_text())
     src = write(tmp_path / "c.json", json.dumps({**cfg, "fancy_a": 1, "fancy_b": 2}))
-    both = subprocess.run(memform_command() + ["import", "hf", str(src)], cwd=ROOT, capture_output=False,
+    # hf refuses unread fields unless --accept names them, which turns each into a warning (issue 31)
+    both = subprocess.run(memform_command() + ["import", "hf", str(src), "--accept", "fancy_a,fancy_b", "--set",
+                                               "model.seq_length=8192"], cwd=ROOT, capture_output=False,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert both.returncode == 0
     lines = both.stdout.rstrip("\n").splitlines()
     warnings = [line for line in lines if line.startswith("memform: warning:")]
-    assert warnings == [f"memform: warning: {src}: field 'fancy_a' is not used by memform (ignored)",
-                        f"memform: warning: {src}: field 'fancy_b' is not used by memform (ignored)"]
+    assert warnings == [f"memform: warning: {src}: field 'fancy_a' is not read by memform; taken as "
+                        f"memory-neutral (--accept)",
+                        f"memform: warning: {src}: field 'fancy_b' is not read by memform; taken as "
+                        f"memory-neutral (--accept)"]
     assert lines[-2:] == warnings  # at the end, after the YAML
     assert yaml.safe_load("\n".join(lines[:-2]))["model"]["hidden_size"] == 4096
 

@@ -170,7 +170,6 @@ def test_hyperparallel_moe_mla_and_expert_tp(tmp_path: Path) -> None:
      "train.accelerator.optimizer_weight_shard_size 4 is ignored"),
     (HP_BASE + "train: {accelerator: {pipeline_parallel_degree: 2, pipeline_scheduler: seqvpp}}\n",
      "train.accelerator.pipeline_scheduler seqvpp is not modelled; estimated as 1f1b"),
-    (HP_BASE + "train: {accelerator: {fancy_degree: 3}}\n", "field 'train.accelerator.fancy_degree' is not used"),
 ])
 def test_hyperparallel_warnings_name_the_key_and_the_assumption(tmp_path: Path, extra: str, needle: str) -> None:
     draft = imported("hyperparallel", write(tmp_path, "hp.yaml", extra))
@@ -185,6 +184,8 @@ def test_hyperparallel_warnings_name_the_key_and_the_assumption(tmp_path: Path, 
      "'train.gradient_checkpointing.activation_checkpoint' must be none, selective or full"),
     (HP_BASE + "train: {accelerator: {tp_degree: two}}", "'train.accelerator.tp_degree' must be a positive integer"),
     (HP_BASE.replace("model:\n", "model:\n  compute_dtype: int3\n"), "'model.compute_dtype' must be a dtype"),
+    # a field neither read nor known to be memory-neutral is refused (issue 31), naming the --accept flag
+    (HP_BASE + "train: {accelerator: {fancy_degree: 3}}\n", "--accept train.accelerator.fancy_degree"),
 ])
 def test_hyperparallel_errors_name_file_and_field(tmp_path: Path, text: str, needle: str) -> None:
     path = write(tmp_path, "hp.yaml", text)

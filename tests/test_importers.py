@@ -51,13 +51,14 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 HF_CASES = [
     # meta-llama/Meta-Llama-3-8B config.json; Dubey et al. 2024, Table 3
     ("llama3-8b.config.json", {"hidden_size": 4096, "num_heads": 32, "num_kv_heads": 8, "num_layers": 32,
-                               "ffn_hidden_size": 14336, "vocab_size": 128256, "seq_length": 8192,
+                               "ffn_hidden_size": 14336, "vocab_size": 128256,
+                               "seq_length": 4096,  # hf's training default (max_position_embeddings 8192 caps it)
                                "activation": "swiglu", "norm": "rmsnorm", "bias": False, "dropout": False,
                                "tied_embeddings": False, "position_embedding": "rope"}),
     # mistralai/Mixtral-8x7B-v0.1 config.json; Jiang et al. 2024, Table 1 (8 experts, top-2)
     ("mixtral-8x7b.config.json", {"hidden_size": 4096, "num_kv_heads": 8, "num_experts": 8, "moe_top_k": 2,
                                   "moe_ffn_hidden_size": 14336, "num_shared_experts": 0,
-                                  "seq_length": 32768}),
+                                  "seq_length": 4096}),  # hf's training default, not max_position 32768
     # deepseek-ai/DeepSeek-V3 config.json; arXiv:2412.19437 §2.1.1, §4.2 (MLA ranks, 256 experts, MTP 1)
     ("deepseek-v3.config.json", {"attention": "mla", "q_lora_rank": 1536, "kv_lora_rank": 512,
                                  "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
@@ -139,7 +140,8 @@ def test_hf_shared_expert_width_and_nested_text_config(tmp_path: Path) -> None:
     assert model["hidden_size"] == 4096
     assert model["vision"] == {"hidden_size": 1024, "num_heads": 16, "num_layers": 24, "ffn_hidden_size": 4096,
                                "patch_size": 14, "image_size": 336, "images_per_sample": 1}
-    assert draft.warnings == ["a multimodal config: the language model comes from 'text_config'"]
+    assert [w for w in draft.warnings if not w.startswith("model.seq_length = ")] == \
+        ["a multimodal config: the language model comes from 'text_config'"]
     del clip["num_attention_heads"]
     with pytest.raises(MemformError, match="'vision_config.num_attention_heads' is missing"):
         imported("hf", write(tmp_path, "llava.json", json.dumps(nested)))
@@ -171,11 +173,12 @@ def test_hf_name_comes_from_the_checkpoint_folder(tmp_path: Path) -> None:
     assert imported("hf", path, name="mine").get("name") == "mine"
 
 
-def test_hf_unknown_fields_warn_and_known_irrelevant_ones_do_not(tmp_path: Path) -> None:
+def test_hf_unknown_fields_are_refused_and_known_irrelevant_ones_are_not(tmp_path: Path) -> None:
+    # issue 31: a field hf.NEUTRAL does not list stops the import (exit 2) unless --accept names it
     data = json.loads((DATA / "llama3-8b.config.json").read_text())
-    draft = imported("hf", write(tmp_path, "c.json", json.dumps({**data, "my_new_field": 3})))
-    assert draft.warnings == ["field 'my_new_field' is not used by memform (ignored)"]
-    assert imported("hf", "llama3-8b.config.json").warnings == []
+    with pytest.raises(MemformError, match="'my_new_field'"):
+        imported("hf", write(tmp_path, "c.json", json.dumps({**data, "my_new_field": 3})))
+    assert imported("hf", "llama3-8b.config.json", overrides={"model.seq_length": 8192}).warnings == []
 
 
 @pytest.mark.parametrize("text, needle", [
@@ -273,14 +276,15 @@ def test_megatron_virtual_pipeline_and_unknown_argument(tmp_path: Path) -> None:
     draft = imported("megatron", write(tmp_path, "a.txt", base + "--pipeline-model-parallel-size 4 "
                                        "--num-layers-per-virtual-pipeline-stage 2 --my-new-flag 3 "
                                        "--recompute-granularity full --recompute-method block "
-                                       "--recompute-num-layers 1"))
+                                       "--recompute-num-layers 1"), accept=("my-new-flag",))
     assert draft.get("parallel.vpp") == 4  # 32 layers / (4 stages × 2 layers per chunk)
     # block method: only the first n layers of each chunk are recomputed (arguments.py help text)
     assert (draft.get("training.recompute"), draft.get("training.recompute_num_layers")) == ("full", 1)
     est = memform.estimate(draft.config())
     assert [[g.mode for g in c.groups if g.block == "decoder"] for c in est.partition.chunks[1]] == \
         [["full", "none"]] * 4
-    assert draft.warnings == ["argument '--my-new-flag' is not used by memform (ignored)"]
+    # an argument memform does not know is refused unless --accept vouches for it (issue 31)
+    assert draft.warnings == ["field '--my-new-flag' is not read by memform; taken as memory-neutral (--accept)"]
 
 
 def test_megatron_vocab_from_the_command_line_when_the_tokenizer_is_a_file(tmp_path: Path) -> None:
@@ -534,10 +538,12 @@ def test_cli_warnings_go_to_stderr_and_errors_exit_2(tmp_path: Path) -> None:
     cfg = json.loads((DATA / "llama3-8b.config.json").read_text())
     good = write(tmp_path, "good.json", json.dumps({**cfg, "fancy_new_thing": True}))
     out = tmp_path / "good.yaml"
-    r = run("import", "hf", str(good), "-o", str(out))
+    r = run("import", "hf", str(good), "-o", str(out), "--accept", "fancy_new_thing", "--set",
+            "model.seq_length=8192")
     assert r.returncode == 0 and r.stdout == ""
     assert r.stderr.strip().splitlines() == [
-        f"memform: warning: {good}: field 'fancy_new_thing' is not used by memform (ignored)"]
+        f"memform: warning: {good}: field 'fancy_new_thing' is not read by memform; taken as memory-neutral "
+        f"(--accept)"]
     assert yaml.safe_load(out.read_text())["model"]["hidden_size"] == 4096
     bad = write(tmp_path, "bad.json", json.dumps({k: v for k, v in cfg.items() if k != "vocab_size"}))
     r = run("import", "hf", str(bad))

@@ -36,7 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="total devices: derives parallel.dp = N / (tp × pp × cp)")
     p.add_argument("--name", help="the config's name (default: the source's model id, else the file name)")
     p.add_argument("--model", metavar="FILE",
-                   help="deepspeed: the model underneath, a memform config YAML or a Hugging Face config.json")
+                   help="deepspeed, torchtitan: the model underneath, a memform config YAML or a Hugging Face "
+                        "config.json (only its shape is taken)")
     p.add_argument("--adapter", metavar="JSON",
                    help="hf: PEFT's adapter_config.json of a LoRA job (rank, target_modules, lora_dropout: lora.*)")
     p.add_argument("--accept", action="append", default=[], metavar="FIELD[,FIELD]",

@@ -105,7 +105,7 @@ def import_config(fmt: str, path: str | Path | Sequence[str | Path], options: Op
     if options.adapter is not None:
         from . import peft
 
-        peft.convert(Path(options.adapter), draft, module.read_json)
+        peft.convert(Path(options.adapter), draft)
     draft.apply(options.overrides)
     adjust = getattr(module, "adjust", None)  # an importer's reading of --set values (megatron: vocab padding)
     if adjust is not None:
@@ -159,8 +159,10 @@ def _strategy(draft: Draft, devices: int | None, *, from_cli: bool) -> None:
             raise MemformError(f"--devices must be a positive integer, got {devices}")
         model_parallel = draft.get("parallel.tp", 1) * draft.get("parallel.pp", 1) * draft.get("parallel.cp", 1)
         if devices % model_parallel:
+            hint = "" if from_cli else (" (the count comes from the launcher line, one node's worth in many "
+                                        "example scripts: pass --devices N with the job's whole device count)")
             raise MemformError(f"{devices} devices cannot hold tp × pp × cp = {model_parallel} "
-                               f"({draft.source}): the device count must be a multiple of it")
+                               f"({draft.source}): the device count must be a multiple of it{hint}")
         dp = devices // model_parallel
         where = "--devices" if from_cli else "the launcher / --world-size"
         if "parallel.dp" in draft and draft.get("parallel.dp") != dp:

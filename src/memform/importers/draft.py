@@ -2,13 +2,15 @@
 
 An importer reads one source file (a Hugging Face ``config.json``, Megatron-LM arguments, a
 MindFormers YAML) through :class:`Fields`, which checks types, names the file and field in
-every error and remembers which fields were used, so the rest can be reported as warnings.
+every error and remembers which fields were used, so that the rest can be refused unless the
+importer lists them as memory-neutral (:meth:`Draft.refuse_unused`).
 It writes a :class:`Draft`: dotted memform keys with a note on where each value came from;
 values the source did not give are marked as defaults so the emitted YAML says what to review.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -17,7 +19,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
-from ..errors import MemformError
+from ..errors import MemformError, read_text
 
 #: the order sections are written in; anything else follows
 SECTION_ORDER = ("name", "formulas", "model", "parallel", "training", "device")
@@ -162,6 +164,8 @@ class Draft:
     #: fields the source sets that memform neither reads nor knows to leave memory unchanged (their
     #: names as messages print them): the import refuses them unless ``--accept`` names each one
     unread: list[str] = field(default_factory=list)
+    #: the file an unread field is in, where it is not :attr:`source` (deepspeed's ``--model config.json``)
+    unread_file: dict[str, Path] = field(default_factory=dict)
 
     def set(self, path: str, value: Any, note: str = "", *, default: bool = False) -> None:
         self.entries[path] = Entry(value, note, default)
@@ -181,21 +185,19 @@ class Draft:
         if message not in self.warnings:
             self.warnings.append(message)
 
-    def warn_unused(self, fields: Fields, ignored: Iterable[str] = ()) -> None:
-        for key in fields.unused(ignored):
-            self.warn(f"field '{fields.name(key)}' is not used by memform (ignored)")
-
     def refuse_unused(self, fields: Fields, neutral: Iterable[str] = ()) -> None:
         """Record every field of ``fields`` that was neither read nor listed in ``neutral`` (an
         importer's table of fields that cannot change memory, each with its reason): a field
         memform skips may change the model or the strategy, so the import refuses it at its end
         (:meth:`check_unread`) rather than warning past a silently wrong estimate."""
         for key in fields.unused(neutral):
-            self.refuse_unread(fields.name(key))
+            self.refuse_unread(fields.name(key), fields.file)
 
-    def refuse_unread(self, name: str) -> None:
+    def refuse_unread(self, name: str, file: Path | None = None) -> None:
         if name not in self.unread:
             self.unread.append(name)
+        if file is not None and Path(file) != Path(self.source):
+            self.unread_file[name] = Path(file)
 
     def check_unread(self, accepted: Iterable[str] = ()) -> None:
         """Raise (exit 2) naming every unread field ``accepted`` (``--accept``) does not name; the
@@ -208,7 +210,8 @@ class Draft:
         for name in sorted(accept - {n.lstrip("-") for n in self.unread}):
             self.warn(f"--accept {name}: the source sets no such unread field")
         if left:
-            listed = ", ".join(f"'{name}'" for name in left)
+            listed = ", ".join(f"'{name}'" + (f" (in {self.unread_file[name]})" if name in self.unread_file else "")
+                               for name in left)
             flags = ",".join(name.lstrip("-") for name in left)
             raise MemformError(
                 f"{self.source}: memform does not read {listed} and does not know "
@@ -266,6 +269,19 @@ class Draft:
 
         emit(self.config(), "", 0)
         return "\n".join(lines) + "\n"
+
+
+def read_json(path: Path, what: str = "config.json") -> dict:
+    """A JSON file holding one object (``what`` names the kind in the error); a syntax error names
+    line and column."""
+    text = read_text(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MemformError(f"{path}:{exc.lineno}:{exc.colno}: JSON syntax error: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise MemformError(f"{path}: a {what} must hold a JSON object, got {describe(data)}")
+    return data
 
 
 def comment(text: str) -> str:

@@ -6,7 +6,14 @@ configuration classes of the model families below (``LlamaConfig``, ``MixtralCon
 ``Qwen2MoeConfig``, ``DeepseekV3Config``, ``GPT2Config``, ``GptOssConfig``, ``Glm4MoeConfig``,
 ``GPTNeoXConfig``, ``GraniteConfig``, ...) and THUDM's ``ChatGLMConfig`` (num_layers, multi_query_group_num,
 kv_channels, padded_vocab_size). Architectures memform cannot size (hybrid Mamba / linear attention, parallel
-blocks other than GPT-NeoX's, DBRX, OLMo-1) stop the import with the field and what is missing.
+blocks other than GPT-NeoX's, DBRX, OLMo-1, DeciLM / Nemotron-NAS per-layer ``block_configs``) stop the import
+with the field and what is missing.
+
+Every field is read, listed in NEUTRAL with the reason it cannot change device memory (NEUTRAL_AT: only at
+the values listed), refused with the reason (REFUSED_FIELDS, UNSUPPORTED_*), or -- a field this module does
+not know -- refused at the end of the import unless ``--accept`` names it (Draft.refuse_unused). The training
+sequence is not in a config.json: ``model.seq_length`` defaults to DEFAULT_SEQ (4096) capped by
+max_position_embeddings, with one warning naming ``--set model.seq_length=N``.
 """
 
 from __future__ import annotations
@@ -14,44 +21,149 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import MemformError, read_text
-from .draft import Draft, Fields, describe
+from ..errors import MemformError
+from .draft import Draft, Fields, describe, read_json
 
 TITLE = "Hugging Face config.json"
 
-#: fields that do not change training memory (token ids, initialisation, rope base, routing
-#: details that move no tensors, inference-only switches)
-IGNORED = frozenset({
-    "_name_or_path", "architectures", "auto_map", "model_type", "transformers_version", "torch_dtype",
-    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
-    "tokenizer_class", "initializer_range", "use_cache", "pretraining_tp", "rope_theta", "rope_scaling",
-    "rotary_pct", "rotary_emb_base", "rotary_dim", "partial_rotary_factor", "sliding_window",
-    "use_sliding_window", "max_window_layers", "router_aux_loss_coef", "output_router_logits",
-    "router_jitter_noise", "aux_loss_alpha", "seq_aux", "norm_topk_prob", "routed_scaling_factor",
-    "scoring_func", "topk_method", "topk_group", "n_group", "ep_size", "is_decoder", "return_dict",
-    "output_attentions", "output_hidden_states", "torchscript", "id2label", "label2id",
-    "tie_encoder_decoder", "bos_token", "eos_token", "attn_logit_softcapping",
-    "final_logit_softcapping", "query_pre_attn_scalar", "embedding_multiplier", "logits_scaling",
-    "residual_multiplier", "attention_multiplier", "summary_type", "summary_use_proj",
-    "summary_activation", "summary_proj_to_labels", "summary_first_dropout", "scale_attn_weights",
-    "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx", "task_specific_params",
-    "quantization_config", "n_ctx",
-    # read below, or architecture switches implied by the model type:
-    "qk_layernorm", "use_qk_norm", "cache_implementation", "rope_local_base_freq", "sliding_window_pattern",
-    "sliding_window_size", "layer_types", "attention_chunk_size", "no_rope_layers", "no_rope_layer_interval",
-    "attn_temperature_tuning", "floor_scale", "attn_scale", "use_mrope", "original_max_position_embeddings",
-    "moe_layers", "interleave_moe_layer_step", "router_bias", "head_dim", "hidden_activation",
-    # THUDM ChatGLM / GLM-4 (modeling_chatglm.py) switches that change no tensor: rope base and layout, the
-    # residual taken before or after the norm, kernel choices, the q/k scaling, classifier dropout
-    "rope_ratio", "original_rope", "apply_query_key_layer_scaling", "attention_softmax_in_fp32",
-    "bias_dropout_fusion", "apply_residual_connection_post_layernorm", "classifier_dropout",
-    "multi_query_attention", "layernorm_epsilon", "rmsnorm", "post_layer_norm", "fp32_residual_connection",
-    "add_qkv_bias", "add_bias_linear", "use_bias", "norm_type", "norm_epsilon",
-    # MiniCPM (modeling_minicpm.py) scales the embedding, residual branches and logits by constants;
-    # InternLM2 names its attention kernel; neither moves a tensor
-    "scale_emb", "dim_model_base", "scale_depth", "attn_implementation",
-})
-
+#: fields that cannot change training memory, each with the reason. Every other field of a config.json
+#: is read below, refused with the reason (REFUSED_FIELDS, UNSUPPORTED_*), or refused by
+#: Draft.refuse_unused at the end of the import unless ``--accept`` vouches for it.
+_TOKEN = "a token id (indexes the vocabulary; no tensor)"
+_PROVENANCE = "provenance or bookkeeping (names, versions, class names)"
+_ROPE = ("rotary position settings (base, scaling, layout): sin/cos are computed, no trained tensor or saved "
+         "activation changes")
+_ROUTING = ("a routing rule or loss weight: picks experts or scales a loss, moves no tensor (the experts' sizes "
+            "are read)")
+_SCALE = "a constant scale on scores, residuals, embeddings or logits: multiplies an existing tensor, no new one"
+_OUTPUT = "what the forward pass returns (cache, attentions, hidden states): off in training"
+_INIT = "initialisation only"
+_KERNEL = "a kernel / numerics choice that keeps the same tensors"
+NEUTRAL: dict[str, str] = {
+    "_name_or_path": _PROVENANCE, "architectures": _PROVENANCE, "auto_map": _PROVENANCE,
+    "model_type": "read: picks the family rules below", "transformers_version": _PROVENANCE,
+    "tokenizer_class": _PROVENANCE, "_commit_hash": _PROVENANCE, "name_or_path": _PROVENANCE,
+    "torch_dtype": "the checkpoint's storage dtype; training dtypes come from the memform profile",
+    "dtype": "the checkpoint's storage dtype; training dtypes come from the memform profile",
+    "bos_token_id": _TOKEN, "eos_token_id": _TOKEN, "pad_token_id": _TOKEN, "sep_token_id": _TOKEN,
+    "decoder_start_token_id": _TOKEN, "bos_token": _TOKEN, "eos_token": _TOKEN,
+    "initializer_range": _INIT, "initializer_factor": _INIT, "init_std": _INIT,
+    "embedding_init_std": _INIT, "initializer_cutoff_factor": _INIT,
+    "use_cache": _OUTPUT, "output_attentions": _OUTPUT, "output_hidden_states": _OUTPUT, "return_dict": _OUTPUT,
+    "output_router_logits": "returns router logits for the aux loss: E floats per token, not kept past the loss",
+    "torchscript": "tracing switch", "is_decoder": "decoder-only models are decoders already",
+    "id2label": "classifier labels (no head in causal LM training)", "label2id": "classifier labels",
+    "task_specific_params": "generation presets", "tie_encoder_decoder": "encoder-decoder models only",
+    "cache_implementation": "inference KV-cache class", "use_sliding_window_cache": "inference KV-cache class",
+    "pretraining_tp": "Llama-2 inference switch splitting the linear layers' matmuls (same weights)",
+    "rope_theta": _ROPE, "rope_scaling": _ROPE, "rope_parameters": _ROPE, "rotary_pct": _ROPE,
+    "rotary_emb_base": _ROPE, "rotary_dim": _ROPE, "partial_rotary_factor": _ROPE, "rope_ratio": _ROPE,
+    "original_rope": _ROPE, "use_mrope": _ROPE, "original_max_position_embeddings": _ROPE,
+    "rope_local_base_freq": _ROPE, "no_rope_layers": _ROPE + " (Llama-4: the layers without RoPE)",
+    "no_rope_layer_interval": _ROPE, "rope_interleaved": _ROPE, "position_embedding_type": _ROPE,
+    "rope_type": _ROPE,
+    "use_sliding_window": "read with sliding_window",
+    "max_window_layers": "which layers use the window (no training-memory change, see sliding_window)",
+    "sliding_window_pattern": "which layers use the window (no training-memory change, see sliding_window)",
+    "sliding_window_size": "the window span (no training-memory change, see sliding_window)",
+    "attention_chunk_size": "Llama-4 chunked attention: a mask over the same scores (flash keeps O(s))",
+    "attn_temperature_tuning": _SCALE, "floor_scale": _SCALE, "attn_scale": _SCALE,
+    "router_aux_loss_coef": _ROUTING, "router_jitter_noise": _ROUTING, "aux_loss_alpha": _ROUTING,
+    "seq_aux": _ROUTING, "norm_topk_prob": _ROUTING, "routed_scaling_factor": _ROUTING, "scoring_func": _ROUTING,
+    "topk_method": _ROUTING, "topk_group": _ROUTING, "n_group": _ROUTING, "router_z_loss_coef": _ROUTING,
+    "ep_size": "the expert-parallel size the checkpoint was saved with (memform's parallel.ep sets it)",
+    "attn_logit_softcapping": "read (model.attn_softcap)", "final_logit_softcapping": "read (model.logit_softcap)",
+    "query_pre_attn_scalar": _SCALE, "embedding_multiplier": _SCALE, "logits_scaling": _SCALE,
+    "residual_multiplier": _SCALE, "attention_multiplier": _SCALE, "scale_emb": _SCALE, "dim_model_base": _SCALE,
+    "scale_depth": _SCALE, "attn_factor": _SCALE,
+    # GPT-2's sequence-summary head is for classification only; the rest are its attention scalings
+    "summary_type": "GPT-2 classification head (not in causal LM training)",
+    "summary_use_proj": "GPT-2 classification head", "summary_activation": "GPT-2 classification head",
+    "summary_proj_to_labels": "GPT-2 classification head", "summary_first_dropout": "GPT-2 classification head",
+    "scale_attn_weights": _SCALE, "reorder_and_upcast_attn": _KERNEL, "scale_attn_by_inverse_layer_idx": _SCALE,
+    "quantization_config": "the released checkpoint's storage format (warned): training sizes the profile's "
+                           "dtypes",
+    "n_ctx": "GPT-2's context length, = n_positions (read)",
+    "attn_implementation": _KERNEL, "_attn_implementation": _KERNEL,
+    "attention_softmax_in_fp32": _KERNEL + " (FlashAttention assumed: no s×s probabilities kept)",
+    "apply_query_key_layer_scaling": _SCALE, "bias_dropout_fusion": _KERNEL,
+    "apply_residual_connection_post_layernorm": "ChatGLM: which tensor the residual adds (same tensors)",
+    "classifier_dropout": "classifier head only", "layernorm_epsilon": "a norm's epsilon",
+    "rms_norm_eps": "read: the norm kind", "layer_norm_eps": "read: the norm kind",
+    "layer_norm_epsilon": "read: the norm kind", "norm_epsilon": "read: the norm kind",
+    "multi_query_attention": "read with multi_query_group_num", "use_flash_attn": _KERNEL,
+    "fused_bias_fc": _KERNEL, "fused_mlp": _KERNEL, "fused_dropout_add_ln": _KERNEL,
+    # read by _architecture / _moe_pattern, or implied by the model type
+    "qk_layernorm": "read (model.qk_norm)", "use_qk_norm": "read (model.qk_norm)",
+    "head_dim": "read (model.head_dim)", "hidden_activation": "read (model.activation)",
+    "layer_types": "read: softmax-attention kinds only (others are refused)",
+    "moe_layers": "read (model.moe_layer_freq)", "interleave_moe_layer_step": "read (model.moe_layer_freq)",
+    "vision_config": "read (model.vision.*)",
+    "image_token_id": _TOKEN, "image_token_index": _TOKEN, "video_token_id": _TOKEN, "video_token_index": _TOKEN,
+    "boi_token_index": _TOKEN, "eoi_token_index": _TOKEN, "vision_start_token_id": _TOKEN,
+    "vision_end_token_id": _TOKEN, "vision_token_id": _TOKEN, "audio_token_id": _TOKEN,
+    "mm_tokens_per_image": "image tokens per image (the vision tower's image size sets it: model.vision.*)",
+    "vision_feature_layer": "which ViT layer feeds the projector", "vision_feature_select_strategy":
+        "which ViT tokens feed the projector",
+    "image_seq_length": "image tokens per image (model.vision.image_size sets it)",
+    "eoa_token_id": _TOKEN, "boa_token_id": _TOKEN,
+    # MiniMax-M2 (configuration_minimax_m2.py): the router's e_score_correction_bias is a buffer (no gradient,
+    # no optimizer state); transformers' MiniMaxM2ForCausalLM builds no MTP modules and the released checkpoint
+    # stores none (its Hub total is matched without them: test_minimax_m2_total)
+    "use_routing_bias": "MiniMax-M2's e_score_correction_bias: a buffer, no trained parameter",
+    "use_mtp": "MiniMax-M2: MTP modules are not built by transformers' MiniMaxM2ForCausalLM nor stored in the "
+               "released checkpoint",
+    "num_mtp_modules": "MiniMax-M2: see use_mtp", "mtp_transformer_layers": "MiniMax-M2: see use_mtp",
+    "input_jitter_noise": _ROUTING,
+    # PretrainedConfig's generic attributes, written by save_pretrained into every config.json
+    "problem_type": "classifier heads only", "tf_legacy_loss": "a TensorFlow loss switch",
+    "use_bfloat16": "a TensorFlow dtype switch", "prefix": "generation prompt text",
+    "finetuning_task": "provenance", "chunk_size_feed_forward": "read: must be 0 (NEUTRAL_AT)",
+    "is_encoder_decoder": "read: must be false (NEUTRAL_AT)", "add_cross_attention": "read: must be false",
+    "cross_attention_hidden_size": "used only with add_cross_attention (must be false)",
+    "pruned_heads": "read: must be empty (NEUTRAL_AT)", "tie_word_embeddings": "read (model.tied_embeddings)",
+    "max_length": "generation length", "min_length": "generation length", "do_sample": "generation setting",
+    "early_stopping": "generation setting", "num_beams": "generation setting", "num_beam_groups":
+    "generation setting", "diversity_penalty": "generation setting", "temperature": "generation setting",
+    "top_k": "generation setting", "top_p": "generation setting", "typical_p": "generation setting",
+    "repetition_penalty": "generation setting", "length_penalty": "generation setting",
+    "no_repeat_ngram_size": "generation setting", "encoder_no_repeat_ngram_size": "generation setting",
+    "bad_words_ids": "generation setting", "num_return_sequences": "generation setting",
+    "output_scores": "generation setting", "return_dict_in_generate": "generation setting",
+    "forced_bos_token_id": _TOKEN, "forced_eos_token_id": _TOKEN, "remove_invalid_values": "generation setting",
+    "exponential_decay_length_penalty": "generation setting", "suppress_tokens": "generation setting",
+    "begin_suppress_tokens": "generation setting", "tokenizer_class_name": _PROVENANCE,
+    "use_bidirectional_attention": "the attention mask's direction: the same tensors",
+    "_sliding_window_pattern": "which layers use the window (no training-memory change, see sliding_window)",
+    "rope_interleave": _ROPE, "qk_head_dim": "DeepSeek-V3: qk_nope_head_dim + qk_rope_head_dim (both read)",
+    "swiglu_alpha": "gpt-oss's clamped-SwiGLU constants: the same tensors",
+    "swiglu_limit": "gpt-oss's clamped-SwiGLU constants: the same tensors",
+    "norm_eps": "a norm's epsilon (the norm kind comes from the model type)",
+}
+#: fields memory-neutral at the values listed only; any other value is refused with the reason given
+NEUTRAL_AT: dict[str, tuple[tuple, str]] = {
+    # Qwen3-Coder / Qwen3-MoE config.json carry "qkv_bias": false, which transformers' Qwen3MoeConfig does not
+    # read (Qwen3MoeAttention: bias=config.attention_bias); a true value would mean biases memform cannot place
+    "qkv_bias": ((False,), "q/k/v biases under a field transformers' configuration classes do not read: set "
+                           "attention_bias, or write model.qkv_bias with --set"),
+    # transformers Phi3 / PhiMoE: lm_head = Linear(h, v, bias=config.lm_head_bias); memform's head has no bias
+    "lm_head_bias": ((False,), "a biased output head (vocab_size more parameters) is not modelled by dense.mf"),
+    # MiniMax-M2 (configuration_minimax_m2.py, modeling MiniMaxM2Attention): q_norm / k_norm over the whole
+    # projection when qk_norm_type is per_layer -- the only kind the released file uses and memform maps
+    "qk_norm_type": (("per_layer",), "only MiniMax-M2's per_layer q/k norms (RMSNorm over num_heads · head_dim) "
+                                     "are mapped"),
+    # Gemma-3's transformers class reads these to build the vision tower; text-only importing drops them
+    "attention_k_eq_v": ((False,), "keys equal to values would drop the v_proj weights memform counts"),
+    # PretrainedConfig.chunk_size_feed_forward: apply_chunking_to_forward splits the FFN over the sequence
+    "chunk_size_feed_forward": ((0,), "a feed-forward computed in sequence chunks keeps other activations"),
+    "is_encoder_decoder": ((False,), "encoder-decoder models are not mapped"),
+    "add_cross_attention": ((False,), "cross-attention layers are not mapped"),
+    "pruned_heads": (({},), "pruned attention heads are not mapped"),
+    # transformers SeedOssAttention: o_proj bias=config.attention_out_bias; StableLmAttention: q/k/v
+    # bias=config.use_qkv_bias -- neither is mapped
+    "attention_out_bias": ((False,), "an o_proj bias apart from the q/k/v ones is not mapped"),
+    "use_qkv_bias": ((False,), "StableLM's q/k/v biases are not mapped (write model.qkv_bias with --set)"),
+}
 #: transformers model types whose MLP is gated even though the activation is GeLU (GeGLU keeps
 #: the same tensors as SwiGLU: gate, up, down)
 GATED_GELU = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"})
@@ -67,7 +179,10 @@ QKV_BIAS_ONLY = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "qwen
 #: q/k RMSNorms after the projections: per head (transformers Qwen3Attention, Gemma3Attention:
 #: RMSNorm(head_dim)) or over the whole projection (Olmo2Attention: RMSNorm(num_heads · head_dim))
 QK_NORM_HEAD = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_vl_text", "qwen3_vl_moe_text"})
-QK_NORM_FULL = frozenset({"olmo2", "olmo3", "olmoe"})  # OlmoeAttention: q_norm RMSNorm(h), k_norm RMSNorm(g·d_h)
+#: OlmoeAttention: q_norm RMSNorm(h), k_norm RMSNorm(g·d_h); MiniMaxM2Attention (transformers
+#: modeling_minimax_m2.py): q_norm RMSNorm(num_attention_heads · head_dim), k_norm RMSNorm(num_key_value_heads ·
+#: head_dim) -- its config says use_qk_norm true, qk_norm_type per_layer
+QK_NORM_FULL = frozenset({"olmo2", "olmo3", "olmoe", "minimax_m2"})
 #: sandwich norms: post_attention_layernorm and post_feedforward_layernorm after the sublayers besides
 #: the two pre-norms (transformers Gemma2DecoderLayer, Gemma3DecoderLayer)
 POST_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text"})
@@ -75,8 +190,10 @@ POST_NORMS = frozenset({"gemma2", "gemma3", "gemma3_text"})
 #: Glm4MoeAttention: q/k/v bias=config.attention_bias, o_proj bias=False; the MLPs have none)
 ATTENTION_BIAS_IS_QKV = frozenset({"glm", "glm4", "glm4_moe"})
 #: model types whose q_norm / k_norm, when use_qk_norm is true, are RMSNorm(head_dim) with weights
-#: (transformers Glm4MoeAttention); Llama-4's use_qk_norm is a weightless L2 norm instead
+#: (transformers Glm4MoeAttention); Llama-4's use_qk_norm is a weightless L2 norm instead (USE_QK_NORM_L2)
 USE_QK_NORM_WEIGHTED = frozenset({"glm4_moe"})
+#: transformers Llama4TextAttention: qk_norm = Llama4TextL2Norm() (x / ||x||, no weight) when use_qk_norm
+USE_QK_NORM_L2 = frozenset({"llama4", "llama4_text"})
 #: model types whose router Linear has a trained bias (GptOssTopKRouter: nn.Linear(h, E, bias=True)).
 #: DeepSeek-V3 / Kimi-K2 / GLM-4.5's e_score_correction_bias is a buffer (register_buffer: no gradient, no
 #: optimizer state); checkpoints store it, memform does not count it as a parameter.
@@ -114,23 +231,59 @@ UNSUPPORTED_TYPES = {
     "qwen3_next": "Gated DeltaNet linear-attention layers (layer_types linear_attention) are not modelled",
     "mamba": "state-space (Mamba) layers are not modelled", "mamba2": "state-space (Mamba-2) layers are not modelled",
     "rwkv": "RWKV recurrent layers are not modelled",
+    "deci": "DeciLM's per-layer K/V groups (num_key_value_heads_per_layer) are not modelled",
+    "minimax": "MiniMax-Text-01's lightning (linear) attention layers are not modelled",
+    "minimax_m1": "MiniMax-M1's lightning (linear) attention layers (attn_type_list) are not modelled",
+    "gemma3n": "Gemma-3n's AltUp / LAuReL blocks and per-layer input embeddings are not modelled",
+    "glm_moe_dsa": "DeepSeek sparse attention's indexer (index_n_heads, index_head_dim) is not modelled",
+    "deepseek_v32": "DeepSeek-V3.2's sparse-attention indexer (index_n_heads, index_head_dim) is not modelled",
+    "qwen3_5": "Gated DeltaNet linear-attention layers (layer_types linear_attention) are not modelled",
+    "qwen3_5_moe": "Gated DeltaNet linear-attention layers (layer_types linear_attention) are not modelled",
+    "jamba": "hybrid Mamba / attention layers are not modelled", "bamba": "hybrid Mamba-2 / attention layers are "
+                                                                         "not modelled",
+    "falcon_h1": "hybrid Mamba-2 / attention layers are not modelled",
+}
+#: fields that change the model's tensors in ways memform does not model: set (not empty / false), they stop
+#: the import with the reason
+REFUSED_FIELDS = {
+    # NVIDIA Llama-3.x-Nemotron (DeciLM, model_type nemotron-nas; its modeling_decilm.py): one entry per layer,
+    # attention no_op / replace_with_linear / n_heads_in_group, ffn no_op / replace_with_linear / ffn_mult.
+    # Counting the uniform model of the top-level fields gives Nemotron-Super-49B as an 88B model.
+    "block_configs": "heterogeneous per-layer blocks (DeciLM / Nemotron-NAS: layers without attention or with a "
+                     "linear replacement, per-layer FFN widths and K/V groups); memform models one decoder layer "
+                     "shape per stack (heterogeneous layers are issue 34)",
+    # MiniMax-M1 / MiniMax-Text-01 (remote code): attn_type_list 0 = lightning (linear) attention, 1 = softmax
+    "attn_type_list": "lightning (linear) attention layers (MiniMax-M1 / Text-01) are not modelled",
+    # Qwen3.5 / Qwen3-Next Gated DeltaNet, Nemotron-H / Granite-4.0-H Mamba layers (besides model_type)
+    "linear_num_value_heads": "linear-attention (Gated DeltaNet) layers are not modelled",
+    "mamba_d_state": "Mamba layers are not modelled", "ssm_state_size": "state-space (Mamba) layers are not modelled",
+    # DeepSeek-V3.2 / GLM-5 sparse attention: a lightning indexer per layer (index_n_heads × index_head_dim)
+    "index_head_dim": "DeepSeek sparse attention's indexer (its own projections and norm per layer) is not modelled",
+    "index_n_heads": "DeepSeek sparse attention's indexer (its own projections and norm per layer) is not modelled",
+    # Qwen3-VL vision_config.deepstack_visual_indexes is read in _vision; a text model with per-layer FFN list:
+    "intermediate_size_per_layer": "per-layer FFN widths are not modelled (one decoder layer shape per stack)",
+    # Deci/DeciLM-7B (model_type deci): variable grouped-query attention, one K/V head count per layer
+    "num_key_value_heads_per_layer": "per-layer K/V head counts (DeciLM variable GQA) are not modelled (one "
+                                     "decoder layer shape per stack)",
+    "num_kv_heads_per_layer": "per-layer K/V head counts are not modelled (one decoder layer shape per stack)",
+    # Gemma-3n (transformers Gemma3nTextConfig): AltUp, LAuReL and per-layer input embeddings
+    "altup_num_inputs": "Gemma-3n's AltUp / LAuReL blocks and per-layer embeddings are not modelled",
+    "hidden_size_per_layer_input": "Gemma-3n's per-layer input embeddings are not modelled",
+    # Qwen3-Next / Qwen3.5: a sigmoid output gate on attention (q_proj twice as wide)
+    "attn_output_gate": "the gated attention output (q_proj twice as wide) is not modelled",
+    # ERNIE-4.5-MoE (moe_num_experts, moe_k, moe_layer_start_index / interval) and Hunyuan-MoE (moe_topk):
+    # MoE fields under names memform does not map
+    "moe_num_experts": "ERNIE-4.5's MoE fields (moe_num_experts, moe_k, moe_layer_start_index / end_index / "
+                       "interval, moe_num_shared_experts) are not mapped",
+    "moe_topk": "Hunyuan-MoE's MoE fields (moe_topk, num_shared_expert, moe_intermediate_size lists) are not mapped",
+    # OLMoE / DBRX clamp q/k/v (a saved mask per element)
+    "clip_qkv": "clamping q/k/v keeps a mask per element memform does not count",
 }
 DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
                   "hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "residual_dropout",
                   "embedding_dropout")
 EXPERT_FIELDS = ("num_local_experts", "n_routed_experts", "num_experts")
 MLA_FIELDS = ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
-
-
-def read_json(path: Path) -> dict:
-    text = read_text(path)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise MemformError(f"{path}:{exc.lineno}:{exc.colno}: JSON syntax error: {exc.msg}") from None
-    if not isinstance(data, dict):
-        raise MemformError(f"{path}: a config.json must hold a JSON object, got {describe(data)}")
-    return data
 
 
 def convert(path: Path, draft: Draft, given: set[str]) -> None:
@@ -151,6 +304,8 @@ def convert(path: Path, draft: Draft, given: set[str]) -> None:
         draft.set("name", name.rstrip("/").split("/")[-1], "from _name_or_path")
 
     _unsupported(cfg, model_type)
+    if cfg is not top:
+        _neutral_at(top, model_type)
     ints = cfg.integer
     hk, h = cfg.first(("hidden_size", "n_embd", "d_model"), ints)
     _same(cfg, hk, h, ("hidden_size", "n_embd", "d_model"))
@@ -195,15 +350,11 @@ def convert(path: Path, draft: Draft, given: set[str]) -> None:
         cfg.used.add("vocab_size")
     else:
         draft.set("model.vocab_size", cfg.integer("vocab_size"))
-    seq_key, seq = cfg.first(("max_position_embeddings", "n_positions", "seq_length"), ints)
-    if seq is not None:
-        draft.set("model.seq_length", seq, f"{seq_key}; training often uses a shorter sequence: lower it if so")
-    elif "model.seq_length" not in given:
-        raise cfg.missing("max_position_embeddings", " (or pass --set model.seq_length=N)")
+    _seq_length(cfg, draft, model_type, given)
 
     _activation(cfg, draft, model_type)
-    _norm(cfg, draft)
-    _flags(cfg, draft, model_type)
+    _norm(cfg, draft, model_type)
+    _flags(cfg, draft, model_type, top)
     head_dim = cfg.integer("head_dim", None)
     if head_dim is None and cfg.has("kv_channels"):
         head_dim = cfg.integer("kv_channels")  # modeling_chatglm.py: projection_size = kv_channels × heads
@@ -222,20 +373,72 @@ def convert(path: Path, draft: Draft, given: set[str]) -> None:
         draft.set("model.mtp_layers", mtp, "num_nextn_predict_layers")
     if top.has("vision_config"):
         _vision(top.section("vision_config"), draft)
-    ignored = IGNORED | {k for k in data if isinstance(k, str) and k.endswith("_token_id")}
-    draft.warn_unused(cfg, ignored)
+    # REFUSED_FIELDS stopped the import when set; left null / empty / false they describe nothing
+    neutral = set(NEUTRAL) | set(NEUTRAL_AT) | set(REFUSED_FIELDS) \
+        | {k for k in data if isinstance(k, str) and k.endswith("_token_id")} | _nulls(top) | _nulls(cfg)
     if cfg is not top:
-        draft.warn_unused(top, ignored)
-    if cfg.raw("post_layer_norm", True) is False:
-        draft.warn("field 'post_layer_norm' is false: the model has no final norm, memform still counts one "
-                   "(hidden_size parameters)")
-    if cfg.raw("fp32_residual_connection", False) is True:
-        draft.warn("field 'fp32_residual_connection' is true: the fp32 residual stream is not modelled "
-                   "(memform keeps it at the activation dtype)")
+        # the model's own fields are read from text_config; the wrapper's own ids and names stay neutral
+        neutral |= {k for k in cfg.data if isinstance(k, str) and k.endswith("_token_id")}
+    draft.refuse_unused(cfg, neutral)
+    if cfg is not top:
+        draft.refuse_unused(top, neutral)
     quant = cfg.raw("quantization_config", None)
     if isinstance(quant, dict) and quant.get("quant_method"):
         draft.warn(f"field 'quantization_config': the checkpoint is stored as {quant.get('quant_method')}; memform "
                    f"sizes training with the profile's parameter dtype (its scales are not counted)")
+
+
+def _neutral_at(fields: Fields, model_type: str) -> None:
+    """Refuse a NEUTRAL_AT field set to a value other than its memory-neutral ones."""
+    for key, (allowed, why) in NEUTRAL_AT.items():
+        value = fields.data.get(key)
+        if key == "qkv_bias" and model_type in QKV_BIAS_ONLY:
+            continue  # read in _flags (Qwen2MoeAttention: bias=config.qkv_bias)
+        if key in fields.data and value is not None and value not in allowed:
+            raise fields.error(key, f"is {json.dumps(value)}: {why} (memform imports it at "
+                                    f"{' / '.join(json.dumps(a) for a in allowed)} only)")
+
+
+def _nulls(fields: Fields) -> set[str]:
+    """Fields set to null: the configuration class's default applies, which is what the model-type rules
+    above assume (a null that means something else -- DeciLM's per-layer num_key_value_heads -- comes with a
+    refused field such as block_configs)."""
+    return {k for k, v in fields.data.items() if v is None}
+
+
+#: training sequence assumed when the command line gives none: config.json states the longest context
+#: the model supports (max_position_embeddings), not a training length -- Llama-4-Scout's 10,485,760 would
+#: size activations for 10M-token sequences. 4096 is a common pre-training length (Llama-2, Llama-3's
+#: first stage: 8192; OLMo-2: 4096), capped by the model's own maximum.
+DEFAULT_SEQ = 4096
+
+
+def _seq_length(cfg: Fields, draft: Draft, model_type: str, given) -> None:  # noqa: ANN001 - a mapping
+    """``model.seq_length``: the training sequence (see DEFAULT_SEQ), never the context limit silently."""
+    seq_key, longest = cfg.first(("max_position_embeddings", "n_positions", "seq_length"), cfg.integer)
+    for key in ("max_position_embeddings", "n_positions", "seq_length", "n_ctx"):
+        if cfg.has(key):
+            cfg.integer(key)  # type-checked, and read: the context limit caps the default below
+    if "model.seq_length" in given:
+        return  # --set model.seq_length wins (Draft.apply)
+    if model_type in LEARNED_POSITIONS:
+        # learned absolute positions: the position table has max_position_embeddings rows, and dense.mf sizes
+        # that table by model.seq_length (embedding params s·h), so it must be the table's length
+        if longest is None:
+            raise cfg.missing("max_position_embeddings", " (or pass --set model.seq_length=N)")
+        draft.set("model.seq_length", longest, f"{seq_key}: the learned position table's rows")
+        return
+    seq = DEFAULT_SEQ if longest is None else min(DEFAULT_SEQ, longest)
+    if longest is None:
+        limit = "no max_position_embeddings field"
+    elif longest < DEFAULT_SEQ:
+        limit = f"capped at {seq_key} {longest}"
+    else:
+        limit = f"{seq_key} {longest} is the context limit"
+    draft.default("model.seq_length", seq, f"a training length of {DEFAULT_SEQ} tokens ({limit}); set yours")
+    draft.warn(f"model.seq_length = {seq} is a default: config.json gives the longest context the model "
+               f"supports{f' ({seq_key} {longest})' if longest is not None else ''}, not a training length; pass "
+               f"--set model.seq_length=N with your training sequence")
 
 
 def _same(cfg: Fields, key: str | None, value, aliases: tuple[str, ...]) -> None:
@@ -270,6 +473,43 @@ def _unsupported(cfg: Fields, model_type: str) -> None:
     if cfg.has("hybrid_override_pattern"):
         raise cfg.error("hybrid_override_pattern", "describes hybrid Mamba / attention layers, which memform "
                         "does not model")
+    for key, why in REFUSED_FIELDS.items():
+        value = cfg.raw(key)
+        if value in (None, [], {}, False, 0):
+            continue
+        if key == "attn_type_list" and isinstance(value, list) and 0 not in value:
+            continue  # MiniMax-M2: every layer 1 (softmax attention) -- nothing but ordinary attention
+        if key == "block_configs" and isinstance(value, list):
+            why += _block_summary(value)
+        raise cfg.error(key, f"is set: {why}; memform cannot size this model yet, and an import that skipped "
+                             f"the field would be silently wrong")
+    _neutral_at(cfg, model_type)
+    if (cfg.raw("use_mtp", False) is True or cfg.integer("num_mtp_modules", 0, minimum=0)) \
+            and model_type != "minimax_m2":
+        raise cfg.error("use_mtp", f"is set for model_type {model_type!r}: multi-token-prediction modules memform "
+                                   f"maps only as DeepSeek's num_nextn_predict_layers (MiniMax-M2's are not built)")
+    for key in ("post_layer_norm", "fp32_residual_connection"):
+        cfg.used.add(key)
+    if cfg.raw("post_layer_norm", True) is False:
+        # modeling_chatglm.py GLMTransformer: final_layernorm only if post_layer_norm
+        raise cfg.error("post_layer_norm", "is false: a model without the final norm is not modelled (dense.mf "
+                                           "counts one)")
+    if cfg.raw("fp32_residual_connection", False) is True:
+        raise cfg.error("fp32_residual_connection", "is true: an fp32 residual stream is not modelled (memform "
+                                                    "keeps the residual at the activation dtype)")
+
+
+def _block_summary(blocks: list) -> str:
+    """What a DeciLM ``block_configs`` list varies (for the refusal message)."""
+    def sub(block, part):
+        return block.get(part, {}) if isinstance(block, dict) and isinstance(block.get(part, {}), dict) else {}
+    no_attn = sum(1 for b in blocks
+                  if sub(b, "attention").get("no_op") or sub(b, "attention").get("replace_with_linear"))
+    mults = sorted({sub(b, "ffn").get("ffn_mult") for b in blocks} - {None})
+    text = f" -- here {len(blocks)} blocks, {no_attn} without attention (no_op / linear)"
+    if mults:
+        text += f", ffn_mult from {mults[0]} to {mults[-1]}"
+    return text
 
 
 def _activation(cfg: Fields, draft: Draft, model_type: str) -> None:
@@ -290,7 +530,11 @@ def _activation(cfg: Fields, draft: Draft, model_type: str) -> None:
                    f"(gelu, silu); sized as an ungated GeLU MLP")
 
 
-def _norm(cfg: Fields, draft: Draft) -> None:
+def _norm(cfg: Fields, draft: Draft, model_type: str = "") -> None:
+    if model_type == "nemotron":
+        # transformers NemotronLayerNorm1P: a LayerNorm with weight and bias (norm_eps names its epsilon)
+        draft.set("model.norm", "layernorm", "nemotron: NemotronLayerNorm1P (weight and bias)")
+        return
     if cfg.has("rmsnorm"):  # modeling_chatglm.py: RMSNorm if config.rmsnorm else LayerNorm
         rms = cfg.boolean("rmsnorm")
         draft.set("model.norm", "rmsnorm" if rms else "layernorm", f"rmsnorm {str(rms).lower()}")
@@ -315,7 +559,8 @@ def _norm(cfg: Fields, draft: Draft) -> None:
         draft.default("model.norm", "rmsnorm", "no rms_norm_eps / layer_norm_eps field")
 
 
-def _flags(cfg: Fields, draft: Draft, model_type: str) -> None:
+def _flags(cfg: Fields, draft: Draft, model_type: str, top: Fields | None = None) -> None:
+    top = cfg if top is None else top
     biases = [k for k in ("attention_bias", "mlp_bias", "bias", "use_bias") if cfg.has(k)]
     if cfg.has("add_qkv_bias") or cfg.has("add_bias_linear"):
         # modeling_chatglm.py: query_key_value bias = add_bias_linear or add_qkv_bias; dense (o_proj) and the
@@ -342,7 +587,9 @@ def _flags(cfg: Fields, draft: Draft, model_type: str) -> None:
     elif model_type in QKV_BIAS_ONLY:
         cfg.used.update(("attention_bias", "mlp_bias", "bias"))
         draft.set("model.bias", False, f"{model_type}: no o_proj or MLP biases (transformers Qwen2Attention)")
-        draft.set("model.qkv_bias", True, f"{model_type}: q_proj, k_proj, v_proj have biases")
+        # transformers >= 5 Qwen2MoeAttention: q/k/v bias=config.qkv_bias (default true); older: always true
+        qkv = cfg.boolean("qkv_bias", True)
+        draft.set("model.qkv_bias", qkv, f"{model_type}: q_proj, k_proj, v_proj biases (qkv_bias, default true)")
     elif cfg.has("attention_bias") and cfg.has("mlp_bias") and cfg.boolean("attention_bias") != cfg.boolean("mlp_bias"):
         attn, mlp = cfg.boolean("attention_bias"), cfg.boolean("mlp_bias")
         draft.set("model.bias", mlp, "mlp_bias (also o_proj's bias in memform)")
@@ -366,7 +613,23 @@ def _flags(cfg: Fields, draft: Draft, model_type: str) -> None:
         draft.default("model.dropout", False, "no dropout field (LLM pre-training usually runs without)")
     draft.default("model.flash_attention", True, "config.json does not say; FlashAttention assumed")
     if cfg.has("tie_word_embeddings"):
-        draft.set("model.tied_embeddings", cfg.boolean("tie_word_embeddings"), "tie_word_embeddings")
+        draft.set("model.tied_embeddings", cfg.boolean("tie_word_embeddings"), f"{cfg.name('tie_word_embeddings')}")
+        if top is not cfg and top.has("tie_word_embeddings"):
+            # Qwen3-VL and Gemma-3 configs state it twice: both are read, they must agree
+            if top.boolean("tie_word_embeddings") != cfg.boolean("tie_word_embeddings"):
+                # transformers >= 5 PreTrainedModel.get_expanded_tied_weights_keys reads the wrapper model's own
+                # config (the lm_head sits in the ForConditionalGeneration class): the top level decides
+                tied = top.boolean("tie_word_embeddings")
+                draft.set("model.tied_embeddings", tied, "tie_word_embeddings (top level; text_config disagrees)")
+                draft.warn(f"field 'tie_word_embeddings' is {str(tied).lower()} but "
+                           f"'{cfg.name('tie_word_embeddings')}' is {str(not tied).lower()}: the top-level value "
+                           f"is used (transformers ties the head by the wrapper's config); --set "
+                           f"model.tied_embeddings={str(not tied).lower()} if your framework reads text_config")
+    elif top is not cfg and top.has("tie_word_embeddings"):
+        # a multimodal wrapper (Qwen3VLConfig, Gemma3Config, ...) states it at the top level; transformers ties
+        # the language model's head by it when text_config does not say
+        draft.set("model.tied_embeddings", top.boolean("tie_word_embeddings"), "tie_word_embeddings (top level)")
+        cfg.used.add("tie_word_embeddings")
     else:
         cfg.used.add("tie_word_embeddings")
         tied = model_type in TIED_BY_DEFAULT
@@ -392,10 +655,20 @@ def _architecture(cfg: Fields, draft: Draft, model_type: str) -> None:
     elif cfg.has("qk_layernorm") and cfg.boolean("qk_layernorm"):
         draft.set("model.qk_norm", True, "qk_layernorm")
     if cfg.has("use_qk_norm") and cfg.boolean("use_qk_norm"):
-        if model_type in USE_QK_NORM_WEIGHTED:
+        if model_type in QK_NORM_HEAD or model_type in QK_NORM_FULL:
+            # Qwen3-Coder / Qwen3-MoE and MiniMax-M2 say use_qk_norm true: their attention classes build the
+            # weighted q_norm / k_norm whatever the field says, set above from the model type
+            pass
+        elif model_type in USE_QK_NORM_WEIGHTED:
             draft.set("model.qk_norm", True, f"use_qk_norm: {model_type} q_norm / k_norm = RMSNorm(head_dim)")
+        elif model_type in USE_QK_NORM_L2:
+            draft.warn("field 'use_qk_norm': Llama-4's q/k L2 norm (Llama4TextL2Norm) has no weights; its saved "
+                       "inputs (q and k per token) are not counted")
         else:
-            draft.warn("field 'use_qk_norm': Llama-4's q/k L2 norm has no weights; its saved inputs are not counted")
+            mapped = sorted(QK_NORM_HEAD | QK_NORM_FULL | USE_QK_NORM_WEIGHTED | USE_QK_NORM_L2)
+            raise cfg.error("use_qk_norm", f"is true for model_type {model_type!r}: whether its q/k norms have "
+                                           f"weights, and over what width, is not known to memform (mapped: "
+                                           f"{', '.join(mapped)})")
     if model_type == "gpt_oss":
         draft.set("model.attention_sinks", True, "gpt_oss: one learned sink logit per head (GptOssAttention.sinks)")
     if model_type == "gpt_neox":
@@ -521,17 +794,47 @@ def _mla(cfg: Fields, draft: Draft) -> None:
         draft.set(f"model.{key}", cfg.integer(key))
 
 
-#: vision_config fields that move no training memory, or that vision.mf does not distinguish
-IGNORED_VISION = frozenset({
-    "model_type", "spatial_patch_size", "initializer_range", "torch_dtype", "layer_norm_eps",
-    "attention_dropout", "dropout", "projection_dim", "out_hidden_size", "tokens_per_second",
-    "window_size", "fullatt_block_indexes", "vision_use_head", "num_positions", "hidden_act",
-    "_name_or_path", "architectures", "transformers_version",
-})
+#: vision_config fields that move no training memory, each with the reason (the rest are read by _vision,
+#: refused by REFUSED_VISION, or refused at the end of the import unless --accept names them)
+NEUTRAL_VISION: dict[str, str] = {
+    "model_type": _PROVENANCE, "_name_or_path": _PROVENANCE, "architectures": _PROVENANCE,
+    "transformers_version": _PROVENANCE, "torch_dtype": NEUTRAL["torch_dtype"], "dtype": NEUTRAL["dtype"],
+    "initializer_range": _INIT, "initializer_factor": _INIT, "layer_norm_eps": "a norm's epsilon",
+    "spatial_patch_size": "Qwen2-VL: = patch_size (read)", "hidden_act": "read (warned unless GeLU)",
+    "attention_dropout": "ViT attention dropout: vision.mf keeps no dropout masks (0 in released VLMs)",
+    "dropout": "ViT dropout: vision.mf keeps no dropout masks (0 in released VLMs)",
+    "projection_dim": "CLIP's image-text projection, not used when the ViT feeds a language model",
+    "out_hidden_size": "the merger's output width = the language model's hidden_size",
+    "tokens_per_second": _ROPE, "window_size": "Qwen2.5-VL window attention: a mask over the same tensors",
+    "fullatt_block_indexes": "Qwen2.5-VL: which ViT layers attend globally (a mask)",
+    "rope_parameters": _ROPE, "rope_theta": _ROPE, "vocab_size": "not used by a vision tower (no token embedding)",
+    **{k: NEUTRAL[k] for k in ("id2label", "label2id", "output_attentions", "output_hidden_states", "return_dict",
+                               "problem_type", "torchscript", "use_bfloat16", "tf_legacy_loss", "prefix",
+                               "finetuning_task", "chunk_size_feed_forward", "is_encoder_decoder",
+                               "add_cross_attention", "pruned_heads", "is_decoder", "tie_word_embeddings",
+                               "tokenizer_class", "task_specific_params", "use_cache", "_attn_implementation",
+                               "attn_implementation")},
+}
+#: vision_config fields that change the tower's tensors in ways vision.mf does not model (a Qwen2-VL ViT: rotary
+#: positions, one patch merger): set, they stop the import
+REFUSED_VISION = {
+    # transformers Qwen3VLVisionModel: deepstack_merger_list, one Qwen3VLVisionPatchMerger per listed layer
+    "deepstack_visual_indexes": "Qwen3-VL's DeepStack mergers (one patch merger per listed ViT layer) are not "
+                                "modelled by vision.mf",
+    # transformers Qwen3VLVisionModel.pos_embed = nn.Embedding(num_position_embeddings, hidden_size)
+    "num_position_embeddings": "a learned position table in the ViT (Qwen3-VL) is not modelled by vision.mf",
+    "num_positions": "a learned position table in the ViT is not modelled by vision.mf",
+    # transformers SiglipVisionTransformer: head = SiglipMultiheadAttentionPoolingHead when vision_use_head
+    "vision_use_head": "SigLIP's attention-pooling head is not modelled by vision.mf",
+}
 
 
 def _vision(vc: Fields, draft: Draft) -> None:
     """A vision tower (Qwen2-VL ``vision_config``, CLIP/SigLIP fields) → ``model.vision.*`` of vision.mf."""
+    for key, why in REFUSED_VISION.items():
+        if vc.has(key) and vc.raw(key) not in ([], False):
+            raise vc.error(key, f"is set: {why}; the vision tower would be sized wrongly (to size the language "
+                                f"model alone, import its text_config as a file of its own)")
     # Qwen2-VL: embed_dim is the ViT width and hidden_size the LM width it projects to
     width_key, width = vc.first(("embed_dim", "hidden_size"), vc.integer)
     if width is None:
@@ -570,4 +873,4 @@ def _vision(vc: Fields, draft: Draft) -> None:
     if "gelu" not in act.lower():
         draft.warn(f"vision_config.hidden_act {act}: vision.mf models a GeLU MLP with biases "
                    f"(the ViT's MLP memory is approximate)")
-    draft.warn_unused(vc, IGNORED_VISION)
+    draft.refuse_unused(vc, set(NEUTRAL_VISION) | set(REFUSED_VISION))

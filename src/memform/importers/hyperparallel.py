@@ -23,31 +23,67 @@ over ``optimizer_weight_shard_size`` ranks, gradients only with ``gradient_accum
 separate master copy, fp32 gradients and Adam moments (``_init_bytes``), flash attention and a
 data-parallel vocabulary (``_parse_feature_flags``): that is MindSpore's allocation, so the config
 runs under the MindSpore profile (``training.framework: mindspore``, ``formulas/frameworks/mindspore.mf``).
+
+A field the importer neither reads nor lists in a NEUTRAL table (with the reason it cannot change device
+memory) is refused (Draft.refuse_unused; ``--accept`` vouches for one), and so is a file whose shape lives
+elsewhere (``model.name`` + ``weights_path`` with partial ``config_overrides``), a non-Adam optimizer and
+a ``train.mixed_precision`` policy that disagrees with MemEst's dtypes.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from ..errors import MemformError
 from .draft import Draft, Fields, describe, dtype_name, gated_ffn_size
-from .mindformers import CP_ALGOS, _any_nonzero, _device, read_yaml_file
+from .mindformers import CP_ALGOS, NEUTRAL_CONTEXT, _any_nonzero, _device, _reasons, read_yaml_file
 
 TITLE = "HyperParallel memory-estimation YAML"
 
 #: MemEst's pipeline schedule names (pp_sched, memest-formulas.md §2.2) → memform schedules
 SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "seqpipe": "seqpipe", "seqsmartvpp": "seqpipe",
              "zero_bubble_v": "zero-bubble-v"}
-#: config_overrides fields that move no training memory
-IGNORED_OVERRIDES = frozenset({
-    "rope_theta", "rope_scaling", "rms_norm_eps", "norm_eps", "initializer_range", "bos_token_id",
-    "eos_token_id", "pad_token_id", "torch_dtype", "use_cache", "router_aux_loss_coef", "output_router_logits",
-    "norm_topk_prob", "routed_scaling_factor", "scoring_func", "topk_method", "topk_group", "n_group",
-    "attention_dropout", "sliding_window", "model_type", "architectures",
-})
-#: top-level sections that do not describe memory
-IGNORED_SECTIONS = frozenset({"seed", "output_dir", "run_mode", "checkpoint", "logging", "lr_scheduler",
-                              "dataset", "profile", "callbacks", "trainer"})
-IGNORED_TRAIN = frozenset({"lr", "max_steps", "steps", "epochs", "seed", "log_interval", "save_interval",
-                           "lr_scheduler", "warmup_steps"})
+#: config_overrides fields that move no training memory (each with the reason)
+NEUTRAL_OVERRIDES = _reasons(
+    ("rotary frequencies and position limits: RoPE has no weights (the sequence is data.max_seq_len)",
+     ("rope_theta", "rope_scaling", "partial_rotary_factor")),
+    ("norm epsilons, weight initialisation, token ids, names: scalars",
+     ("rms_norm_eps", "norm_eps", "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id",
+      "model_type", "architectures", "torch_dtype", "use_cache")),
+    ("MoE routing and balancing choices: O(experts) scalars per layer",
+     ("router_aux_loss_coef", "output_router_logits", "norm_topk_prob", "routed_scaling_factor", "scoring_func",
+      "topk_method", "topk_group", "n_group")),
+    ("attention dropout at rate 0 in LLM pre-training; MemEst counts no dropout", ("attention_dropout",)),
+)
+#: top-level sections that do not describe what a device holds
+NEUTRAL_SECTIONS = _reasons(
+    ("run bookkeeping, checkpoints, logging, datasets, callbacks",
+     ("seed", "output_dir", "run_mode", "checkpoint", "logging", "lr_scheduler", "dataset", "profile",
+      "callbacks", "trainer")),
+)
+#: model fields besides config_overrides that move no memory
+NEUTRAL_MODEL = _reasons(
+    ("where the weights and tokenizer are loaded from", ("weights_path", "tokenizer_path")),
+)
+#: data fields besides max_seq_len: the host-side loader
+NEUTRAL_DATA = _reasons(
+    ("the host-side data loader (the device batch is train.micro_batch_size × data.max_seq_len)",
+     ("type", "train_path", "eval_path", "shuffle", "num_workers", "pin_memory", "drop_last", "prefetch_factor")),
+)
+NEUTRAL_TRAIN = _reasons(
+    ("schedule lengths, seeds, logging and checkpoint cadence: how many steps, not what a step holds",
+     ("lr", "max_steps", "steps", "epochs", "num_train_epochs", "seed", "log_interval", "save_interval",
+      "lr_scheduler", "warmup_steps", "checkpoint", "logging", "debug")),
+    ("the runtime (torch on Ascend) and where the model is first built (meta: no memory until sharded)",
+     ("backend", "init_device")),
+)
+NEUTRAL_OPTIMIZER = _reasons(
+    ("Adam's hyper-parameters and the learning-rate schedule: scalars",
+     ("lr", "lr_min", "lr_decay_style", "lr_warmup_ratio", "weight_decay", "betas", "eps", "beta1", "beta2",
+      "loss_aggregation")),
+    ("gradient clipping: MemEst adds a clipping buffer (has_clip) memform does not count; the norm itself is "
+     "a scalar", ("max_grad_norm",)),
+)
 
 
 def convert(path: Path, draft: Draft, given: set[str]) -> int | None:
@@ -62,6 +98,16 @@ def convert(path: Path, draft: Draft, given: set[str]) -> int | None:
                               f"a MindFormers YAML; import it with 'memform import mindformers {path}'")
         raise top.missing("model.config_overrides", " (HyperParallel's model hyper-parameters: hidden_size, "
                                                     "num_hidden_layers, num_attention_heads, ...)")
+    if not co.has("hidden_size") and (model.has("name") or model.has("weights_path")):
+        # HyperParallel's trainer builds the model from model.name's module and the config.json in
+        # weights_path; config_overrides only changes some of its fields (cost_model_parser_hyper.py:
+        # _resolve_via_direct_import, with config_overrides as the fallback)
+        raise MemformError(
+            f"{path}: the model's shape is not in this file: 'model.config_overrides' has no hidden_size, and "
+            f"HyperParallel takes the shape from model '{model.raw('name', '?')}' and the config.json in "
+            f"'model.weights_path' ({model.raw('weights_path', 'not given')}), changing only "
+            f"{', '.join(sorted(map(str, co.data))) or 'nothing'}. Import that config.json with 'memform import "
+            f"hf' (and --set the overrides and the strategy), or give the shape in config_overrides")
     # MindSpore's allocation, as MemEst prices a HyperParallel run (module docstring)
     draft.set("training.framework", "mindspore", "MemEst prices HyperParallel runs with its parallel-optimizer "
               "model (cost_model_parser_hyper.py): frameworks/mindspore.mf")
@@ -78,14 +124,15 @@ def convert(path: Path, draft: Draft, given: set[str]) -> int | None:
     _recompute(train.section("gradient_checkpointing"), co, draft)
     _device_memory(top.section("context"), draft)
     _optimizer(train.section("optimizer"), draft)
+    _mixed_precision(train.section("mixed_precision"), draft)
     model.used.update(("config_overrides", "name"))
-    draft.warn_unused(co, IGNORED_OVERRIDES)
-    draft.warn_unused(model)
-    draft.warn_unused(accel)
-    train.used.update(("accelerator", "optimizer", "gradient_checkpointing"))
-    draft.warn_unused(train, IGNORED_TRAIN)
+    draft.refuse_unused(co, NEUTRAL_OVERRIDES)
+    draft.refuse_unused(model, NEUTRAL_MODEL)
+    draft.refuse_unused(accel)
+    train.used.update(("accelerator", "optimizer", "gradient_checkpointing", "mixed_precision"))
+    draft.refuse_unused(train, NEUTRAL_TRAIN)
     top.used.update(("model", "data", "train", "context"))
-    draft.warn_unused(top, IGNORED_SECTIONS)
+    draft.refuse_unused(top, NEUTRAL_SECTIONS)
     return None
 
 
@@ -117,7 +164,7 @@ def _model(co: Fields, data: Fields, draft: Draft) -> None:
             draft.default("model.seq_length", 4096, "no data.max_seq_len: MemEst's default 4096")
         else:
             draft.set("model.seq_length", seq, f"no data.max_seq_len: config_overrides.{key}")
-    draft.warn_unused(data)
+    draft.refuse_unused(data, NEUTRAL_DATA)
     act = co.string("hidden_act", "silu")
     if act.lower() in ("silu", "swish", "swiglu"):
         draft.set("model.activation", "swiglu", f"config_overrides.hidden_act {act}" if co.has("hidden_act")
@@ -235,6 +282,8 @@ def _parallel(accel: Fields, draft: Draft) -> int:
             draft.set("parallel.pp_schedule", SCHEDULES.get(scheduler, "1f1b"),
                       f"train.accelerator.pipeline_scheduler {scheduler}")
     _parallel_optimizer(accel, dp, cp, draft)
+    # comm_fusion: HyperParallel fuses gradient communication into buckets; MemEst's parser does not read it
+    accel.used.add("comm_fusion")
     draft.set("mindspore.vocab_emb_dp", True, "MemEst's HyperParallel parser: vocab_emb_dp true")
     return pp
 
@@ -309,7 +358,7 @@ def _recompute(gc: Fields, co: Fields, draft: Draft) -> None:
         draft.set("mindspore.recompute_slice_activation", sliced and mode == "full",
                   "train.gradient_checkpointing.recompute_slice_activation"
                   + ("" if mode == "full" or not sliced else " (only a fully recomputed layer keeps a sliced input)"))
-    draft.warn_unused(gc)
+    draft.refuse_unused(gc)
 
 
 def _device_memory(ctx: Fields, draft: Draft) -> None:
@@ -317,13 +366,36 @@ def _device_memory(ctx: Fields, draft: Draft) -> None:
         _device(ctx, draft)
     else:
         draft.default("device.capacity_gib", 64, "no context.max_device_memory: MemEst's default 64GB")
-        ctx.used.update(ctx.data)
+    draft.refuse_unused(ctx, NEUTRAL_CONTEXT)
 
 
 def _optimizer(opt: Fields, draft: Draft) -> None:
     kind = opt.string("type", "adamw")
     if "adam" not in kind.lower():
-        draft.warn(f"train.optimizer.type {kind}: memform counts Adam's two moments")
-    # max_grad_norm: MemEst adds a gradient-clipping buffer (has_clip) that memform does not count
-    opt.used.update(("max_grad_norm", "lr", "weight_decay", "betas", "eps", "beta1", "beta2"))
-    draft.warn_unused(opt)
+        raise opt.error("type", f"is {kind}: memform models Adam's two moments per parameter (MemEst's "
+                                f"HyperParallel parser prices AdamW)")
+    draft.refuse_unused(opt, NEUTRAL_OPTIMIZER)
+
+
+def _mixed_precision(mp: Fields, draft: Draft) -> None:
+    """train.mixed_precision (HyperParallel's trainer): MemEst's parser prices bytes from model.compute_dtype
+    (forward/backward) and fp32 gradients; a policy that says otherwise is refused rather than ignored."""
+    if not mp.data:
+        return
+    enabled = mp.boolean("enabled", True)
+    compute = draft.get("training.precision.activations")
+    params = draft.get("training.precision.params")
+    if not enabled and compute != params:
+        raise mp.error("enabled", f"is false (no mixed precision: compute in the parameters' {params}) while "
+                                  f"model.compute_dtype is {compute}")
+    if enabled and mp.has("param_dtype"):
+        dtype = dtype_name(mp.string("param_dtype"), mp, "param_dtype")
+        if dtype != compute:
+            raise mp.error("param_dtype", f"is {mp.raw('param_dtype')}, the compute copy of the weights, while "
+                                          f"model.compute_dtype is {compute}: the two must agree")
+    if mp.has("reduce_dtype") and dtype_name(mp.string("reduce_dtype"), mp, "reduce_dtype") != "fp32":
+        raise mp.error("reduce_dtype", f"is {mp.raw('reduce_dtype')}: memform prices HyperParallel runs with "
+                                       f"MemEst's fp32 gradients")
+    # output_dtype: the forward output's cast, inside the activations memform counts in compute_dtype
+    mp.used.add("output_dtype")
+    draft.refuse_unused(mp)

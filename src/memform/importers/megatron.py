@@ -6,10 +6,17 @@ bash without running it): a launch script in the shape of Megatron-LM's ``exampl
 blocks, ``export``) whose ``torchrun ... pretrain_gpt.py ...`` command gives the arguments and,
 from ``--nproc_per_node`` × ``--nnodes``, the device count; a plain arguments file (one per line, or
 shell-style); or a file of variable assignments for the scripts after it. An argument given again in
-a later file overrides the earlier one. A value the script does not determine (an environment
-variable, ``$1`` without a default) is an error naming file, line and variable when memform needs
-it, and a warning otherwise. Defaults are Megatron-LM's own (``megatron/training/arguments.py``) so
-that an omitted flag means what it means to Megatron.
+a later file overrides the earlier one. The script's own positional arguments come from
+``--args "a b c"`` (``$1``.., ``$#``, ``$@``, ``shift``; Pai-Megatron-Patch's run scripts take 25); a
+value the script does not determine (an environment variable, ``$1`` without a default) is an error
+naming file, line and variable when memform needs it. Defaults are Megatron-LM's own
+(``megatron/training/arguments.py``) so that an omitted flag means what it means to Megatron.
+
+Every argument is read (mapped onto the config keys the formula files read), or memory-neutral
+(:data:`NEUTRAL`, each with its reason), or refused: outright with file, line and why when it
+changes memory in a way memform does not model (:data:`REFUSED`, some only at some values), else at
+the end of the import unless ``--accept`` vouches for it (an argument memform does not know).
+MindSpeed-LLM's and Pai-Megatron-Patch's additions to Megatron's parser are read the same way.
 """
 
 from __future__ import annotations
@@ -26,30 +33,259 @@ from .shell import Command, Ref, Shell, ShellParseError, Word, list_expression
 
 TITLE = "Megatron-LM arguments"
 
-#: arguments that do not change training memory (data, logging, checkpoints, learning rate,
-#: initialisation, fusions and overlaps that keep the same tensors alive)
-IGNORED_PREFIXES = (
-    "lr", "min-lr", "weight-decay", "adam-", "sgd-", "clip-grad", "save", "load", "log", "tensorboard",
-    "wandb", "eval-", "data-path", "data-cache", "train-data", "valid-data", "test-data", "split",
-    "tokenizer-model", "vocab-file", "merge-file", "init-method", "seed", "train-iters", "train-samples",
-    "exit-", "distributed-backend", "distributed-timeout", "num-workers", "no-", "overlap-",
-    "use-mcore-models", "transformer-impl", "ckpt-", "dist-ckpt", "rotary-", "rope-", "norm-epsilon",
-    "moe-router-", "moe-aux-loss", "moe-z-loss", "moe-token-dispatcher", "moe-permute-fusion",
-    "moe-input-jitter", "moe-shared-expert-overlap", "moe-per-layer-logging", "moe-token-drop",
-    "moe-pad-expert", "attention-softmax-in-fp32", "accumulate-allreduce-grads-in-fp32",
-    "bias-gelu-fusion", "bias-swiglu-fusion", "bias-dropout-fusion", "masked-softmax-fusion",
-    "apply-", "timing-", "mock-data", "use-checkpoint", "finetune", "pretrained-checkpoint",
-    "cross-entropy", "gradient-accumulation-fusion", "async-", "manual-gc", "profile",
-    "init-", "override-", "tp-comm-", "ddp-", "check-weight-hash", "calculate-per-token-loss",
-    "loss-scale", "initial-loss-scale", "min-loss-scale", "hysteresis", "fp16-lr", "use-cpu-initialization",
-    "legacy-", "exp-avg", "rampup-batch-size", "dataloader-type", "reset-", "eod-mask-loss",
-    "short-seq-prob", "mmap-", "object-storage", "num-dataset-builder-threads", "deterministic-mode",
-    "empty-unused-memory", "use-dist-ckpt", "auto-detect-ckpt-format",
-    "rotary-percent", "use-rope-scaling", "disable-bf16-reduced-precision-matmul", "add-position-embedding",
-    "world-size", "multi-latent-attention", "nproc", "nnodes", "node-rank", "master-", "rdzv",
-    "use-legacy-models", "mtp-loss-scaling-factor", "enable-experimental", "tokenizer-type",
-    "fp8-margin", "fp8-amax-", "fp8-interval", "fp8-wgrad", "decoupled-", "tiktoken-", "tokenizer-",
-)
+def _names(reason: str, names: str) -> dict[str, str]:
+    return {name: reason for name in names.split()}
+
+
+#: arguments memform does not read because they cannot change what a device holds, each with the reason
+#: (Megatron-LM megatron/training/arguments.py and the config dataclasses its groups are built from,
+#: megatron/training/config/*.py; MindSpeed-LLM and Pai-Megatron-Patch add their own to the same parser).
+#: An argument in neither this table nor REFUSED, and not read, is refused at the end of the import
+#: (Draft.refuse_unread) unless ``--accept`` names it.
+NEUTRAL: dict[str, str] = {
+    **_names("logging and monitoring: reads values training already holds (training_config.py LoggerConfig)",
+             "log-interval log-params-norm log-throughput log-throughput-to-tensorboard throughput-window-size "
+             "log-progress timing-log-level timing-log-option tensorboard-dir tensorboard-log-interval "
+             "tensorboard-queue-size log-timers-to-tensorboard log-loss-scale-to-tensorboard "
+             "no-log-loss-scale-to-tensorboard log-validation-ppl-to-tensorboard log-memory-to-tensorboard "
+             "memory-keys log-memory-interval log-device-memory-used log-l2-norm-grad-to-tensorboard "
+             "log-num-zeros-in-grad log-max-attention-logit log-runtime-to-tensorboard runtime-time-unit "
+             "barrier-with-L1-time barrier-with-l1-time log-world-size-to-tensorboard wandb-project "
+             "wandb-exp-name wandb-save-dir wandb-entity logging-level filter-warnings modules-to-filter "
+             "set-level-for-all-loggers log-energy save-config-filepath moe-per-layer-logging log-straggler "
+             "straggler-ctrlr-port straggler-minmax-count disable-straggler-on-startup log-batch-size-to-tensorboard "
+             "log-learning-rate-to-tensorboard log-optimizer-states-to-tensorboard one-logger-project "
+             "one-logger-run-name one-logger-async enable-one-logger no-one-logger app-tag-run-name "
+             "app-tag-run-version"),
+    **_names("profiling switches (common_config.py ProfilingConfig): memform estimates the training itself",
+             "profile use-nsys-profiler profile-step-start profile-step-end use-pytorch-profiler "
+             "pytorch-profiler-collect-shapes pytorch-profiler-collect-callstack pytorch-profiler-collect-chakra "
+             "profile-ranks record-shapes nvtx-ranges timing"),
+    **_names("checkpoint saving and loading (training_config.py CheckpointConfig): outside the training step",
+             "save save-interval save-params-interval save-retain-interval most-recent-k no-save-optim "
+             "no-save-rng load no-load-optim no-load-rng load-main-params-from-ckpt non-persistent-save-interval "
+             "non-persistent-ckpt-type non-persistent-global-ckpt-dir non-persistent-local-ckpt-dir "
+             "non-persistent-local-ckpt-algo finetune pretrained-checkpoint ckpt-step use-checkpoint-args "
+             "use-mp-args-from-checkpoint-args use-tokenizer-model-from-checkpoint-args "
+             "no-use-tokenizer-model-from-checkpoint-args exit-on-missing-checkpoint ckpt-format "
+             "auto-detect-ckpt-format ckpt-convert-format ckpt-convert-save ckpt-convert-update-legacy-dist-opt-format "
+             "fully-parallel-save no-fully-parallel-save async-save async-strategy use-persistent-ckpt-worker "
+             "async-ckpt-cpu-priority async-ckpt-io-priority async-ckpt-use-cpu-shm fully-parallel-load "
+             "ckpt-fully-parallel-load-exchange-algo ckpt-assume-constant-structure dist-ckpt-strictness "
+             "dist-ckpt-optim-fully-reshardable save-tokenizer-assets use-dist-ckpt dist-ckpt-format "
+             "no-initialization use-checkpoint-opt-param-scheduler override-opt-param-scheduler "
+             "enable-hf2mg-convert enable-mg2hf-convert model-type-hf mg-cache-dir hf-cfg-dir "
+             "load-checkpoint-with-weights-only"),
+    **_names("data, dataset and tokenizer files: which tokens are read, not how many per micro-batch "
+             "(arguments.py _add_data_args, training_config.py TokenizerConfig)",
+             "data-path split train-data-path valid-data-path test-data-path data-args-path per-split-data-args-path "
+             "per-dataset-sequences-path dataloader-fast-cache-load dataloader-defer-npy-index-mmap data-cache-path "
+             "no-mmap-bin-files mmap-bin-files mock-data num-workers dataloader-type num-dataset-builder-threads "
+             "object-storage-cache-path mid-level-dataset-surplus reset-position-ids reset-attention-mask "
+             "eod-mask-loss no-create-attention-mask-in-dataloader create-attention-mask-in-dataloader "
+             "short-seq-prob phase-transition-iterations vocab-file merge-file tokenizer-model metadata-path "
+             "special-tokens tiktoken-pattern tiktoken-num-special-tokens tiktoken-special-tokens "
+             "tokenizer-sentencepiece-legacy tokenizer-hf-no-use-fast tokenizer-hf-no-include-special-tokens "
+             "tokenizer-hf-use-fast tokenizer-hf-include-special-tokens trust-remote-code null-tokenizer-eod-id "
+             "null-tokenizer-pad-id chat-template use-gigatoken "
+             # MindSpeed-LLM (mindspeed_llm/training/arguments.py) and Pai-Megatron-Patch data options
+             "tokenizer-name-or-path tokenizer-not-use-fast handler-name prompt-type prompt-type-path "
+             "is-instruction-dataset variable-seq-lengths no-shuffle full-shuffle-instruction-dataset "
+             "tokenizer-padding-side dataset train-mode patch-tokenizer-type neat-pack padded-samples "
+             "data-impl reset-position-ids-in-dataloader workers"),
+    **_names("a scalar hyper-parameter of the optimizer, the loss scaler or the learning-rate schedule: no "
+             "tensor's size depends on it (training_config.py SchedulerConfig, arguments.py "
+             "_add_regularization_args, _add_mixed_precision_args)",
+             "lr min-lr lr-decay-style lr-wsd-decay-style lr-decay-iters lr-decay-samples lr-wsd-decay-iters "
+             "lr-wsd-decay-samples lr-warmup-fraction lr-warmup-iters lr-warmup-samples lr-warmup-init "
+             "lr-decay-steps lr-warmup-steps start-weight-decay end-weight-decay weight-decay-incr-style "
+             "weight-decay clip-grad adam-beta1 adam-beta2 adam-eps decoupled-lr decoupled-min-lr "
+             "loss-scale initial-loss-scale min-loss-scale loss-scale-window hysteresis fp16-lr "
+             "head-lr-mult muon-momentum muon-split-qkv muon-use-nesterov muon-scale-mode muon-fp32-matmul-prec "
+             "muon-num-ns-steps muon-tp-mode muon-extra-scale-factor lr-wsd-decay-steps wsd-decay-steps "
+             "wd-incr-steps"),
+    **_names("initialisation and random seeds: the values of tensors, not their sizes (common_config.py RNGConfig)",
+             "seed init-method-std init-method-xavier-uniform data-parallel-random-init te-rng-tracker "
+             "inference-rng-tracker use-cpu-initialization init-model-with-meta-device perform-initialization "
+             "embedding-init-method-std"),
+    **_names("the length of the run, evaluation and exit conditions (training_config.py TrainingConfig, "
+             "ValidationConfig): the peak of one training step is the same",
+             "train-iters train-samples exit-interval exit-duration-in-mins exit-signal-handler exit-signal "
+             "exit-signal-handler-for-dataloader exit-signal-handler-for-training manual-gc manual-gc-interval "
+             "manual-gc-eval no-manual-gc-eval iterations-to-skip check-weight-hash-across-dp-replicas-interval "
+             "gpu-sniff-test-interval train-sync-interval eval-iters eval-interval start-eval-at-iter skip-train "
+             "test-mode full-validation multiple-validation-sets validation-set-names rampup-batch-size "
+             "step-batch-size-schedule "
+             "decrease-batch-size-if-needed empty-unused-memory-level rerun-mode check-for-nan-in-loss-and-grad "
+             "no-check-for-nan-in-loss-and-grad check-for-spiky-loss check-for-large-grads error-injection-rate "
+             "error-injection-type calculate-per-token-loss deterministic-mode record-memory-history "
+             "memory-snapshot-path epochs"),
+    **_names("process-group and launcher set-up (common_config.py DistributedInitConfig): no tensor of the model "
+             "or the optimizer",
+             "distributed-backend distributed-timeout-minutes local-rank lazy-mpu-init nccl-communicator-config-path "
+             "use-tp-pp-dp-mapping use-gloo-process-groups no-use-gloo-process-groups disable-gloo-group "
+             "use-sharp sharp-enabled-group high-priority-stream-groups distributed-timeout-seconds-after-init "
+             "flight-recorder-dump-path flight-recorder-trace-buffer-size disable-jit-fuser no-shared-storage "
+             "nproc-per-node nproc nnodes node-rank master-addr master-port rdzv-backend rdzv-endpoint rdzv-id "
+             "ai-framework world-size"),
+    **_names("how a step is scheduled or communicated, with the same tensors alive (arguments.py "
+             "_add_distributed_args, distributed_data_parallel_config.py): in-place collectives on buffers "
+             "memform counts",
+             "align-grad-reduce no-align-grad-reduce no-align-param-gather align-param-gather "
+             "overlap-param-gather-with-optimizer-step create-all-gather-group use-nccl-ub "
+             "disable-symmetric-registration fsdp-manual-registration ddp-average-in-collective "
+             "ddp-num-buckets ddp-pad-buckets-for-high-nccl-busbw ddp-reduce-scatter-with-fp32-accumulation "
+             "no-gradient-reduce-div-fusion gradient-reduce-div-fusion async-tensor-model-parallel-allreduce "
+             "no-async-tensor-model-parallel-allreduce distributed-optimizer-no-overlap "
+             "no-overlap-p2p-communication overlap-p2p-communication overlap-p2p-communication-warmup-flush "
+             "no-delay-grad-reduce delay-grad-reduce no-scatter-gather-tensors-in-pipeline "
+             "scatter-gather-tensors-in-pipeline use-ring-exchange-p2p batch-p2p-comm no-batch-p2p-comm "
+             "microbatch-group-size-per-virtual-pipeline-stage use-cp-send-recv-overlap "
+             "moe-permutation-async-comm moe-alltoall-overlap-comm use-ascend-coc coc-fused-kernel "
+             "coc-parallel-num coc-mode use-ascend-mc2"),
+    **_names("a fused kernel computing the same result from the same saved tensors",
+             "bias-gelu-fusion no-bias-gelu-fusion bias-swiglu-fusion bias-dropout-fusion no-bias-dropout-fusion "
+             "masked-softmax-fusion apply-rope-fusion rope-fusion cross-entropy-loss-fusion "
+             "cross-entropy-fusion-impl gradient-accumulation-fusion moe-permute-fusion moe-router-fusion "
+             "persist-layer-norm no-persist-layer-norm use-fused-swiglu use-fused-rmsnorm use-fused-rotary-pos-emb "
+             "use-fused-ring-attention-update use-fused-moe-token-permute-and-unpermute "
+             "gemm-gradient-accumulation-fusion use-fast-cross-entropy use-fused-gating shape-order "
+             "attention-softmax-in-fp32 accumulate-allreduce-grads-in-fp32"),
+    **_names("chooses the classes that build the layers the other arguments describe (Megatron-Core or legacy "
+             "models, MindSpeed-LLM's --spec module, Transformer Engine): the same weights and activations",
+             "use-legacy-models use-mcore-models spec use-te model-provider"),
+    **_names("a scalar of the model's numerics (norm epsilon, position scaling, logit scales, router "
+             "coefficients): the same tensors",
+             "norm-epsilon layernorm-epsilon rotary-base rotary-percent rotary-seq-len-interpolation-factor "
+             "rotary-scaling-factor use-rope-scaling rope-scaling-factor rope-scaling-type rope-scaling-mscale "
+             "rope-scaling-mscale-all-dim rope-scaling-original-max-position-embeddings rope-scaling-beta-fast "
+             "rope-scaling-beta-slow beta-fast beta-slow mscale mscale-all-dim original-max-position-embeddings "
+             "low-freq-factor high-freq-factor use-rotary-position-embeddings apply-layernorm-1p "
+             "apply-query-key-layer-scaling no-query-key-layer-scaling apply-residual-connection-post-layernorm "
+             "openai-gelu moe-router-load-balancing-type moe-router-score-function moe-router-topk-scaling-factor "
+             "moe-router-num-groups moe-router-group-topk moe-router-enable-expert-bias moe-router-bias-update-rate "
+             "moe-router-pre-softmax moe-router-dtype moe-router-force-load-balancing moe-aux-loss-coeff "
+             "moe-z-loss-coeff moe-input-jitter-eps moe-token-drop-policy moe-token-dispatcher-type "
+             "moe-shared-expert-overlap moe-pad-expert-input-to-capacity moe-router-topk-limited-devices "
+             "moe-router-padding-for-fp8 moe-router-padding-for-quantization norm-topk-prob seq-aux "
+             "router-gating-in-fp32 topk-softmax-in-fp32 moe-device-level-aux-loss-coeff moe-comm-aux-loss-coeff "
+             "mtp-loss-scaling-factor qk-clip qk-clip-alpha qk-clip-threshold embedding-multiplier-scale "
+             "output-multiplier-scale rotary-interleaved query-pre-attn-scalar partial-rotary-factor "
+             "disable-bf16-reduced-precision-matmul "
+             "input-embeds-norm add-rmsnorm-offset short-factor long-factor longrope-freqs-type short-mscale "
+             "long-mscale original-max-position-embeddings rope-scaling-original-max-position-embeddings "
+             "gelu-tanh"),
+    **_names("Transformer Engine's fp8 scaling-history settings: a few fp32 scalars per GEMM",
+             "fp8-margin fp8-interval fp8-amax-history-len fp8-amax-compute-algo fp8-wgrad no-fp8-wgrad"),
+    # Megatron's FSDP options whose buffers the ZeRO-3 formulas (common.mf gathered_params) already count
+    "mla-fa-without-pad": "MindSpeed's flash attention on the value heads at v_head_dim, unpadded: what mla.mf counts",
+    "no-enable-linear-qkv": "MindSpeed's separate q, k and v projections: the same weights as the fused one",
+    "fsdp-double-buffer": "Megatron-FSDP's two all-gather buffers, which the ZeRO-3 formulas' (1 + prefetch) "
+                          "gathered parameters already count",
+    "megatron-fsdp-version": "which Megatron-FSDP implementation shards them, not what is sharded",
+}
+
+#: arguments that change memory in a way memform does not model: the import stops naming file, line,
+#: argument and why, unless the value is one of the neutral values listed (None: any value is refused)
+REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "tp-comm-overlap": ("allocates Transformer Engine's userbuffers for the tensor-parallel GEMM overlap "
+                        "(megatron/training/initialize.py _initialize_tp_communicators), not modelled", ()),
+    "cpu-offloading": ("offloads activations of --cpu-offloading-num-layers layers to the host "
+                       "(transformer_config.py cpu_offloading), not modelled", ("false",)),
+    "cpu-offloading-num-layers": ("offloads that many layers' activations to the host, not modelled", ("0",)),
+    "cpu-offloading-activations": ("offloads activations to the host, not modelled", ("false",)),
+    "cpu-offloading-weights": ("offloads weights to the host, not modelled", ("false",)),
+    "fine-grained-activation-offloading": ("offloads chosen activations to the host, not modelled", ()),
+    "offload-modules": ("offloads those modules' activations to the host, not modelled", ()),
+    "overlap-moe-expert-parallel-comm": ("runs two micro-batches at once to hide the expert all-to-all "
+                                         "(EP A2A overlap), holding both of their activations; not modelled", ()),
+    "delay-wgrad-compute": ("keeps activations until the delayed weight-gradient GEMM, not modelled", ()),
+    "defer-embedding-wgrad-compute": ("keeps the output layer's inputs of several micro-batches for a deferred "
+                                      "weight gradient, not modelled", ()),
+    "enable-cuda-graph": ("CUDA graphs keep static input, output and workspace buffers per graph, not modelled", ()),
+    "external-cuda-graph": ("CUDA graphs keep static buffers per graph, not modelled", ()),
+    "cuda-graph-impl": ("CUDA graphs keep static buffers per graph, not modelled", ("none",)),
+    "cuda-graph-scope": ("CUDA graphs keep static buffers per graph, not modelled", ()),
+    "moe-enable-deepep": ("DeepEP allocates its own NVLink / RDMA dispatch buffers, not modelled", ()),
+    "moe-flex-dispatcher-backend": ("the flex dispatcher's DeepEP / HybridEP buffers are not modelled", ()),
+    "num-distributed-optimizer-instances": ("shards the optimizer within dp / N ranks only (partial "
+                                            "distributed optimizer), not read by this importer", ("1",)),
+    "outer-dp-sharding-strategy": ("hybrid FSDP's outer sharding is not read by this importer", ("no_shard",)),
+    "megatron-fsdp-main-params-dtype": ("Megatron-FSDP master-weight dtype, not modelled", ("fp32", "auto")),
+    "megatron-fsdp-main-grads-dtype": ("Megatron-FSDP main-gradient dtype, not modelled", ("auto", "fp32")),
+    "megatron-fsdp-grad-comm-dtype": ("Megatron-FSDP gradient-communication dtype, not modelled", ("auto", "fp32")),
+    "megatron-fsdp-max-pool-double-buffer": ("sizes Megatron-FSDP's double buffers by the largest layer, "
+                                             "not modelled", ()),
+    "fsdp-db-use-persist-buf-on-alloc-fail": ("falls back to persistent FSDP buffers, not modelled", ()),
+    "moe-layer-recompute": ("recomputes MoE layers, which memform's recompute modes do not express", ()),
+    "freeze-llm": ("frozen weights keep no gradients or optimizer states, not modelled", ()),
+    "freeze-vit": ("frozen weights keep no gradients or optimizer states, not modelled", ()),
+    "freeze-lm": ("frozen weights keep no gradients or optimizer states, not modelled", ()),
+    "loss-compute-mode": ("MindSpeed's chunked loss keeps part of the logits only, not modelled", ("default",)),
+    "interleave-sliding-window": ("sliding-window attention is not read by this importer", ()),
+    "full-attention-interval": ("linear (gated delta net) attention layers are not read by this importer", ()),
+    "use-triton-gdn": ("linear (gated delta net) attention layers are not read by this importer", ()),
+    "linear-attention-type": ("linear attention layers are not read by this importer", ()),
+    "mamba-num-groups": ("Mamba layers are not read by this importer", ()),
+    "mamba-state-dim": ("Mamba layers are not read by this importer", ()),
+    "mamba-head-dim": ("Mamba layers are not read by this importer", ()),
+    "mamba-expand": ("Mamba layers are not read by this importer", ()),
+    "mamba-d-conv": ("Mamba layers are not read by this importer", ()),
+    "mamba-chunk-size": ("Mamba layers are not read by this importer", ()),
+    "post-norm": ("post-norm layers (Gemma-2's extra norms) are not read by this importer", ()),
+    "is-hybrid-model": ("Mamba / hybrid layers are not read by this importer", ()),
+    "hybrid-override-pattern": ("Mamba / hybrid layers are not read by this importer", ()),
+    "hybrid-attention-ratio": ("Mamba / hybrid layers are not read by this importer", ("0", "0.0")),
+    "hybrid-mlp-ratio": ("Mamba / hybrid layers are not read by this importer", ("0", "0.0")),
+    "heterogeneous-layers-config-path": ("per-layer block configs are not read by this importer", ()),
+    "heterogeneous-layers-config-encoded-json": ("per-layer block configs are not read by this importer", ()),
+    "pipeline-model-parallel-layout": ("a custom pipeline layout is not read by this importer", ()),
+    "sliding-window-size": ("sliding-window attention is not read by this importer", ()),
+    "window-size": ("sliding-window attention is not read by this importer", ()),
+    "moe-router-topk-limited-devices-deprecated": ("not modelled", ()),
+    "extra-vocab-size": ("Pai-Megatron-Patch's vocabulary is the tokenizer's size + --extra-vocab-size "
+                         "(megatron_patch/tokenizer/__init__.py build_tokenizer), and memform does not open the "
+                         "tokenizer: pass --set model.vocab_size=N with the model's vocabulary", ("0",)),
+    # MindSpeed (Ascend/MindSpeed, MindSpeed-LLM) memory features
+    "swap-attention": ("MindSpeed swaps attention activations to the host, not modelled", ()),
+    "swap-optimizer": ("MindSpeed swaps optimizer states to the host, not modelled", ()),
+    "optimizer-offload-policy": ("Pai-Megatron-Patch's hybrid-Adam optimizer offload is not modelled", ()),
+    "recompute-activation-function": ("MindSpeed recomputes the MLP activation, not modelled", ()),
+    "recompute-norm": ("MindSpeed recomputes the norms, not modelled", ()),
+    "recompute-in-advance": ("MindSpeed's recompute scheduling is not modelled", ()),
+    "recompute-in-bubble": ("MindSpeed's recompute scheduling is not modelled", ()),
+    "enable-recompute-layers-per-pp-rank": ("changes which layers recompute, not modelled", ()),
+    "adaptive-recompute-device-swap": ("MindSpeed's adaptive recompute is not modelled", ()),
+    "adaptive-recompute-device-size": ("MindSpeed's adaptive recompute is not modelled", ()),
+    "adaptive-memory-optimization": ("MindSpeed's adaptive memory optimisation is not modelled", ()),
+    "moe-zero-memory": ("MindSpeed's MoE activation recompute is not modelled", ("disable",)),
+    "moe-fb-overlap": ("MindSpeed's forward/backward overlap holds two micro-batches, not modelled", ()),
+    "moe-tp-extend-ep": ("MindSpeed shards experts over tp × ep without tensor-splitting them, not modelled", ()),
+    "mtp-mem-efficient-logits": ("MindSpeed's memory-efficient MTP logits are not modelled", ()),
+    "o2-optimizer": ("MindSpeed's O2 keeps bf16 optimizer states, not modelled", ()),
+    "o2-gradient": ("MindSpeed's O2 keeps bf16 main gradients, not modelled", ()),
+    "use-ascend-mc2-deprecated": ("not modelled", ()),
+    "kv-head-repeat-before-uly-alltoall": ("repeats KV heads before the Ulysses all-to-all, not modelled", ()),
+    "mla-mm-split": ("MindSpeed's split MLA matmuls are not modelled", ()),
+    "enable-mla-absorb": ("MLA weight absorption is not modelled", ()),
+}
+
+#: families of neutral arguments, by prefix (the same reasons as NEUTRAL's groups)
+NEUTRAL_PREFIXES = ("log-", "tensorboard-", "wandb-", "ckpt-", "dist-ckpt-", "non-persistent-", "async-ckpt-",
+                    "flight-recorder-", "one-logger-", "straggler-", "pytorch-profiler-", "inprocess-", "ft-",
+                    "msc-", "eval-", "tiktoken-", "lr-", "adam-", "rope-scaling-", "fp8-amax-", "exit-",
+                    "no-load-", "no-save-", "save-", "wsd-", "profile-", "nsys-", "rerun-", "error-injection-",
+                    "muon-", "workload-inspector-", "data-cache-", "mock-", "ddp-", "reset-",
+                    # the userbuffer settings of --tp-comm-overlap, which is refused itself (REFUSED)
+                    "tp-comm-")
+
+#: Megatron-LM launchers of other model families, whose layers the GPT arguments here do not describe
+OTHER_MODELS = {"pretrain_bert.py": "BERT (encoder with a pooler and a binary head)",
+                "pretrain_t5.py": "T5 (encoder-decoder)", "pretrain_mamba.py": "Mamba / hybrid models",
+                "pretrain_hybrid.py": "Mamba / hybrid models", "pretrain_retro.py": "RETRO",
+                "pretrain_ict.py": "ICT retriever", "pretrain_vlm.py": "vision-language models",
+                "pretrain_vision_classify.py": "vision models", "pretrain_vision_dino.py": "vision models",
+                "pretrain_vision_inpaint.py": "vision models"}
 
 #: Megatron-LM's multi-latent-attention defaults (arguments.py, "_add_mla_args" group)
 MLA_DEFAULTS = {"kv-lora-rank": 32, "qk-head-dim": 128, "qk-pos-emb-head-dim": 64, "v-head-dim": 128}
@@ -70,7 +306,8 @@ FLAGS = {"bf16", "fp16", "swiglu", "group-query-attention", "disable-bias-linear
          "no-bias-swiglu-fusion", "no-rope-fusion", "no-masked-softmax-fusion", "use-legacy-models",
          "no-gradient-accumulation-fusion", "optimizer-cpu-offload",
          "activation-func-fp8-input-store", "account-for-embedding-in-pipeline-split",
-         "account-for-loss-in-pipeline-split"}
+         "account-for-loss-in-pipeline-split", "use-megatron-fsdp", "use-custom-fsdp", "use-torch-fsdp2",
+         "reuse-fp32-param", "shared-expert-gate", "no-position-embedding", "tp-comm-overlap"}
 
 #: the memform key an argument decides, for the ``--set`` a message suggests
 ARG_KEYS = {
@@ -130,11 +367,12 @@ def read_arguments(path: Path) -> tuple[dict[str, Any], int | None, list[str]]:
     return source.args, source.devices, source.warnings
 
 
-def read_sources(paths: list[Path]) -> Source:
+def read_sources(paths: list[Path], positional: list[str] | None = None) -> Source:
     """Follow the files in order, as one shell session (variables set in one are seen by the next):
     each gives the arguments of its ``*.py`` launcher command, or, without one, its own words
-    (an arguments file: one per line, or shell-style)."""
-    shell = Shell()
+    (an arguments file: one per line, or shell-style). ``positional``: the scripts' own arguments
+    (``--args``), None when none were given (``$1`` without a default is then unknown)."""
+    shell = Shell(positional)
     source = Source()
     for path in paths:
         args, devices, warnings, lines = _read_one(Path(path), shell)
@@ -183,6 +421,11 @@ def _read_one(path: Path, shell: Shell) -> tuple[dict[str, Any], int | None, lis
     devices = None
     if launcher is not None:
         command, at = launcher
+        name = Path(command.words[at].text).name
+        if name in OTHER_MODELS:
+            raise MemformError(f"{path}:{command.line}: runs {name}, Megatron-LM's {OTHER_MODELS[name]}: this "
+                               f"importer reads the arguments of GPT-style decoders (pretrain_gpt.py and the "
+                               f"MindSpeed-LLM / Pai-Megatron-Patch launchers built on it) only")
         words = command.words[at + 1:]
         devices = _devices(path, command.words[:at], warnings)
     else:
@@ -287,6 +530,12 @@ def _options(words: list[Word]) -> tuple[dict[str, Any], list[Word], dict[str, i
         if key is None or not word.known and key in FLAGS:
             strays.append(word)
             continue
+        if not word.known and out[key] is not True and len(word.refs) == 1 and word.refs[0].kind == "environment" \
+                and re.fullmatch(r"\$\{?\w+\}?", word.text):
+            # an unset variable after an option that has its value (``--moe-layer-freq X ${offload_option}``):
+            # a bundle of options the script did not set (bash expands it to nothing), not a second value
+            strays.append(word)
+            continue
         value = tok if word.known else Unknown.of(word)
         current = out[key]
         out[key] = value if current is True else (current + [value] if isinstance(current, list) else [current, value])
@@ -340,7 +589,12 @@ def unknown_error(key: str, value: Any, memform_key: str | None) -> MemformError
 MULTI_FILE = True
 
 
-def convert(path: Path | list[Path], draft: Draft, given: set[str] | Mapping[str, Any]) -> int | None:
+#: ``memform import megatron --args "..."`` passes the script's positional arguments
+TAKES_ARGS = True
+
+
+def convert(path: Path | list[Path], draft: Draft, given: set[str] | Mapping[str, Any],
+            args: list[str] | None = None) -> int | None:
     """Fill ``draft`` from Megatron-LM arguments; returns the device count a launcher line gives.
 
     ``path`` is one file or a list of them (launch scripts, arguments files, files of variable
@@ -349,7 +603,7 @@ def convert(path: Path | list[Path], draft: Draft, given: set[str] | Mapping[str
     them to their values lets ``--set`` stand in for an argument whose value the script leaves unknown).
     """
     paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
-    source = read_sources(paths)
+    source = read_sources(paths, args)
     for w in source.warnings:
         draft.warn(_local(w, paths))
     shown = paths[0] if len(paths) == 1 else Path(", ".join(str(p) for p in paths))
@@ -420,7 +674,9 @@ def convert(path: Path | list[Path], draft: Draft, given: set[str] | Mapping[str
     # or add_qkv_bias); qk_layernorm: q/k norms of the head size, per head (attention.py q_layernorm)
     if f.boolean("add-qkv-bias", False):
         draft.set("model.qkv_bias", True, "--add-qkv-bias")
-    if f.boolean("qk-layernorm", False):
+    if f.boolean("qk-layernorm", False) and not f.boolean("multi-latent-attention", False):
+        # (with MLA, --qk-layernorm norms the query and key/value latents -- multi_latent_attention.py
+        # q_layernorm / kv_layernorm --, which mla.mf counts)
         draft.set("model.qk_norm", True, "--qk-layernorm (per head, Megatron-Core)")
     _moe(f, draft)
     _mla(f, draft)
@@ -430,17 +686,171 @@ def convert(path: Path | list[Path], draft: Draft, given: set[str] | Mapping[str
 
     _strategy(f, draft, L, tp)
     _training(f, draft)
-    unknown: dict[tuple[str, str], list[str]] = {}
-    for key in f.unused():
-        if _is_unknown(source.args[key]):
-            value = source.args[key]
-            ref = (value if isinstance(value, Unknown) else next(v for v in value if isinstance(v, Unknown))).refs[0]
-            unknown.setdefault((ref.describe(), f"{ref.file}:{ref.line}"), []).append(f"--{key}")
-        elif not key.startswith(IGNORED_PREFIXES):
-            draft.warn(f"argument '--{key}' is not used by memform (ignored)")
-    for (what, where), keys in unknown.items():
-        draft.warn(_local(f"{where}: {what} left {', '.join(keys)} unknown (not used by memform)", paths))
+    _mindspeed(f, draft)
+    _unread(f, draft, source.args)
     return devices
+
+
+#: MindSpeed's --context-parallel-algo (mindspeed/arguments.py: ulysses_cp_algo, megatron_cp_algo,
+#: hybrid_cp_algo, adaptive_cp_algo, hybrid_adaptive_cp_algo) -> memform's parallel.cp_algo; the ring of
+#: Megatron (megatron_cp_algo) and DeepSpeed-Ulysses (ulysses_cp_algo) are the ones memform models
+MINDSPEED_CP = {"megatron_cp_algo": "ring", "ulysses_cp_algo": "ulysses"}
+
+
+def _mindspeed(f: "ScriptFields", draft: Draft) -> None:
+    """Arguments MindSpeed-LLM (Ascend) and Pai-Megatron-Patch add to Megatron-LM's parser, where they
+    change the model or the memory in ways memform's keys express."""
+    # MindSpeed-LLM mindspeed_llm/core/transformer/moe/moe_layer.py: the shared experts are one MLP of
+    # n_shared_experts × --moe-ffn-hidden-size; features_manager/moe/shared_expert.py --shared-expert-gate
+    if "model.num_experts" in draft:
+        shared = f.integer("n-shared-experts", None, minimum=0)
+        if shared:
+            draft.set("model.num_shared_experts", shared, "--n-shared-experts (MindSpeed-LLM: one shared MLP of "
+                      "n × --moe-ffn-hidden-size)")
+            draft.entries.pop("model.shared_expert_ffn_hidden_size", None)
+        if f.boolean("shared-expert-gate", False):
+            draft.set("model.shared_expert_gate", True, "--shared-expert-gate (MindSpeed-LLM)")
+        # mindspeed_llm/core/transformer/transformer_block.py _transformer_block_build_layers: layer i (0-based)
+        # is MoE when i >= first_k_dense_replace and i % moe_layer_freq == 0, dense (--ffn-hidden-size) otherwise
+        k = f.integer("first-k-dense-replace", None, minimum=-(2 ** 31))
+        # a negative k (MindSpeed-LLM scripts pass -1) makes no layer dense: i >= k for every i
+        if k is not None and k > 0:
+            if "model.first_k_dense" in draft or isinstance(draft.get("model.moe_layer_freq"), list):
+                raise f.error("first-k-dense-replace", "cannot be combined with a --moe-layer-freq list")
+            if k >= draft.get("model.num_layers"):
+                raise f.error("first-k-dense-replace", f"({k}) must be less than --num-layers "
+                                                       f"(MindSpeed-LLM asserts the same)")
+            draft.set("model.first_k_dense", k, "--first-k-dense-replace (MindSpeed-LLM)")
+    else:
+        f.used.update(("n-shared-experts", "shared-expert-gate", "first-k-dense-replace"))
+    # mindspeed_llm/features_manager/pipeline_parallel/num_layer_list.py: --num-layer-list "4,4,5,3", the
+    # layers of each pipeline stage (core/transformer/transformer_block.py: num_layer_list[pp_stage])
+    if f.has("num-layer-list"):
+        raw = f.raw("num-layer-list")
+        text = raw if isinstance(raw, str) else ",".join(map(str, raw)) if isinstance(raw, list) else str(raw)
+        try:
+            split = [int(x) for x in text.replace(" ", "").split(",") if x]
+        except ValueError:
+            raise f.error("num-layer-list", f"must be comma-separated layer counts such as 4,4,4,4, got {text!r}") \
+                from None
+        pp, layers = draft.get("parallel.pp"), draft.get("model.num_layers")
+        if len(split) != pp or sum(split) != layers or min(split) < 0:
+            raise f.error("num-layer-list", f"{text} must give one layer count per pipeline stage ({pp}) adding up "
+                                            f"to --num-layers {layers}")
+        if draft.get("parallel.vpp", 1) > 1:
+            raise f.error("num-layer-list", "with virtual pipeline stages is not read by memform")
+        if pp > 1:
+            draft.set("parallel.stage_layers", split, "--num-layer-list (MindSpeed-LLM)")
+    _noop_layers(f, draft)
+    # --reuse-fp32-param (MindSpeed mindspeed/features_manager/memory/reuse_fp32_param.py, "the distributed
+    # optimizer frees up param copies of FP32"): each fp32 master is the bf16 parameter (its high 16 bits) and a
+    # 16-bit remainder in one buffer -- what Transformer Engine's store_param_remainders does, so the profile's
+    # precision-aware optimizer with fp32 masters and moments counts it (megatron-core.mf pao_master_bytes)
+    if f.boolean("reuse-fp32-param", False):
+        if draft.get("training.precision.params") != "bf16" or not draft.get("parallel.distributed_optimizer"):
+            raise f.error("reuse-fp32-param", "needs --bf16 and --use-distributed-optimizer (MindSpeed asserts both)")
+        if draft.get("megatron.precision_aware_optimizer"):
+            raise f.error("reuse-fp32-param", "cannot be combined with --use-precision-aware-optimizer")
+        draft.set("megatron.precision_aware_optimizer", True, "--reuse-fp32-param: fp32 masters as the bf16 "
+                  "parameter + a 16-bit remainder (as TE's store_param_remainders)")
+        for key in ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+            draft.set(f"megatron.{key}", "fp32", "--reuse-fp32-param keeps fp32 masters and Adam moments")
+        draft.set("megatron.store_param_remainders", True, "--reuse-fp32-param")
+    algo = f.string("context-parallel-algo", None)
+    if algo is not None and draft.get("parallel.cp", 1) > 1:
+        if algo not in MINDSPEED_CP:
+            raise f.error("context-parallel-algo", f"{algo} is not modelled (memform models megatron_cp_algo, "
+                                                   f"the ring, and ulysses_cp_algo)")
+        draft.set("parallel.cp_algo", MINDSPEED_CP[algo], f"--context-parallel-algo {algo} (MindSpeed)")
+    # Pai-Megatron-Patch --max-padding-length: SFT samples are padded to it, then cut to --seq-length
+    # (megatron_patch/data: the sequence the model sees is at most --seq-length, which sizes the activations)
+    pad = f.integer("max-padding-length", None)
+    if pad is not None and pad > draft.get("model.seq_length"):
+        raise f.error("max-padding-length", f"{pad} exceeds --seq-length {draft.get('model.seq_length')}: "
+                                            f"memform cannot tell which length the samples have")
+
+
+#: arguments only MindSpeed / MindSpeed-LLM define: a script with one of them runs on MindSpeed
+MINDSPEED_ONLY = ("use-fused-rmsnorm", "use-fused-swiglu", "use-fused-rotary-pos-emb", "shape-order",
+                  "tokenizer-name-or-path", "handler-name", "use-ascend-coc", "reuse-fp32-param", "n-shared-experts",
+                  "first-k-dense-replace", "num-layer-list", "context-parallel-algo", "model-type-hf",
+                  "enable-hf2mg-convert", "moe-permutation-async-comm", "moe-alltoall-overlap-comm")
+
+
+def _mindspeed_script(f: Fields) -> bool:
+    return any(key in f.data for key in MINDSPEED_ONLY) or str(f.data.get("spec", "")).startswith("mindspeed")
+
+
+def _noop_layers(f: "ScriptFields", draft: Draft) -> None:
+    """MindSpeed-LLM's --noop-layers "61,62,63": those (0-based) layers are identities, without weights or
+    activations (mindspeed_llm/core/transformer/transformer_block.py builds NoopTransformerLayer for them),
+    there to pad --num-layers to an even pipeline split. When they are the last layers -- the use in
+    MindSpeed-LLM's DeepSeek-V3 scripts -- the model is the first L - n layers and each pipeline stage holds
+    its share less the no-op layers in its range; no-op layers elsewhere are refused."""
+    if not f.has("noop-layers"):
+        return
+    raw = f.raw("noop-layers")
+    text = raw if isinstance(raw, str) else ",".join(map(str, raw)) if isinstance(raw, list) else str(raw)
+    try:
+        noop = sorted({int(x) for x in text.replace(" ", "").split(",") if x})
+    except ValueError:
+        raise f.error("noop-layers", f"must be comma-separated layer numbers such as 61,62,63, got {text!r}") from None
+    layers = draft.get("model.num_layers")
+    if not noop or noop != list(range(layers - len(noop), layers)):
+        raise f.error("noop-layers", f"is {text}: no-op layers other than the last ones of --num-layers {layers} "
+                                     f"shift the model's layer pattern, which memform does not model")
+    pp, vpp = draft.get("parallel.pp"), draft.get("parallel.vpp", 1)
+    if vpp > 1:
+        # virtual stages hold layers round-robin: the last ones are the last stage's last chunk, which memform
+        # fills last (its chunks take a stage's layers first-come)
+        per_chunk = divide(layers, pp * vpp, "--num-layers over pp × vpp pipeline chunks", f.file)
+        if len(noop) > per_chunk or draft.get("parallel.stage_layers") is not None:
+            raise f.error("noop-layers", f"is {text}: with virtual pipeline stages memform reads no-op layers "
+                                         f"within the last chunk ({per_chunk} layers) only")
+    split = draft.get("parallel.stage_layers") or [divide(layers, pp, "--num-layers over the pipeline stages",
+                                                          f.file)] * pp
+    starts = [sum(split[:i]) for i in range(pp)]
+    real = [n - sum(1 for x in noop if start <= x < start + n) for start, n in zip(starts, split)]
+    if isinstance(draft.get("model.moe_layer_freq"), list):
+        raise f.error("noop-layers", "with a --moe-layer-freq list is not read by memform")
+    draft.set("model.num_layers", layers - len(noop),
+              f"--num-layers {layers} less --noop-layers {text} (MindSpeed-LLM)")
+    if pp > 1:
+        draft.set("parallel.stage_layers", real, f"the pipeline split of {layers} layers less the no-op ones "
+                                                 f"(--noop-layers {text})")
+
+
+def _neutral_value(value: Any, neutral: tuple[str, ...]) -> bool:
+    """Whether a REFUSED argument's value is one at which it changes nothing (``--x false``, ``--x 0``)."""
+    if _is_unknown(value):
+        return False
+    text = "true" if value is True else " ".join(value) if isinstance(value, list) else str(value)
+    return text.strip().lower() in neutral
+
+
+def _unread(f: "ScriptFields", draft: Draft, args: Mapping[str, Any]) -> None:
+    """Every argument memform did not read: memory-neutral (NEUTRAL, with its reason), refused outright
+    (REFUSED: it changes memory in a way memform does not model), or -- unknown to memform -- refused at the
+    end of the import unless ``--accept`` vouches for it (Draft.refuse_unread). A value the script leaves
+    unknown does not matter for a neutral argument; for the others it is treated as set."""
+    for key in f.unused():
+        if key in REFUSED:
+            why, neutral = REFUSED[key]
+            if _neutral_value(args[key], neutral):
+                continue
+            value = args[key]
+            shown = "is set" if value is True else \
+                f"is {value if isinstance(value, str) else ' '.join(map(str, value))}"
+            if _is_unknown(value):
+                unknown = value if isinstance(value, Unknown) else next(v for v in value if isinstance(v, Unknown))
+                shown += f" ({unknown.refs[0].describe()}: memform cannot tell whether it is one of its neutral " \
+                         f"values{', ' + ', '.join(neutral) if neutral else ''})"
+            raise f.error(key, f"{shown}: {why}; memform refuses the import rather than give an "
+                               f"estimate that leaves it out (remove it from the script to estimate the job "
+                               f"without it)")
+        if key in NEUTRAL or key.startswith(NEUTRAL_PREFIXES):
+            continue
+        draft.refuse_unread(f"--{key}")
 
 
 def _local(message: str, paths: list[Path]) -> str:
@@ -455,15 +865,26 @@ def _vocab(f: Fields, draft: Draft, tp: int, given: Any) -> None:
     """The padded vocabulary Megatron-LM allocates (megatron/training/tokenizer/tokenizer.py:
     ``build_tokenizer`` takes the tokenizer's ``vocab_size`` and pads it with
     ``_vocab_size_with_padding`` to a multiple of --make-vocab-size-divisible-by (default 128) × tp)."""
-    if "model.vocab_size" in given:
-        f.used.update(("vocab-size", "padded-vocab-size", "make-vocab-size-divisible-by", "tokenizer-type"))
-        return
     divisible = f.integer("make-vocab-size-divisible-by", 128)
+    if "model.vocab_size" in given:
+        # --set model.vocab_size=N is the tokenizer's size; adjust() pads it as Megatron would
+        f.used.update(("vocab-size", "padded-vocab-size", "tokenizer-type", "extra-vocab-size"))
+        draft.vocab_divisible = divisible  # type: ignore[attr-defined]
+        return
     if f.has("padded-vocab-size"):
+        # TokenizerConfig.padded_vocab_size: given, it replaces the padded size (no further padding)
         draft.set("model.vocab_size", f.integer("padded-vocab-size"), "--padded-vocab-size")
+        f.used.update(("vocab-size", "tokenizer-type"))
         return
     kind = f.string("tokenizer-type", None)
     size = f.integer("vocab-size", None)
+    if kind is None and f.has("vocab-file") and f.has("merge-file") and size is None:
+        # a BPE merge file and no --tokenizer-type: GPT-2's BPE, the vocabulary Megatron-LM's examples/gpt3
+        # script names (gpt2-vocab.json, gpt2-merges.txt) and GPT2BPETokenizer reads (tokenizer.py, MEGATRON_TOKENIZERS)
+        kind = "GPT2BPETokenizer"
+        f.used.update(("vocab-file", "merge-file"))
+        draft.warn("--vocab-file and --merge-file without --tokenizer-type: read as GPT-2's BPE vocabulary "
+                   "(GPT2BPETokenizer, 50257 tokens); pass --set model.vocab_size=N for another BPE vocabulary")
     if kind == "NullTokenizer":
         if size is None:
             raise f.missing("vocab-size", " (--tokenizer-type NullTokenizer takes its size from it)")
@@ -485,6 +906,13 @@ def _vocab(f: Fields, draft: Draft, tp: int, given: Any) -> None:
                        f"(--tokenizer-model / --vocab-file), which memform does not open; used --vocab-size "
                        f"{size} (Megatron ignores it for this tokenizer): check it, or pass "
                        f"--set model.vocab_size=N with the padded size")
+    elif f.has("patch-tokenizer-type"):
+        extra = f.raw("extra-vocab-size", 0)
+        raise f.missing("vocab-size", f" (Pai-Megatron-Patch's --patch-tokenizer-type {f.raw('patch-tokenizer-type')} "
+                                      f"makes it the tokenizer's size + --extra-vocab-size {extra} "
+                                      f"(megatron_patch/tokenizer/__init__.py build_tokenizer), and memform does not "
+                                      f"open the tokenizer: pass --set model.vocab_size=N with the model's "
+                                      f"vocabulary, e.g. its Hugging Face config.json vocab_size)")
     else:
         what = f"--tokenizer-type {kind} reads" if kind else "Megatron reads"
         raise f.missing("vocab-size", f" ({what} the vocabulary size from the tokenizer files, which memform "
@@ -492,6 +920,24 @@ def _vocab(f: Fields, draft: Draft, tp: int, given: Any) -> None:
     padded = pad_vocab(vocab, divisible, tp)
     draft.set("model.vocab_size", padded, f"{where} {vocab} padded to a multiple of "
               f"--make-vocab-size-divisible-by {divisible} × tp {tp}")
+
+
+def adjust(draft: Draft, overrides: Mapping[str, Any]) -> None:
+    """After ``--set``: a ``model.vocab_size`` given on the command line is the tokenizer's size, padded as
+    Megatron-LM pads it (megatron/training/vocab_utils.py ``_vocab_size_with_padding``: to a multiple of
+    --make-vocab-size-divisible-by × tp, the tp the config ends with)."""
+    if "model.vocab_size" not in overrides:
+        return
+    vocab = overrides["model.vocab_size"]
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+        raise MemformError(f"--set model.vocab_size must be a positive integer, got {vocab!r}")
+    divisible = getattr(draft, "vocab_divisible", 128)
+    tp = draft.get("parallel.tp", 1)
+    if not isinstance(tp, int) or tp < 1:
+        return
+    padded = pad_vocab(vocab, divisible, tp)
+    draft.set("model.vocab_size", padded, f"--set model.vocab_size={vocab}, padded as Megatron pads it: to a "
+              f"multiple of --make-vocab-size-divisible-by {divisible} × tp {tp}")
 
 
 def _attention_kernel(f: Fields, draft: Draft) -> None:
@@ -514,7 +960,12 @@ def _unfused_kernels(f: Fields, draft: Draft, swiglu: bool) -> None:
         # models/gpt/gpt_layer_specs.py get_gpt_layer_local_spec: DotProductAttention, Megatron's own
         # linears, torch (or Apex) norms
         draft.set("megatron.transformer_impl", "local", "--transformer-impl local")
-        if draft.get("model.flash_attention"):
+        if draft.get("model.flash_attention") and f.boolean("use-flash-attn", False) and _mindspeed_script(f):
+            # MindSpeed replaces the local core attention with the NPU's fused attention under --use-flash-attn
+            # (mindspeed/core/transformer/dot_product_attention.py, dot_product_attention_forward_wrapper)
+            draft.set("model.flash_attention", True, "--use-flash-attn with --transformer-impl local: MindSpeed's "
+                      "fused attention (npu_fusion_attention)")
+        elif draft.get("model.flash_attention"):
             draft.set("model.flash_attention", False, "--transformer-impl local: the local spec's core is "
                       "DotProductAttention, unfused, whatever the attention backend")
     elif impl not in ("transformer_engine", "inference_optimized"):
@@ -538,6 +989,11 @@ def _positions(f: Fields, draft: Draft) -> None:
     if kind is None and f.boolean("use-rotary-position-embeddings", False):
         kind = "rope"
     kind = kind or "learned_absolute"
+    if f.boolean("no-position-embedding", False) and kind != "rope":
+        # arguments.py validate_args: "--no-position-embedding is deprecated, use --position-embedding-type"
+        # (a RuntimeError unless the type is rope, where the flag changes nothing)
+        raise f.error("no-position-embedding", f"with --position-embedding-type {kind} is refused by Megatron-LM "
+                                               f"(deprecated: use --position-embedding-type)")
     if kind in ("rope", "mrope", "yarn"):
         draft.set("model.position_embedding", "rope", f"--position-embedding-type {kind}")
     elif kind == "learned_absolute":
@@ -594,8 +1050,12 @@ def _layer_freq(f: Fields, draft: Draft, layers: int) -> None:
     text = "".join(raw) if isinstance(raw, list) else str(raw).strip()
     if re.fullmatch(r"-?\d+", text):
         every = int(text)
+        if every < 0:
+            # MindSpeed-LLM scripts pass -1: Megatron's test i % N == 0 is Python's, true for every i when
+            # N = -1, and the same as i % |N| == 0 for any negative N
+            every = -every
         if every < 1:
-            raise f.error("moe-layer-freq", f"must be a positive integer or a list of 0/1, got {text}")
+            raise f.error("moe-layer-freq", f"must be a non-zero integer or a list of 0/1, got {text}")
         if every != 1:
             draft.set("model.moe_layer_freq", every, f"--moe-layer-freq {every}: layer i is MoE when i % {every} == 0")
         return
@@ -672,9 +1132,37 @@ def _strategy(f: Fields, draft: Draft, layers: int, tp: int) -> None:
         draft.set(key, on, f"--{arg}" if on else f"no --{arg}")
     _overlap(f, draft)
     _optimizer_offload(f, draft)
-    if f.raw("use-torch-fsdp2") or f.raw("use-custom-fsdp"):
-        draft.warn("FSDP (--use-torch-fsdp2 / --use-custom-fsdp) is imported as the distributed optimizer "
-                   "only; set parallel.zero: 3 for fully sharded parameters")
+    _fsdp(f, draft)
+
+
+#: --data-parallel-sharding-strategy (arguments.py _add_distributed_args, choices no_shard, optim, optim_grads,
+#: optim_grads_params; default optim_grads_params) as the ZeRO stage whose sharding it is (Megatron-LM
+#: megatron/core/distributed/fsdp/src/megatron_fsdp: "optim" shards the optimizer states, "optim_grads" also
+#: the gradients, "optim_grads_params" also the parameters, as ZeRO-1/2/3 do, Rajbhandari et al. 2020)
+FSDP_ZERO = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+
+
+def _fsdp(f: Fields, draft: Draft) -> None:
+    """--use-megatron-fsdp (--use-custom-fsdp before Megatron-Core 0.14) with its sharding strategy, and
+    --use-torch-fsdp2 (torch fully_shard: parameters, gradients and optimizer states sharded, ZeRO-3), as
+    parallel.zero, which common.mf shards over dp × cp."""
+    megatron_fsdp = f.boolean("use-megatron-fsdp", False) or f.boolean("use-custom-fsdp", False)
+    if megatron_fsdp:
+        flag = "--use-megatron-fsdp" if f.boolean("use-megatron-fsdp", False) else "--use-custom-fsdp"
+        strategy = f.string("data-parallel-sharding-strategy", "optim_grads_params")
+        if strategy not in FSDP_ZERO:
+            raise f.error("data-parallel-sharding-strategy", f"must be one of {', '.join(FSDP_ZERO)}, got {strategy!r}")
+        zero = FSDP_ZERO[strategy]
+        draft.set("parallel.zero", zero, f"{flag} --data-parallel-sharding-strategy {strategy}"
+                  + ("" if f.has("data-parallel-sharding-strategy") else " (Megatron's default)")
+                  + f": ZeRO-{zero} sharding over dp × cp")
+        if f.boolean("use-torch-fsdp2", False):
+            raise f.error("use-torch-fsdp2", f"cannot be combined with {flag} (Megatron asserts the same)")
+    elif f.boolean("use-torch-fsdp2", False):
+        draft.set("parallel.zero", 3, "--use-torch-fsdp2: torch fully_shard shards parameters, gradients and "
+                                      "optimizer states over dp × cp (ZeRO-3)")
+    elif f.has("data-parallel-sharding-strategy"):
+        draft.warn("--data-parallel-sharding-strategy has no effect without --use-megatron-fsdp (ignored)")
 
 
 def _account_for(f: Fields, draft: Draft, layers: int, pp: int, *, uneven: bool) -> None:

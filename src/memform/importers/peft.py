@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from ..errors import MemformError
-from .draft import Draft, Fields, describe
+from .draft import Draft, Fields, describe, read_json
 
 #: memform's LoRA keys (formulas/common.mf), each with the module names that mean it: transformers'
 #: Llama / Mistral / Qwen / Gemma (q_proj ...), Mixtral's experts (w1 gate, w3 up, w2 down), GPT-NeoX /
@@ -28,29 +28,46 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "up_proj": ("up_proj", "w3", "fc1", "dense_h_to_4h"),
     "down_proj": ("down_proj", "w2", "fc2", "dense_4h_to_h"),
 }
-#: fields that do not change training memory
-IGNORED = frozenset({
-    "peft_type", "task_type", "base_model_name_or_path", "revision", "inference_mode", "lora_alpha",
-    "use_rslora", "init_lora_weights", "fan_in_fan_out", "auto_mapping", "alpha_pattern", "peft_version",
-    "target_modules", "r", "lora_dropout", "modules_to_save", "use_dora", "bias", "rank_pattern",
-    "layers_to_transform", "layers_pattern", "exclude_modules", "lora_bias", "megatron_config",
-    "megatron_core", "loftq_config", "eva_config", "corda_config", "runtime_config", "layer_replication",
-    "trainable_token_indices", "target_parameters", "use_qalora", "qalora_group_size", "arrow_config",
-    "ensure_weight_tying", "alora_invocation_tokens", "kasa_config", "lora_ga_config", "monteclora_config",
-    "use_bdlora", "velora_config",
-})
+#: fields that cannot change training memory, each with the reason; every other field is read (r,
+#: target_modules, lora_dropout), checked against MUST_BE, or refused at the end of the import unless
+#: ``--accept`` names it (Draft.refuse_unused)
+_INIT = "how the adapters are initialised (same tensors)"
+NEUTRAL: dict[str, str] = {
+    "peft_type": "read: LORA only", "task_type": "the model head PEFT wraps (a causal LM's own head)",
+    "base_model_name_or_path": "provenance", "revision": "provenance", "peft_version": "provenance",
+    "auto_mapping": "provenance (the PEFT class that saved it)",
+    "inference_mode": "true in saved adapters; training sets it false (memform sizes training)",
+    "lora_alpha": "a scale on the adapter output (alpha / r): multiplies, no tensor",
+    "alpha_pattern": "per-module alpha scales: multiply, no tensor",
+    "use_rslora": "the scale alpha / sqrt(r) instead of alpha / r: no tensor",
+    "init_lora_weights": _INIT, "loftq_config": _INIT, "eva_config": _INIT, "corda_config": _INIT,
+    "lora_ga_config": _INIT,
+    "fan_in_fan_out": "weight layout of GPT-2's Conv1D (the adapter shapes are the same)",
+    "runtime_config": "runtime switches not saved with the model (ephemeral GPU offload)",
+    "layers_pattern": "the name of the layer list; only used with layers_to_transform (must be empty)",
+    "megatron_config": "Megatron-Core LoRA layers: the same A and B matrices",
+    "megatron_core": "the Megatron-Core module name (see megatron_config)",
+    "ensure_weight_tying": "ties adapters on tied embeddings (no adapters on embeddings are sized)",
+    "alora_invocation_tokens": "activated-LoRA token ids (no tensor)",
+    "qalora_group_size": "used only with use_qalora (must be false)",
+    "arrow_config": "Arrow routing between several adapters: null for one LoRA adapter",
+}
 #: fields that, set to anything but these values, train something the lora keys do not describe
 MUST_BE: dict[str, tuple[object, ...]] = {
     "use_dora": (False, None), "bias": ("none", None), "modules_to_save": (None, []), "rank_pattern": ({}, None),
     "layers_to_transform": (None, []), "lora_bias": (False, None), "trainable_token_indices": (None, {}, []),
     "target_parameters": (None, []), "layer_replication": (None, []), "use_qalora": (False, None),
     "use_bdlora": (None, False), "kasa_config": (None,), "monteclora_config": (None,), "velora_config": (None,),
+    # LoraConfig.exclude_modules: modules left out of target_modules -- fewer adapters than memform would count
+    "exclude_modules": (None, [], ""),
+    # several adapters routed per token (peft/tuners/lora/arrow.py): more adapters than one
+    "arrow_config": (None,),
 }
 
 
-def convert(path: Path, draft: Draft, read_json) -> None:  # noqa: ANN001 - hf.read_json
+def convert(path: Path, draft: Draft) -> None:
     """Set ``draft``'s ``lora.*`` keys from the adapter_config.json at ``path``."""
-    cfg = Fields(read_json(path), path)
+    cfg = Fields(read_json(path, "adapter_config.json"), path)
     kind = cfg.string("peft_type", "LORA")
     if kind.upper() != "LORA":
         raise cfg.error("peft_type", f"is {kind!r}: memform sizes LoRA adapters only (peft_type LORA)")
@@ -61,11 +78,11 @@ def convert(path: Path, draft: Draft, read_json) -> None:  # noqa: ANN001 - hf.r
                                  f"(allowed: {', '.join(json.dumps(a) for a in allowed)})")
     r = cfg.integer("r", minimum=1)
     draft.set("lora.rank", r, f"r ({path.name})")
-    draft.set("lora.dropout", float(cfg.raw("lora_dropout", 0.0) or 0.0), "lora_dropout")
+    draft.set("lora.dropout", float(cfg.number("lora_dropout", 0.0)), "lora_dropout")
     on = _targets(cfg)
     for key in TARGETS:
         draft.set(f"lora.{key}", key in on, "target_modules")
-    draft.warn_unused(cfg, IGNORED)
+    draft.refuse_unused(cfg, NEUTRAL)
 
 
 def _targets(cfg: Fields) -> set[str]:

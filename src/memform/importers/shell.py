@@ -13,6 +13,13 @@ continuations, positions). bashlex does not parse bash arrays (``A=( ... )``, ``
 (same length, same lines) and remembers them; every word is then expanded from the original
 text at bashlex's position, so quoting and line numbers are exact.
 
+bashlex does not parse ``case`` either, nor quotes nested in a quoted command substitution
+(``"$( cd "$( dirname "$0" )" && pwd )"``): the mask blanks each ``case ... esac`` into a ``:``
+command and keeps its arms' offsets (an arm's body is parsed on its own, everything else blanked),
+and blanks the inside of every ``$(...)``. ``while``/``until`` loops are followed while their
+condition is known (an argument loop ``while [[ $# -gt 0 ]]; do case $1 in ...`` runs over the
+arguments a :class:`Shell` is given; without them ``$#`` is unknown and the loop is not run).
+
 What is not known without running the script (an environment variable the script does not set,
 ``$1`` without a default, ``$(cmd)``) stays in the expanded word as a :class:`Ref`; conditions
 that depend on one are decided as bash would in a clean environment (unset = empty), with a
@@ -22,6 +29,7 @@ warning naming the variable.
 from __future__ import annotations
 
 import ast as pyast
+import fnmatch
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,11 +121,26 @@ class _Seg:
 
 
 class Shell:
-    """Variables (scalars are :class:`Word`, arrays lists of them) shared by the files of one import."""
+    """Variables (scalars are :class:`Word`, arrays lists of them) shared by the files of one import.
 
-    def __init__(self) -> None:
+    ``positional``: the script's own arguments (``memform import megatron --args "a b c"``): ``$1``..,
+    ``$#``, ``$@`` and ``shift`` then follow them; None (the default) leaves ``$1`` without a default
+    unknown, as memform cannot know what the script would be given."""
+
+    def __init__(self, positional: list[str] | None = None) -> None:
         self.vars: dict[str, Word | list[Word]] = {}
         self.functions: dict[str, object] = {}
+        self.positional: list[str] | None = None
+        if positional is not None:
+            self.set_positional(list(positional))
+
+    def set_positional(self, args: list[str]) -> None:
+        for name in [n for n in self.vars if n.isdigit() and n != "0"]:
+            del self.vars[name]
+        self.positional = args
+        for k, arg in enumerate(args, 1):
+            self.vars[str(k)] = Word(arg, 0)
+        self.vars["#"] = Word(str(len(args)), 0)
 
     def run(self, path: Path, text: str, script: Script | None = None) -> Script:
         """Follow ``text`` (the file ``path``) and return the commands it would run."""
@@ -183,7 +206,8 @@ def _skip_dollar_paren(text: str, i: int) -> int:
 
 
 def _mask_arithmetic(text: str, out: list[str], start: int, end: int) -> None:
-    """Blank ``$((...))`` inside a double-quoted string ``text[start:end]``."""
+    """Blank ``$((...))`` and the inside of ``$(...)`` within a double-quoted string ``text[start:end]``
+    (bashlex fails on quotes nested in a quoted command substitution: ``"$( cd "$( dirname "$0" )" && pwd )"``)."""
     i = start
     while i < end:
         if text[i] == "\\":
@@ -191,18 +215,137 @@ def _mask_arithmetic(text: str, out: list[str], start: int, end: int) -> None:
             continue
         if text.startswith("$((", i):
             stop = min(_skip_dollar_paren(text, i), end)
-            for k in range(i, stop):
-                if out[k] != "\n":
-                    out[k] = "_"
+            _blank(out, i, stop)
+            i = stop
+            continue
+        if text.startswith("$(", i):
+            stop = min(_skip_dollar_paren(text, i), end)
+            _blank(out, i + 2, stop - 1)
             i = stop
             continue
         i += 1
 
 
-def _mask(text: str) -> tuple[str, list[_Array]]:
-    """Blank out arrays' parentheses, ``[[ ]]`` and ``$((...))`` (same length, newlines kept)."""
+def _blank(out: list[str], start: int, stop: int, fill: str = "_") -> None:
+    """Overwrite ``out[start:stop]`` (newlines kept, so lines stay where they were)."""
+    for k in range(start, stop):
+        if out[k] != "\n":
+            out[k] = fill
+
+
+@dataclass
+class _Case:
+    """A ``case WORD in PATTERN) BODY ;; ... esac`` block (bashlex does not parse ``case``): offsets of
+    the subject word and of each arm's patterns and body in the file."""
+
+    start: int
+    end: int
+    word: tuple[int, int]
+    arms: list[tuple[list[tuple[int, int]], tuple[int, int]]]
+
+
+_BOUNDARY = " \t\n;&|()"
+
+
+def _at_word(text: str, i: int, word: str) -> bool:
+    """``text[i:]`` starts the reserved word ``word``, standing alone."""
+    end = i + len(word)
+    return text.startswith(word, i) and (i == 0 or text[i - 1] in _BOUNDARY) and \
+        (end >= len(text) or text[end] in _BOUNDARY)
+
+
+def _skip_construct(text: str, i: int) -> int:
+    """Past a quoted string, ``$(...)``, ``${...}`` or backquotes starting at ``text[i]`` (else ``i + 1``)."""
+    c = text[i]
+    if c in "'\"":
+        return _skip_quoted(text, i)
+    if c == "\\":
+        return i + 2
+    if text.startswith("$(", i):
+        return _skip_dollar_paren(text, i)
+    if text.startswith("${", i):
+        return _matching_brace(text, i + 1)
+    if c == "`":
+        j = text.find("`", i + 1)
+        return len(text) if j < 0 else j + 1
+    return i + 1
+
+
+def _scan_case(text: str, i: int) -> _Case:
+    """The ``case`` block whose reserved word starts at ``text[i]``."""
+    n = len(text)
+
+    def space(j: int) -> int:
+        while j < n:
+            if text[j] in " \t\n;" or text.startswith("\\\n", j):
+                j += 2 if text[j] == "\\" else 1
+            elif text[j] == "#" and (j == 0 or text[j - 1] in _BOUNDARY):
+                while j < n and text[j] != "\n":
+                    j += 1
+            else:
+                return j
+        return j
+
+    j = space(i + 4)
+    w0 = j
+    while j < n and text[j] not in " \t\n;":
+        j = _skip_construct(text, j)
+    word = (w0, j)
+    j = space(j)
+    if not _at_word(text, j, "in"):
+        raise _ParseError("`case` without `in`", i)
+    j += 2
+    arms: list[tuple[list[tuple[int, int]], tuple[int, int]]] = []
+    while True:
+        j = space(j)
+        if j >= n:
+            raise _ParseError("`case` is never closed with `esac`", i)
+        if _at_word(text, j, "esac"):
+            return _Case(i, j + 4, word, arms)
+        if text[j] == "(":
+            j += 1
+        patterns: list[tuple[int, int]] = []
+        p0 = j
+        while j < n and text[j] != ")":
+            if text[j] == "|":
+                patterns.append((p0, j))
+                p0 = j + 1
+                j += 1
+                continue
+            j = _skip_construct(text, j)
+        if j >= n:
+            raise _ParseError("a `case` pattern is never closed with ')'", p0)
+        patterns.append((p0, j))
+        patterns = [(a + len(text[a:b]) - len(text[a:b].lstrip()), b - len(text[a:b]) + len(text[a:b].rstrip()))
+                    for a, b in patterns]
+        j += 1
+        b0 = j
+        while j < n:
+            if text.startswith(";;", j) or text.startswith(";&", j):
+                break
+            if _at_word(text, j, "esac"):
+                break
+            if _at_word(text, j, "case"):
+                j = _scan_case(text, j).end
+                continue
+            if text[j] == "#" and (j == 0 or text[j - 1] in _BOUNDARY):
+                while j < n and text[j] != "\n":
+                    j += 1
+                continue
+            j = _skip_construct(text, j)
+        arms.append((patterns, (b0, j)))
+        if text.startswith(";;&", j):
+            j += 3
+        elif text.startswith(";;", j) or text.startswith(";&", j):
+            j += 2
+
+
+def _mask(text: str, cases: list[_Case] | None = None) -> tuple[str, list[_Array]]:
+    """Blank out arrays' parentheses, ``[[ ]]``, ``$((...))``, the inside of ``$(...)`` and whole
+    ``case`` blocks (each becomes a ``:`` command, recorded in ``cases``), same length, newlines kept."""
     out = list(text)
     arrays: list[_Array] = []
+    cases = cases if cases is not None else []
     i, n = 0, len(text)
     word_start = True
     in_double_bracket = False
@@ -236,12 +379,22 @@ def _mask(text: str) -> tuple[str, list[_Array]]:
             word_start = False
             continue
         if c == "$" and text.startswith("$(", i):
-            i = _skip_dollar_paren(text, i)
+            end = _skip_dollar_paren(text, i)
+            _blank(out, i + 2, end - 1)
+            i = end
             word_start = False
             continue
         if c == "`":
             j = text.find("`", i + 1)
             i = n if j < 0 else j + 1
+            word_start = False
+            continue
+        if word_start and not in_double_bracket and _at_word(text, i, "case"):
+            case = _scan_case(text, i)
+            cases.append(case)
+            _blank(out, i, case.end, " ")
+            out[i] = ":"
+            i = case.end
             word_start = False
             continue
         if word_start:
@@ -323,17 +476,80 @@ def parse_error(path: Path, text: str, exc: Exception) -> ShellParseError:
 _ARITH_OPS = {pyast.Add, pyast.Sub, pyast.Mult, pyast.Div, pyast.Mod, pyast.Pow, pyast.FloorDiv}
 
 
+def _ternary(expr: str) -> str:
+    """bash's ``c ? a : b`` (lowest precedence, right-associative) as Python's ``(a) if (c) else (b)``,
+    and ``&&`` / ``||`` / ``!`` as ``and`` / ``or`` / ``not`` (bash arithmetic, "ARITHMETIC EVALUATION")."""
+    expr = re.sub(r"!(?!=)", " not ", expr.replace("&&", " and ").replace("||", " or "))
+    depth = 0
+    for i, c in enumerate(expr):
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "?" and depth == 0:
+            nested = 0
+            for j in range(i + 1, len(expr)):
+                d = expr[j]
+                if d == "(":
+                    depth += 1
+                elif d == ")":
+                    depth -= 1
+                elif d == "?" and depth == 0:
+                    nested += 1
+                elif d == ":" and depth == 0:
+                    if nested:
+                        nested -= 1
+                        continue
+                    return (f"({_ternary(expr[i + 1:j])}) if ({_ternary(expr[:i])}) "
+                            f"else ({_ternary(expr[j + 1:])})")
+            raise ValueError(f"'?' without ':' in {expr.strip()!r}")
+    # a parenthesised ternary: rewrite inside each top-level group
+    out, depth, start = [], 0, 0
+    for i, c in enumerate(expr):
+        if c == "(":
+            if depth == 0:
+                out.append(expr[start:i + 1])
+                start = i + 1
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                out.append(_ternary(expr[start:i]) if "?" in expr[start:i] else expr[start:i])
+                start = i
+    out.append(expr[start:])
+    return "".join(out)
+
+
+_COMPARE = {pyast.Lt: int.__lt__, pyast.LtE: int.__le__, pyast.Gt: int.__gt__, pyast.GtE: int.__ge__,
+            pyast.Eq: int.__eq__, pyast.NotEq: int.__ne__}
+
+
 def arithmetic(expr: str) -> int:
     """Evaluate bash integer arithmetic on literals: + - * / % ** and parentheses (``/`` truncates
-    toward zero and ``%`` keeps the dividend's sign, as in bash); ValueError on anything else."""
+    toward zero and ``%`` keeps the dividend's sign, as in bash), comparisons (1 or 0), ``&&`` ``||``
+    ``!`` and ``c ? a : b`` (Pai-Megatron-Patch: ``$(( ($TP > 1) ? 1 : 0 ))``); ValueError on anything else."""
     try:
-        tree = pyast.parse(expr.strip() or "0", mode="eval")
+        tree = pyast.parse(_ternary(expr.strip()).strip() or "0", mode="eval")
     except SyntaxError:
         raise ValueError(f"not an integer expression: {expr.strip()!r}") from None
 
     def ev(node: pyast.AST) -> int:
         if isinstance(node, pyast.Expression):
             return ev(node.body)
+        if isinstance(node, pyast.IfExp):
+            return ev(node.body) if ev(node.test) else ev(node.orelse)
+        if isinstance(node, pyast.Compare) and all(type(op) in _COMPARE for op in node.ops):
+            left, result = ev(node.left), True
+            for op, right_node in zip(node.ops, node.comparators):
+                right = ev(right_node)
+                result = result and _COMPARE[type(op)](left, right)
+                left = right
+            return int(result)
+        if isinstance(node, pyast.BoolOp):
+            values = [ev(v) for v in node.values]
+            return int(all(values) if isinstance(node.op, pyast.And) else any(values))
+        if isinstance(node, pyast.UnaryOp) and isinstance(node.op, pyast.Not):
+            return int(not ev(node.operand))
         if isinstance(node, pyast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
             return node.value
         if isinstance(node, pyast.UnaryOp) and isinstance(node.op, (pyast.USub, pyast.UAdd)):
@@ -403,19 +619,37 @@ def list_expression(expr: str) -> list[int]:
 
 # ---- the runner ----------------------------------------------------------------------------------
 
+class _Break(Exception):
+    """``break`` in a followed loop."""
+
+
+class _Continue(Exception):
+    """``continue`` in a followed loop."""
+
+
 class _Runner:
-    def __init__(self, shell: Shell, path: Path, text: str, script: Script):
+    def __init__(self, shell: Shell, path: Path, text: str, script: Script, depth: int = 0):
         self.shell = shell
         self.path = path
         self.file = str(path)
         self.text = text
         self.script = script
-        self.depth = 0
+        self.depth = depth
+        self.cases: dict[int, _Case] = {}
+        self.arrays: dict[int, _Array] = {}
 
     # -- entry --
-    def run(self) -> None:
+    def run(self, region: tuple[int, int] | None = None) -> None:
+        """Follow the file, or only ``text[region]`` (a ``case`` arm's body: everything else is blanked,
+        so that offsets and lines stay the file's)."""
+        text = self.text
+        if region is not None:
+            a, b = region
+            text = "".join(c if c == "\n" else " " for c in text[:a]) + text[a:b] + \
+                "".join(c if c == "\n" else " " for c in text[b:])
+        cases: list[_Case] = []
         try:
-            masked, arrays = _mask(self.text)
+            masked, arrays = _mask(text, cases)
             if not masked.strip():
                 return
             nodes = bashlex.parse(masked)
@@ -423,6 +657,7 @@ class _Runner:
             raise
         except Exception as exc:  # bashlex raises its own ParsingError, NotImplementedError, ...
             raise parse_error(self.path, self.text, exc) from None
+        self.cases = {c.start: c for c in cases}
         self.arrays = {a.start: a for a in arrays}
         self.elements: dict[int, list] = {a.start: [] for a in arrays}
         for node in nodes:
@@ -478,10 +713,7 @@ class _Runner:
             self.shell.functions[name] = (self, node.parts[-1])
             return True
         if kind in ("while", "until"):
-            if self.relevant(node):
-                self.script.warn(f"{self.file}:{self.line(node.pos[0])}: a {kind} loop is not followed "
-                                 f"(its assignments are ignored)")
-            return None
+            return self.while_(node, until=kind == "until")
         if kind in ("operator", "reservedword", "pipe", "commandsubstitution", "processsubstitution"):
             return None
         return None
@@ -505,19 +737,20 @@ class _Runner:
         return status
 
     def relevant(self, node) -> bool:
-        """Whether following ``node`` can change what the import sees (assignments, commands that run Python)."""
+        """Whether following ``node`` can change what the import sees (assignments, commands that run
+        Python, ``case`` blocks, ``shift``)."""
         found = False
 
         def visit(n) -> None:
             nonlocal found
             if found:
                 return
-            if n.kind == "assignment":
+            if n.kind == "assignment" or n.kind == "command" and n.pos[0] in self.cases:
                 found = True
                 return
             if n.kind == "command":
                 words = [p for p in n.parts if p.kind == "word"]
-                if words and (words[0].word in DECLARE | {"unset", "source", "."} | LAUNCHERS
+                if words and (words[0].word in DECLARE | {"unset", "source", ".", "shift"} | LAUNCHERS
                               or words[0].word in self.shell.functions):
                     found = True
                     return
@@ -536,7 +769,22 @@ class _Runner:
         cond = None
         body: list = []
         mode = ""
-        for p in node.parts:
+
+        def flat(parts: list, shift: int = 0) -> list:
+            # bashlex nests the third and later `elif` clauses in a reservedword node whose word is the list
+            # of their nodes (elif, condition, then, body, the next such node), with positions short by the
+            # outermost such node's own position (bashlex 0.18): put them where they are in the file
+            out = []
+            for q in parts:
+                if q.kind == "reservedword" and isinstance(q.word, list):
+                    out.extend(flat(q.word, shift + q.pos[0]))
+                else:
+                    if shift:
+                        _shift(q, shift)
+                    out.append(q)
+            return out
+
+        for p in flat(node.parts):
             if p.kind == "reservedword" and p.word in ("if", "elif", "else", "then", "fi"):
                 if p.word in ("elif", "else", "fi") and mode == "then":
                     clauses.append((cond, body))
@@ -570,6 +818,69 @@ class _Runner:
                 status = self.walk(b)
             return status
         return None
+
+    def while_(self, node, *, until: bool) -> bool | None:
+        """``while COND; do BODY; done`` (and ``until``): followed while the condition is known to hold,
+        at most MAX_LOOP times -- an argument loop ``while [[ $# -gt 0 ]]; do case $1 in ...; esac; done``
+        runs over the arguments given with ``--args`` (none: ``$#`` is unknown, and the loop is not run)."""
+        cond: list = []
+        body: list = []
+        mode = ""
+        for p in node.parts:
+            if p.kind == "reservedword" and p.word in ("while", "until", "do", "done"):
+                mode = {"while": "cond", "until": "cond", "do": "body", "done": ""}[p.word]
+                continue
+            (cond if mode == "cond" else body if mode == "body" else []).append(p)
+        if not any(self.relevant(b) for b in body) or not cond:
+            return None
+        kind = "until" if until else "while"
+        for _ in range(MAX_LOOP):
+            taken, why = self.condition(cond[-1]) if len(cond) == 1 else (None, "")
+            if taken is None:
+                for c in cond[:-1]:
+                    self.walk(c)
+                taken, why = self.condition(cond[-1])
+            if why:
+                self.script.warn(f"{self.file}:{self.line(node.pos[0])}: the `{kind}` condition depends on what "
+                                 f"memform cannot know: {why}; the loop stops there")
+                return None
+            if taken == until:
+                return True
+            try:
+                for b in body:
+                    try:
+                        self.walk(b)
+                    except _Continue:
+                        break
+            except _Break:
+                return True
+        self.script.warn(f"{self.file}:{self.line(node.pos[0])}: the `{kind}` loop was followed {MAX_LOOP} "
+                         f"times and left there")
+        return None
+
+    def case_(self, case: _Case) -> bool | None:
+        """``case WORD in PATTERN|PATTERN) BODY ;; ... esac``: the first arm whose glob pattern matches
+        the known word runs (bash's "Compound Commands"); an unknown word runs no arm, with a warning."""
+        a, b = case.word
+        subject = _join(self.segments(self.text[a:b], a, quoted=True), self.line(a))
+        if not subject.known:
+            self.script.warn(f"{self.file}:{self.line(case.start)}: `case {self.text[a:b]}` depends on "
+                             f"{subject.refs[0].describe()}; no branch of it is followed")
+            return None
+        for patterns, (b0, b1) in case.arms:
+            for p0, p1 in patterns:
+                segs = self.segments(self.text[p0:p1], p0, quoted=True)
+                if any(seg.refs for seg in segs):
+                    continue
+                # quoted pieces match literally, the rest as a glob
+                glob = "".join(seg.text if not seg.quoted or not _has_quote(self.text[p0:p1])
+                               else _glob_escape(seg.text) for seg in segs)
+                if fnmatch.fnmatchcase(subject.text, glob):
+                    runner = _Runner(self.shell, self.path, self.text, self.script, self.depth + 1)
+                    if self.depth < MAX_DEPTH:
+                        runner.run((b0, b1))
+                    return True
+        return True
 
     def for_(self, node) -> bool | None:
         parts = node.parts
@@ -701,6 +1012,8 @@ class _Runner:
     def command(self, node) -> bool | None:
         if self._inside_array(node.pos[0]) is not None:
             return True  # array elements, read with their array
+        if node.pos[0] in self.cases:
+            return self.case_(self.cases[node.pos[0]])
         assigns = []
         words = []
         for part in node.parts:
@@ -734,6 +1047,28 @@ class _Runner:
                 if f.known and not f.text.startswith("-"):
                     self.shell.vars.pop(f.text, None)
             return True
+        if head == "shift":
+            if self.shell.positional is not None:
+                count = int(fields[1].text) if len(fields) > 1 and fields[1].known and \
+                    fields[1].text.isdigit() else 1
+                self.shell.set_positional(self.shell.positional[count:])
+            return True
+        if head == "eval" and len(fields) > 1 and self.depth < MAX_DEPTH:
+            # eval ${run_cmd} (Pai-Megatron-Patch's run scripts): the words joined by spaces, read as bash
+            # again (quotes inside the value now count), on the eval's own line
+            text = "\n" * (line - 1) + " ".join(w.text for w in fields[1:])
+            before = len(self.script.commands)
+            try:
+                _Runner(self.shell, self.path, text, self.script, self.depth + 1).run()
+                return None
+            except ShellParseError:
+                del self.script.commands[before:]
+                self.script.warn(f"{self.file}:{line}: the words `eval` runs do not parse as bash; taken as "
+                                 f"one command")
+        if head == "break":
+            raise _Break()
+        if head == "continue":
+            raise _Continue()
         if head in ("source", "."):
             target = fields[1].text if len(fields) > 1 and fields[1].known else "?"
             self.script.warn(f"{self.file}:{line}: `{head} {target}` is not followed; name that file before "
@@ -898,15 +1233,24 @@ class _Runner:
     def _lookup(self, name: str, source: str, line: int, quoted: bool, index: str | None = None) -> list[_Seg]:
         """``$name`` / ``${name[index]}``: the value's segments (unknown → a Ref)."""
         if name in ("@", "*"):
-            self.script.warn(f"{self.file}:{line}: {source} (the script's own arguments) is taken as "
-                             f"empty: pass extra arguments in a file after the script instead")
-            return []
+            args = self.shell.positional
+            if args is None:
+                self.script.warn(f"{self.file}:{line}: {source} (the script's own arguments) is taken as "
+                                 f"empty: pass them with --args, or extra arguments in a file after the script")
+                return []
+            if quoted and name == "*":
+                return [_Seg(" ".join(args), quoted)]
+            return [_Seg(arg, quoted, brk=k > 0) for k, arg in enumerate(args)]
         if name.isdigit():
             if name == "0":
                 return [_Seg(str(self.path), quoted)]
             value = self.shell.vars.get(name)
             if value is None:
+                if self.shell.positional is not None:  # fewer arguments given: empty, as in bash
+                    return [_Seg("", quoted)]
                 return [_Seg(source, quoted, (Ref(name, "positional", self.file, line),))]
+        elif name == "#" and self.shell.positional is not None:
+            pass
         elif name in "#?$!-":
             return [_Seg(source, quoted, (Ref(source, "unsupported", self.file, line),))]
         value = self.shell.vars.get(name)
@@ -1010,6 +1354,34 @@ class _Runner:
             return _Seg(str(arithmetic(text)), quoted)
         except ValueError as exc:
             raise MemformError(f"{self.file}:{line}: cannot evaluate {source}: {exc}") from None
+
+
+def _shift(node, by: int, seen: set[int] | None = None) -> None:
+    """Move a bashlex node and everything inside it ``by`` characters (see :meth:`_Runner.if_`)."""
+    seen = set() if seen is None else seen
+    if id(node) in seen or not hasattr(node, "pos"):
+        return
+    seen.add(id(node))
+    node.pos = (node.pos[0] + by, node.pos[1] + by)
+    for attr in ("parts", "list"):
+        for child in getattr(node, attr, None) or ():
+            _shift(child, by, seen)
+    for attr in ("command", "output"):
+        child = getattr(node, attr, None)
+        if child is not None and hasattr(child, "kind"):
+            _shift(child, by, seen)
+    word = getattr(node, "word", None)
+    if isinstance(word, list):
+        for child in word:
+            _shift(child, by, seen)
+
+
+def _has_quote(pattern: str) -> bool:
+    return any(c in pattern for c in "'\"\\")
+
+
+def _glob_escape(text: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
 
 
 def _matching_brace(raw: str, i: int) -> int:
