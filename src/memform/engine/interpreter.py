@@ -59,7 +59,7 @@ class LayerReport:
     inflight_value: Expr
     per_layer: dict[str, Expr]          # param_count, params, grads, optimizer, activations, comm
     per_layer_values: dict[str, Expr]
-    sources: dict[str, str]                   # quantity -> file:line of the formula used
+    sources: dict[str, str]             # quantity -> file:line of the formula used
     host: Expr = 0                      # per-layer host-memory bytes (offloaded states)
 
 
