@@ -7,7 +7,8 @@ ties to the symbolic interpreter's (closed forms evaluated) on every bundled con
 every bundled config under every framework profile, hypothesis-drawn degrees, hypothesis-drawn
 formulas, number for number (every category, moment, runtime block, cost block, layer group,
 parameter count, setup figure and the allocator's reserve), and where sympy refuses a config, the
-numeric evaluator refuses it with the same message. The cold command line must not import sympy.
+numeric evaluator refuses it with the same message. The cold command line must not import sympy,
+and skips the checker only for a program that passed it before.
 """
 
 from __future__ import annotations
@@ -154,3 +155,26 @@ def test_the_cold_cli_does_not_import_sympy(tmp_path):
                  ["estimate", "configs/llama2-7b.yaml", "--no-cache", "--set", "parallel.tp=4"]):
         run = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=env, capture_output=True, text=True)
         assert run.returncode == 0 and run.stderr.endswith("NOSYMPY"), (args, run.stderr)
+
+
+def test_a_program_that_passed_the_checker_is_not_checked_again(tmp_path, monkeypatch):
+    """The cold path skips the checker for a program it passed before; an edited file, or one that
+    fails, is checked on every load."""
+    import memform.lang.loader as loader
+    monkeypatch.setenv("MEMFORM_CACHE_DIR", str(tmp_path / "cache"))
+    calls = []
+    check = loader.check_program
+    monkeypatch.setattr(loader, "check_program", lambda prog: (calls.append(1), check(prog)))
+    f = tmp_path / "extra.mf"
+    f.write_text('include "dense.mf"\nlet extra = 1\n')
+    loader.load_program([f])
+    loader.load_program([f])
+    assert len(calls) == 1
+    f.write_text('include "dense.mf"\nlet extra = 2\n')
+    loader.load_program([f])
+    assert len(calls) == 2
+    f.write_text('include "dense.mf"\nlet extra = nowhere\n')
+    for _ in range(2):
+        with pytest.raises(MemformError, match="nowhere"):
+            loader.load_program([f])
+    assert len(calls) == 4
