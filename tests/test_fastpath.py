@@ -249,7 +249,7 @@ def test_a_structure_is_compiled_the_second_time_a_process_asks(own_cache, monke
     assert len(calls) == 1
 
 
-def test_the_cli_cache_hit_does_not_import_sympy(own_cache):
+def test_the_cli_cache_hit_and_miss_do_not_import_sympy(own_cache):
     fast_estimate(ROOT / "configs" / "deepseek-v3.yaml", compile=True)  # a loop in Python stored it
     env = {**os.environ, fastcache.CACHE_ENV: str(own_cache / "cache")}
     script = ("import sys; from memform.cli import main; code = main(['estimate', 'configs/deepseek-v3.yaml']); "
@@ -258,7 +258,7 @@ def test_the_cli_cache_hit_does_not_import_sympy(own_cache):
     assert hit.returncode == 0 and hit.stderr.endswith("NOSYMPY"), hit.stderr
     env[fastcache.CACHE_ENV] = str(own_cache / "empty")
     miss = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert miss.returncode == 0 and miss.stderr.endswith("SYMPY")  # interpreted numbers: sympy's rationals
+    assert miss.returncode == 0 and miss.stderr.endswith("NOSYMPY")  # the numeric evaluator's ints and fractions
     assert hit.stdout == miss.stdout
 
 

@@ -29,7 +29,8 @@ LIMIT_ENV = "MEMFORM_CACHE_MAX_MIB"
 DEFAULT_LIMIT_MIB = 256
 #: what each folder of the cache directory holds (``memform cache info``)
 PURPOSES = {"estimate": "compiled estimate structures", "search": "compiled search structures",
-            "syntax": "parsed formula files", "lark": "the grammar's parser tables"}
+            "syntax": "parsed formula files", "checked": "formula programs that passed the checker",
+            "lark": "the grammar's parser tables"}
 
 _DIGESTS: dict[str, tuple[int, int, str]] = {}  # path -> (mtime_ns, size, sha256)
 _ENABLED = [True]  # False: this process neither reads nor writes the cache directory (--no-cache)

@@ -68,21 +68,12 @@ GRANULARITY = (("bwd_transient", 0), ("weight_tensors", 1), ("act_tensor", 0))
 def granularity_exprs(model: "Model", ev: Any, block: str, mode: str) -> list[Any]:
     """The layer's ``bwd_transient``, ``weight_tensors`` and ``act_tensor`` (see ``formulas/common.mf``),
     each at least 0 (``weight_tensors`` at least 1)."""
-    import sympy
-
     out = []
     for name, default in GRANULARITY:
         q = model.program.pick(block, name, mode)
-        e = sympy.Integer(default) if q is None else ev.as_expr(ev.quantity(block, name, mode), q.loc)
-        out.append(sympy.Max(1 if name == "weight_tensors" else 0, e))
+        e = ev.integer(default) if q is None else ev.as_expr(ev.quantity(block, name, mode), q.loc)
+        out.append(ev.at_least(1 if name == "weight_tensors" else 0, e))
     return out
-
-
-def to_bytes(value: Any) -> int:
-    """An exact (sympy) byte count, rounded up to whole bytes (as the interpreter's stage figures)."""
-    import sympy
-
-    return int(sympy.ceiling(value))
 
 
 def layer_blocks(stage: "StageResult", model: "Model", ev: Any,
@@ -95,9 +86,10 @@ def layer_blocks(stage: "StageResult", model: "Model", ev: Any,
         v: dict[str, Any] = g.per_layer_values
         extra = memo.get((g.block, g.mode))
         if extra is None:
-            extra = memo[(g.block, g.mode)] = [to_bytes(ev.number(e))
+            extra = memo[(g.block, g.mode)] = [ev.ceil_int(ev.number(e))
                                                for e in granularity_exprs(model, ev, g.block, g.mode)]
-        lb = LayerBlocks(*(to_bytes(v[c]) for c in GROUP_FIGURES), to_bytes(g.inflight_value), *extra)
+        # every figure rounded up to whole bytes, as the interpreter's stage figures
+        lb = LayerBlocks(*(ev.ceil_int(v[c]) for c in GROUP_FIGURES), ev.ceil_int(g.inflight_value), *extra)
         layers += [lb] * g.count_value
     return layers
 

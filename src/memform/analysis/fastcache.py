@@ -18,7 +18,8 @@ checksum of itself. An entry that does not parse, fails its checksum, names anot
 format, or whose files changed, is ignored and rebuilt, never trusted.
 
 A compile costs seconds of sympy; the interpreter with every symbol replaced by its number as it is
-read (``keep=frozenset()``: exact rationals, no closed forms) costs a few tenths. So a structure is
+read (the numeric evaluator, :mod:`memform.engine.numeric`: exact ints and fractions, no closed
+forms, no sympy) costs a parse plus an evaluation. So a structure is
 compiled only where it pays: when the same process asks for it a second time (a planner's or a
 notebook's loop) or when asked to (``compile=True``). Until then a miss answers with those
 interpreted numbers (:func:`numeric_estimate`), byte for byte the interpreter's; the command line,
@@ -140,13 +141,18 @@ def fast_estimate(config: Any, overrides: Mapping[str, Any] | list[str] | None =
 
 
 def numeric_estimate(config: Any, overrides: Mapping[str, Any] | list[str] | None = None) -> "FastEstimate | None":
-    """The interpreter's numbers with every symbol replaced by its value as it is read (no closed
-    forms to build: a tenth of the symbolic estimate's time), as a :class:`FastEstimate` whose
-    closed forms come from the symbolic estimate on first use. None where the interpreter refuses
-    the config: the symbolic estimate then raises its own error."""
+    """The interpreter's numbers from the numeric evaluator (plain ints and fractions, every symbol
+    replaced by its value as it is read: no sympy, no closed forms), as a :class:`FastEstimate` whose
+    closed forms come from the symbolic estimate on first use. Where a formula's value is irrational
+    (:class:`~memform.engine.numeric.Inexact`) the sympy evaluator gives the numbers instead. None
+    where the interpreter refuses the config: the symbolic estimate then raises its own error."""
     from ..engine.model import estimate
+    from ..engine.numeric import Inexact
     try:
-        num = estimate(config, overrides, keep=frozenset())
+        try:
+            num = estimate(config, overrides, numeric=True)
+        except Inexact:
+            num = estimate(config, overrides, keep=frozenset())
     except MemformError:
         return None
     body = {"name": num.name, "capacity_bytes": num.capacity_bytes, "schedule": num.schedule,

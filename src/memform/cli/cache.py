@@ -1,7 +1,8 @@
 """``memform cache info|clear``: what the cache directory holds, and emptying it.
 
-The cache keeps compiled structures (``estimate``, ``search``), parsed formula files (``syntax``) and
-the grammar's parser tables (``lark``); every entry is checked before use and rebuilt when stale, so
+The cache keeps compiled structures (``estimate``, ``search``), parsed formula files (``syntax``),
+markers of formula programs that passed the checker (``checked``) and the grammar's parser tables
+(``lark``); every entry is checked before use and rebuilt when stale, so
 clearing it only costs the time to rebuild (see :mod:`memform.cachedir`).
 """
 

@@ -54,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     """The table and ``--json`` numbers come from the fast path (a compiled structure on a cache hit,
-    no sympy; else the interpreter's numbers without closed forms: one estimate does not repay a
-    compile); closed forms (``--symbolic``, ``--explain``) from the interpreter."""
+    else the interpreter's numbers from the numeric evaluator: one estimate does not repay a compile;
+    neither imports sympy); closed forms (``--symbolic``, ``--explain``) from the symbolic interpreter."""
     if args.symbolic and args.explain is not None:
         raise MemformError("--symbolic and --explain: choose one")
     est = None

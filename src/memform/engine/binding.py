@@ -1,9 +1,10 @@
-"""Config values → the numbers, flags and sympy symbols a formula program is evaluated with.
+"""Config values → the numbers, flags and symbols a formula program is evaluated with.
 
 Each ``symbol``/``option`` declaration names a config key, a type and maybe a default (an
 expression over other bindings). This module checks every value against its declared type
-and turns it into an exact sympy number, so a wrong type or a zero degree is caught here,
-with the key and the declaration that wanted it named.
+and turns it into an exact number of the chosen backend (sympy numbers and symbols, or with
+``numeric=True`` plain ``int``/``Fraction`` keyed by name, without importing sympy), so a wrong
+type or a zero degree is caught here, with the key and the declaration that wanted it named.
 """
 
 from __future__ import annotations
@@ -12,22 +13,25 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Mapping
 
-import sympy
-
 from ..errors import MemformError
 from ..lang import ast
 from ..lang.program import Program
-from .evaluator import Ctx, Evaluator
+from .walker import Ctx, Walker
 from .values import _MISSING, DTYPE_BYTES, check_value, get_path, set_members  # noqa: F401 (get_path re-exported)
 
-def coerce(value: Any, spec: ast.TypeSpec, key: str, *, positive: bool = False) -> Any:
-    """Check ``value`` (from YAML) against ``spec``; return bool, str or an exact sympy number."""
-    return _exact(check_value(value, spec, key, positive=positive))
+def coerce(value: Any, spec: ast.TypeSpec, key: str, *, positive: bool = False, numeric: bool = False) -> Any:
+    """Check ``value`` (from YAML) against ``spec``; return bool, str or an exact number
+    (sympy's, or with ``numeric`` an int or a Fraction that is not an integer)."""
+    return _exact(check_value(value, spec, key, positive=positive), numeric)
 
 
-def _exact(v: Any) -> Any:
+def _exact(v: Any, numeric: bool = False) -> Any:
     if isinstance(v, (bool, str)):
         return v
+    if numeric:
+        from .numeric import exact
+        return tuple(x if isinstance(x, str) else int(x) for x in v) if isinstance(v, tuple) else exact(v)
+    import sympy
     if isinstance(v, tuple):
         return tuple(x if isinstance(x, str) else sympy.Integer(x) for x in v)
     if isinstance(v, Fraction):
@@ -35,16 +39,30 @@ def _exact(v: Any) -> Any:
     return sympy.Integer(v)
 
 
+def evaluator_class(numeric: bool) -> type[Walker]:
+    """The evaluator of a backend: :class:`~.numeric.NumericEvaluator` (plain numbers, no sympy)
+    or the sympy :class:`~.evaluator.Evaluator`. Imported on demand: the numeric path never loads sympy."""
+    if numeric:
+        from .numeric import NumericEvaluator
+        return NumericEvaluator
+    from .evaluator import Evaluator
+    return Evaluator
+
+
 @dataclass
 class Bound:
     """A program's bindings resolved against one config."""
 
-    symbols: dict[str, sympy.Symbol]
-    values: dict[sympy.Symbol, sympy.Expr]
+    symbols: dict[str, Any]        # name -> sympy Symbol (numeric: the name itself)
+    values: dict[Any, Any]         # symbol -> its exact value
     options: dict[str, Any]
+    #: the backend: plain numbers (:mod:`memform.engine.numeric`) rather than sympy
+    numeric: bool = False
 
-    def evaluator(self, program: Program, *, resolve: bool = True, keep: frozenset[str] | None = None) -> Evaluator:
-        return Evaluator(program, self.symbols, self.values, self.options, resolve=resolve, keep=keep)
+    def evaluator(self, program: Program, *, resolve: bool = True, keep: frozenset[str] | None = None) -> Walker:
+        """An evaluator of ``program`` under these values (a numeric one keeps no symbol, whatever ``keep``)."""
+        return evaluator_class(self.numeric)(program, self.symbols, self.values, self.options, resolve=resolve,
+                                             keep=keep)
 
     def value_of(self, name: str) -> Any:
         if name in self.options:
@@ -52,20 +70,19 @@ class Bound:
         return self.values[self.symbols[name]]
 
 
-def bind(program: Program, config: Mapping[str, Any]) -> Bound:
-    """Resolve every ``symbol``/``option`` of ``program`` from ``config`` (defaults applied)."""
-    symbols: dict[str, sympy.Symbol] = {}
-    values: dict[sympy.Symbol, sympy.Expr] = {}
+def bind(program: Program, config: Mapping[str, Any], *, numeric: bool = False) -> Bound:
+    """Resolve every ``symbol``/``option`` of ``program`` from ``config`` (defaults applied), as sympy
+    numbers and symbols, or (``numeric``) as plain Python numbers without importing sympy."""
+    symbols: dict[str, Any] = {}
+    values: dict[Any, Any] = {}
     options: dict[str, Any] = {}
     for name, decl in program.bindings.items():
         if decl.keyword == "symbol":
-            assumptions = {"integer": True} if decl.type.kind == "int" else {"real": True}
-            symbols[name] = sympy.Symbol(name, positive=True, **assumptions)
+            symbols[name] = name if numeric else _symbol(name, decl)
 
-    # Defaults may refer to other bindings, so resolve lazily through a numeric evaluator.
+    # Defaults may refer to other bindings, so resolve lazily through an evaluator that keeps no symbol.
     resolving: list[str] = []
-    numeric = Evaluator(program, symbols, values, options, resolve=True, keep=frozenset())
-    original_binding = numeric.binding
+    ev = evaluator_class(numeric)(program, symbols, values, options, resolve=True, keep=frozenset())
 
     def resolve(name: str) -> Any:
         decl = program.bindings[name]
@@ -84,10 +101,10 @@ def bind(program: Program, config: Mapping[str, Any]) -> Bound:
                 if decl.default is None:
                     raise MemformError(f"missing config key '{decl.path}' ({decl.doc}; "
                                        f"bound to {decl.keyword} '{name}' at {decl.loc})")
-                v = numeric.eval(decl.default, Ctx())
-                v = _check_default(v, decl)
+                v = ev.eval(decl.default, Ctx())
+                v = _check_default(v, decl, ev)
             else:
-                v = coerce(raw, decl.type, decl.path, positive=decl.keyword == "symbol")
+                v = coerce(raw, decl.type, decl.path, positive=decl.keyword == "symbol", numeric=numeric)
         finally:
             resolving.pop()
         if decl.keyword == "option":
@@ -101,13 +118,20 @@ def bind(program: Program, config: Mapping[str, Any]) -> Bound:
         decl = program.bindings[name]
         return v if decl.keyword == "option" else original_binding(name)
 
-    numeric.binding = binding  # type: ignore[method-assign]
+    original_binding = ev.binding
+    ev.binding = binding  # type: ignore[method-assign]
     for name in program.bindings:
         resolve(name)
-    return Bound(symbols, values, options)
+    return Bound(symbols, values, options, numeric)
 
 
-def _check_default(v: Any, decl: ast.Binding) -> Any:
+def _symbol(name: str, decl: ast.Binding) -> Any:
+    import sympy
+    assumptions = {"integer": True} if decl.type.kind == "int" else {"real": True}
+    return sympy.Symbol(name, positive=True, **assumptions)
+
+
+def _check_default(v: Any, decl: ast.Binding, ev: Walker) -> Any:
     kind = decl.type.kind
     where = f"default of {decl.keyword} '{decl.name}' ({decl.loc})"
     if decl.type.or_bool and isinstance(v, bool):
@@ -124,12 +148,12 @@ def _check_default(v: Any, decl: ast.Binding) -> Any:
         return set_members(v, decl.type, lambda extra="": MemformError(f"{where} must be {decl.type.describe()} {extra}".rstrip()))
     if kind == "dtype":
         if isinstance(v, str) and v.lower() in DTYPE_BYTES:
-            return sympy.Integer(DTYPE_BYTES[v.lower()])
+            return ev.integer(DTYPE_BYTES[v.lower()])
     if isinstance(v, (bool, str)):
         raise MemformError(f"{where} must be {decl.type.describe()}")
-    if not getattr(v, "is_number", False):
+    if isinstance(v, tuple) or ev.is_condition(v) or not ev.is_number(v):
         raise MemformError(f"{where} does not reduce to a number")
-    if kind == "int" and not v.is_integer:
+    if kind == "int" and not ev.is_integer(v):
         raise MemformError(f"{where} evaluates to {v}, not an integer")
     if decl.keyword == "symbol" and not v > 0:
         raise MemformError(f"{where} evaluates to {v}, which is not positive")

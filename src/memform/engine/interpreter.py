@@ -22,21 +22,23 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-
-import sympy
+from typing import Any
 
 from ..errors import MemformError
 from ..lang import ast
 from ..lang.checker import walk
 from ..lang.program import (COST_OPTIONAL, COST_QUANTITIES, HOST_QUANTITY, SCHEDULE_TIME_OPTIONAL,
                             SCHEDULE_TIME_QUANTITIES, Program)
-from .evaluator import Evaluator, LayerSlot, lattice
+from .walker import LayerSlot, Walker, to_bytes  # noqa: F401 (to_bytes re-exported)
 from .partition import Partition
 from .results import CATEGORIES, MODEL, PS_PER_SECOND, STATIC, StageNumbers  # noqa: F401 (CATEGORIES, MODEL re-exported)
 
 #: Largest per-layer byte count (or in-flight count) accepted: far beyond any device, and small
 #: enough that stage sums stay below the float range reports and charts convert to.
 MAX_BYTES = 2 ** 256
+
+#: an evaluator's value: a sympy expression (closed forms) or a plain int / Fraction (numeric backend)
+Expr = Any
 
 QUANTITY_OF = {"param_count": "params", "params": "param_bytes", "grads": "grad_bytes",
              "optimizer": "optimizer_bytes", "activations": "act", "comm": "comm"}
@@ -50,61 +52,55 @@ class LayerReport:
     chunk: int
     block: str
     mode: str
-    count: sympy.Expr
+    count: Expr
     count_value: int
     first_layer: int
-    inflight: sympy.Expr
-    inflight_value: sympy.Expr
-    per_layer: dict[str, sympy.Expr]          # param_count, params, grads, optimizer, activations, comm
-    per_layer_values: dict[str, sympy.Expr]
-    sources: dict[str, str]                   # quantity -> file:line of the formula used
-    host: sympy.Expr = sympy.Integer(0)       # per-layer host-memory bytes (offloaded states)
+    inflight: Expr
+    inflight_value: Expr
+    per_layer: dict[str, Expr]          # param_count, params, grads, optimizer, activations, comm
+    per_layer_values: dict[str, Expr]
+    sources: dict[str, str]             # quantity -> file:line of the formula used
+    host: Expr = 0                      # per-layer host-memory bytes (offloaded states)
 
 
 @dataclass
 class StageResult(StageNumbers):
     """A stage's numbers (:class:`StageNumbers`) with the closed forms and layer groups behind them."""
 
-    exprs: dict[str, sympy.Expr] = field(default_factory=dict)
-    exact: dict[str, sympy.Expr] = field(default_factory=dict)
+    exprs: dict[str, Expr] = field(default_factory=dict)
+    exact: dict[str, Expr] = field(default_factory=dict)
     layers: list[LayerReport] = field(default_factory=list)
-    host_expr: sympy.Expr = sympy.Integer(0)
+    host_expr: Expr = 0
     #: closed forms behind ``param_count``, ``moments`` and ``runtime`` (compiled by the numeric fast path)
-    param_count_expr: sympy.Expr = sympy.Integer(0)
-    moment_exprs: dict[str, sympy.Expr] = field(default_factory=dict)
-    runtime_exprs: dict[str, sympy.Expr] = field(default_factory=dict)
+    param_count_expr: Expr = 0
+    moment_exprs: dict[str, Expr] = field(default_factory=dict)
+    runtime_exprs: dict[str, Expr] = field(default_factory=dict)
     #: closed forms of each cost block's seconds, of the stage's ideal seconds and of the tokens
-    time_exprs: dict[str, sympy.Expr] = field(default_factory=dict)
-    ideal_expr: sympy.Expr = sympy.Integer(0)
-    tokens_expr: sympy.Expr = sympy.Integer(0)
+    time_exprs: dict[str, Expr] = field(default_factory=dict)
+    ideal_expr: Expr = 0
+    tokens_expr: Expr = 0
 
     @property
-    def step_expr(self) -> sympy.Expr:
+    def step_expr(self) -> Expr:
+        import sympy  # closed forms only: a stage of the symbolic interpreter
         return sympy.Add(*self.time_exprs.values())
 
     @property
-    def total_expr(self) -> sympy.Expr:
+    def total_expr(self) -> Expr:
+        import sympy
         return sympy.Add(*(self.exprs[c] for c in CATEGORIES))
-
-
-def to_bytes(value: sympy.Expr) -> int:
-    """Exact rational → whole bytes, rounding up (a fraction of a byte still needs a byte)."""
-    if value.is_Rational:
-        p, q = sympy.fraction(value)
-        return -(-int(p) // int(q))
-    return int(sympy.ceiling(value))
 
 
 @dataclass
 class _StageTime:
     """One stage's cost blocks: seconds per block (closed forms and picoseconds), ideal seconds, tokens."""
 
-    exprs: dict[str, sympy.Expr] = field(default_factory=dict)
+    exprs: dict[str, Expr] = field(default_factory=dict)
     ps: dict[str, int] = field(default_factory=dict)
-    ideal_expr: sympy.Expr = sympy.Integer(0)
-    ideal_value: sympy.Expr = sympy.Integer(0)
+    ideal_expr: Expr = 0    # the interpreter starts these at its evaluator's zero
+    ideal_value: Expr = 0
     ideal_ps: int = 0
-    tokens_expr: sympy.Expr = sympy.Integer(0)
+    tokens_expr: Expr = 0
     tokens: int = 0
 
     def copy(self) -> "_StageTime":
@@ -113,19 +109,20 @@ class _StageTime:
 
 
 class Interpreter:
-    """Evaluates a program over a partition with one evaluator (symbolic) and its numbers."""
+    """Evaluates a program over a partition with one evaluator and its numbers: closed forms and exact
+    numbers with the sympy evaluator, the numbers alone (twice) with the numeric one."""
 
-    def __init__(self, program: Program, evaluator: Evaluator, schedule: str):
+    def __init__(self, program: Program, evaluator: Walker, schedule: str):
         self.program = program
         self.ev = evaluator
         self.schedule = schedule
         self._layer_cache: dict[tuple[str, str], tuple[dict, dict, dict]] = {}
-        self._host_cache: dict[tuple[str, str, str], tuple[sympy.Expr, sympy.Expr]] = {}
+        self._host_cache: dict[tuple[str, str, str], tuple[Expr, Expr]] = {}
         #: cost results by stage signature (see :meth:`costs`); None where the cost blocks read
         #: ``stage`` or ``chunk`` themselves, so that no two stages may share them
         self._cost_cache: dict[tuple, _StageTime] | None = None if _costs_read_position(program) else {}
 
-    def layer(self, block: str, mode: str) -> tuple[dict[str, sympy.Expr], dict[str, sympy.Expr], dict[str, str]]:
+    def layer(self, block: str, mode: str) -> tuple[dict[str, Expr], dict[str, Expr], dict[str, str]]:
         key = (block, mode)
         if key not in self._layer_cache:
             exprs, values, sources = {}, {}, {}
@@ -139,29 +136,30 @@ class Interpreter:
             self._layer_cache[key] = (exprs, values, sources)
         return self._layer_cache[key]
 
-    def check_number(self, expr: sympy.Expr, what: str, loc) -> sympy.Expr:
+    def check_number(self, expr: Expr, what: str, loc) -> Expr:
         n = self.ev.number(expr, loc, what)
-        if n is sympy.nan or n.has(sympy.zoo, sympy.oo, -sympy.oo) or not n.is_real:
+        if not self.ev.is_finite_real(n):
             raise MemformError(f"{what} evaluates to {n} for this config, which is not a finite real byte count", loc)
         if n < 0:
             raise MemformError(f"{what} evaluates to a negative value ({n}) for this config", loc)
         if n > MAX_BYTES:
-            raise MemformError(f"{what} evaluates to more than 2^256 ({n.evalf(3)}) for this config; "
+            raise MemformError(f"{what} evaluates to more than 2^256 ({self.ev.approx(n)}) for this config; "
                                f"no device holds that many bytes (check the config's sizes)", loc)
         return n
 
-    def inflight(self, stage: int, chunk: int) -> tuple[sympy.Expr, sympy.Expr]:
-        extra = (("stage", sympy.Integer(stage)), ("chunk", sympy.Integer(chunk)))
+    def inflight(self, stage: int, chunk: int) -> tuple[Expr, Expr]:
+        extra = (("stage", self.ev.integer(stage)), ("chunk", self.ev.integer(chunk)))
         q = self.program.pick(self.schedule, "inflight", None)
         e = self.ev.as_expr(self.ev.quantity(self.schedule, "inflight", None, extra=extra), q.loc)
         return e, self.check_number(e, f"schedule {self.schedule}: inflight at stage {stage} chunk {chunk}", q.loc)
 
     def stage(self, index: int, partition: Partition, capacity_bytes: int) -> StageResult:
-        sums: dict[str, sympy.Expr] = {c: sympy.Integer(0) for c in ("param_count",) + STATIC + ("activations",)}
-        exact: dict[str, sympy.Expr] = dict(sums)
-        comm_expr, comm_value = sympy.Integer(0), sympy.Integer(0)
-        comm_terms: list[sympy.Expr] = []
-        host_expr, host_value = sympy.Integer(0), sympy.Integer(0)
+        zero = self.ev.zero
+        sums: dict[str, Expr] = {c: zero for c in ("param_count",) + STATIC + ("activations",)}
+        exact: dict[str, Expr] = dict(sums)
+        comm_expr, comm_value = zero, zero
+        comm_terms: list[Expr] = []
+        host_expr, host_value = zero, zero
         layers: list[LayerReport] = []
         for chunk in partition.chunks[index]:
             if not chunk.groups:
@@ -184,7 +182,7 @@ class Interpreter:
                                           g.first_layer, mf, mf_value, exprs, values, sources, h_expr))
         peak_moment, moments, moment_exprs = self.moments(index, partition, sums, exact)
         if not self.ev.resolve and len(set(comm_terms)) > 1:
-            comm_expr = lattice(sympy.Max, list(dict.fromkeys(comm_terms)))
+            comm_expr = _max_everywhere(list(dict.fromkeys(comm_terms)))
         sums["comm"] = comm_expr
         exact["comm"] = comm_value
         sums["runtime"], exact["runtime"], runtime, runtime_exprs = self.runtime(index, sums, exact)
@@ -198,36 +196,36 @@ class Interpreter:
                            runtime_exprs=runtime_exprs, time_exprs=time.exprs, ideal_expr=time.ideal_expr,
                            tokens_expr=time.tokens_expr)
 
-    def host(self, block: str, mode: str) -> tuple[sympy.Expr, sympy.Expr]:
+    def host(self, block: str, mode: str) -> tuple[Expr, Expr]:
         """A layer's optional host-memory bytes (0 when its blocks define no ``host_bytes``)."""
         key = (block, mode, HOST_QUANTITY)
         if key not in self._host_cache:
             q = self.program.pick(block, HOST_QUANTITY, mode)
             if q is None:
-                self._host_cache[key] = (sympy.Integer(0), sympy.Integer(0))
+                self._host_cache[key] = (self.ev.zero, self.ev.zero)
             else:
                 e = self.ev.as_expr(self.ev.quantity(block, HOST_QUANTITY, mode), q.loc)
                 self._host_cache[key] = (e, self.check_number(e, f"{block}.{HOST_QUANTITY}", q.loc))
         return self._host_cache[key]
 
-    def runtime(self, index: int, sums: dict[str, sympy.Expr],
-                exact: dict[str, sympy.Expr]) -> tuple[sympy.Expr, sympy.Expr, dict[str, int], dict[str, sympy.Expr]]:
+    def runtime(self, index: int, sums: dict[str, Expr],
+                exact: dict[str, Expr]) -> tuple[Expr, Expr, dict[str, int], dict[str, Expr]]:
         """Sum the runtime blocks at stage ``index``, with ``model_bytes`` bound to the stage's model bytes.
 
         The closed form uses the symbolic model bytes, the number the exact ones, so both stay
         consistent with the other categories.
         """
-        total_expr, total_value = sympy.Integer(0), sympy.Integer(0)
+        total_expr, total_value = self.ev.zero, self.ev.zero
         parts: dict[str, int] = {}
-        exprs: dict[str, sympy.Expr] = {}
-        model_expr = sympy.Add(*(sums[c] for c in MODEL))
-        model_value = sympy.Add(*(exact[c] for c in MODEL))
+        exprs: dict[str, Expr] = {}
+        model_expr = self.ev.total(sums[c] for c in MODEL)
+        model_value = self.ev.total(exact[c] for c in MODEL)
         for name in self.program.runtimes():
             q = self.program.pick(name, "bytes", None)
             e = self.ev.as_expr(self.ev.quantity(name, "bytes", None, extra=(
-                ("stage", sympy.Integer(index)), ("model_bytes", model_expr))), q.loc)
+                ("stage", self.ev.integer(index)), ("model_bytes", model_expr))), q.loc)
             v = self.ev.as_expr(self.ev.quantity(name, "bytes", None, extra=(
-                ("stage", sympy.Integer(index)), ("model_bytes", model_value))), q.loc)
+                ("stage", self.ev.integer(index)), ("model_bytes", model_value))), q.loc)
             v = self.check_number(v, f"runtime {name}: bytes at stage {index}", q.loc)
             total_expr += e
             total_value += v
@@ -241,17 +239,18 @@ class Interpreter:
         ``bubble`` and ``overlap`` are the schedule's quantities of those names at this stage.
         Seconds become whole picoseconds, rounded up, like bytes.
         """
-        out = _StageTime()
+        zero = self.ev.zero
+        out = _StageTime(ideal_expr=zero, ideal_value=zero, tokens_expr=zero)
         costs = self.program.costs()
         if not costs:
             return out
-        stage = ("stage", sympy.Integer(index))
+        stage = ("stage", self.ev.integer(index))
         extra = (stage,)
         # the required ones (the checker made sure the schedule has them), then the optional ones, whose
         # value stands in where the schedule leaves them out
         for qname, absent in [(q, None) for q in SCHEDULE_TIME_QUANTITIES] + list(SCHEDULE_TIME_OPTIONAL):
             if absent is not None and self.program.find_quantity(self.schedule, qname) is None:
-                extra += ((qname, sympy.Integer(absent)),)
+                extra += ((qname, self.ev.integer(absent)),)
                 continue
             q = self.program.pick(self.schedule, qname, None)
             e = self.ev.as_expr(self.ev.quantity(self.schedule, qname, None, extra=(stage,)), q.loc)
@@ -290,8 +289,8 @@ class Interpreter:
             return out.copy()
         return out
 
-    def moments(self, index: int, partition: Partition, sums: dict[str, sympy.Expr],
-                exact: dict[str, sympy.Expr]) -> tuple[str, dict[str, int], dict[str, sympy.Expr]]:
+    def moments(self, index: int, partition: Partition, sums: dict[str, Expr],
+                exact: dict[str, Expr]) -> tuple[str, dict[str, int], dict[str, Expr]]:
         """Evaluate the schedule's moments at stage ``index``; the largest becomes the activations.
 
         Without declared moments the in-flight sum already in ``sums`` is the only one ("warmup").
@@ -303,8 +302,8 @@ class Interpreter:
         names = self.program.moments(self.schedule)
         if not names:
             return "warmup", {"warmup": to_bytes(exact["activations"])}, {"warmup": sums["activations"]}
-        extra = (("stage", sympy.Integer(index)),)
-        found: list[tuple[str, sympy.Expr, sympy.Expr]] = []
+        extra = (("stage", self.ev.integer(index)),)
+        found: list[tuple[str, Expr, Expr]] = []
         for name in names:
             q = self.program.pick(self.schedule, name, None)
             e = self.ev.as_expr(self.ev.quantity(self.schedule, name, None, extra=extra), q.loc)
@@ -315,9 +314,17 @@ class Interpreter:
         distinct = list(dict.fromkeys(e for _, e, _ in found))
         if self.ev.resolve and len(distinct) > 1:  # the closed form holds where this moment wins
             self.ev.assume(f"moment {name} is the largest at stage {index}")
-        sums["activations"] = expr if self.ev.resolve or len(distinct) == 1 else lattice(sympy.Max, distinct)
+        sums["activations"] = expr if self.ev.resolve or len(distinct) == 1 else _max_everywhere(distinct)
         exact["activations"] = value
         return name, {n: to_bytes(v) for n, _, v in found}, {n: e for n, e, _ in found}
+
+
+def _max_everywhere(terms: list[Expr]) -> Expr:
+    """The symbolic maximum of ``terms`` (``resolve=False``: only the sympy evaluator keeps one)."""
+    import sympy
+
+    from .evaluator import lattice
+    return lattice(sympy.Max, terms)
 
 
 def _costs_read_position(program: Program) -> bool:

@@ -8,11 +8,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
-
-import sympy
 
 from ..errors import MemformError
 from ..lang import ast
@@ -21,10 +20,10 @@ from ..lang.program import Program
 from .binding import Bound, bind, get_path
 from .config import (Structure, apply_overrides, check_keys, formula_files, known_keys, normalize, read_yaml,
                      structure)
-from .evaluator import Ctx, Evaluator
-from .interpreter import Interpreter, StageResult
+from .interpreter import Interpreter, StageResult, to_bytes
 from .partition import MAX_LAYERS, Partition, StackItem, build_partition
 from .results import EstimateNumbers, group_label, with_devices
+from .walker import Ctx, Walker
 
 ConfigSource = str | Path | Mapping[str, Any]
 
@@ -39,14 +38,21 @@ class Model:
     bound: Bound
     structure: Structure
 
-    def evaluator(self, *, resolve: bool = True, keep: frozenset[str] | None = None) -> Evaluator:
+    def evaluator(self, *, resolve: bool = True, keep: frozenset[str] | None = None) -> Walker:
+        """An evaluator of this model: sympy's, or the numeric one for a model loaded with ``numeric=True``."""
         return self.bound.evaluator(self.program, resolve=resolve, keep=keep)
 
-    def symbol_for_key(self, path: str) -> sympy.Symbol | None:
+    def symbol_name_for_key(self, path: str) -> str | None:
+        """The name of the ``symbol`` bound to config key ``path``; None if none is."""
         for name, b in self.program.bindings.items():
             if b.keyword == "symbol" and b.path == path:
-                return self.bound.symbols[name]
+                return name
         return None
+
+    def symbol_for_key(self, path: str) -> Any:
+        """The sympy Symbol bound to config key ``path``; None if none is."""
+        name = self.symbol_name_for_key(path)
+        return None if name is None else self.bound.symbols[name]
 
     def value_for_key(self, path: str) -> Any:
         """The bound value (config or default) of the symbol or option read from ``path``; None if unbound."""
@@ -114,8 +120,10 @@ class Estimate(EstimateNumbers):
         return out
 
 
-def load_model(config: ConfigSource, overrides: Mapping[str, Any] | list[str] | None = None) -> Model:
-    """Read a config (path or mapping), apply overrides, load its formulas and bind values."""
+def load_model(config: ConfigSource, overrides: Mapping[str, Any] | list[str] | None = None, *,
+               numeric: bool = False) -> Model:
+    """Read a config (path or mapping), apply overrides, load its formulas and bind values
+    (``numeric``: as plain numbers, for :class:`~.numeric.NumericEvaluator`; sympy is not imported)."""
     if isinstance(config, Mapping):
         raw, source = dict(config), None
     else:
@@ -125,7 +133,7 @@ def load_model(config: ConfigSource, overrides: Mapping[str, Any] | list[str] | 
     program = _program(data, source)
     check_keys(data, known_keys(program.bindings))
     st = structure(data, list(program.schedules()))
-    bound = bind(program, data)
+    bound = bind(program, data, numeric=numeric)
     _check_devices(data, bound, program)
     _check_requires(program, bound)
     return Model(data, source, program, bound, st)
@@ -150,7 +158,7 @@ def rebind(model: Model, overrides: Mapping[str, Any], *, check: bool = True) ->
         program = _program(data, model.source)
     check_keys(data, known_keys(program.bindings))
     st = structure(data, list(program.schedules()))
-    bound = bind(program, data)
+    bound = bind(program, data, numeric=model.bound.numeric)
     if check:
         _check_devices(data, bound, program)
         _check_requires(program, bound)
@@ -196,7 +204,7 @@ def _check_requires(program: Program, bound: Bound) -> None:
 
 
 def _show(v: Any) -> str:
-    if isinstance(v, sympy.Expr) and v.is_Integer:
+    if type(v) is int or getattr(v, "is_Integer", False):
         return str(int(v))
     return str(v).lower() if isinstance(v, bool) else str(v)
 
@@ -206,17 +214,17 @@ def _refs(expr: ast.Expr):
     return [n for n in walk(expr) if isinstance(n, ast.Ref) and n.attr is None]
 
 
-def stack_items(model: Model, ev: Evaluator) -> list[StackItem]:
+def stack_items(model: Model, ev: Walker) -> list[StackItem]:
     items = []
-    numeric: Evaluator | None = None
+    numeric: Walker | None = None
     body_seen = 0  # body layers laid out before this entry: the `layer_index` of its first layer
     for e in model.program.stack.entries:
         if e.count is None:
-            count = sympy.Integer(1)
+            count = ev.integer(1)
         else:
             count = ev.as_expr(ev.eval(e.count, Ctx()), e.loc)
         value = ev.number(count, e.loc, f"count of '{e.block}' in the stack")
-        if not value.is_integer or value < 0:
+        if not ev.is_integer(value) or value < 0:
             raise MemformError(f"count of '{e.block}' in the stack must be a non-negative integer, got {value}",
                                e.loc)
         n = int(value)
@@ -232,7 +240,7 @@ def stack_items(model: Model, ev: Evaluator) -> list[StackItem]:
     return items
 
 
-def _choose_layers(ev: Evaluator, e: ast.StackEntry, count: sympy.Expr, n: int, first: int) -> list[StackItem]:
+def _choose_layers(ev: Walker, e: ast.StackEntry, count: Any, n: int, first: int) -> list[StackItem]:
     """``e.block * n if cond else e.other``: one block per layer, consecutive equal ones merged into a run.
     An entry whose layers all pick one block keeps its count as written (symbolic closed forms)."""
     if n > MAX_LAYERS:
@@ -240,7 +248,7 @@ def _choose_layers(ev: Evaluator, e: ast.StackEntry, count: sympy.Expr, n: int, 
                            f"(check model.num_layers and the stack counts)", e.loc)
     picks = []
     for j in range(n):
-        index = sympy.Integer(first + j)
+        index = ev.integer(first + j)
         v = ev.eval(e.cond, Ctx(params=(("layer_index", index),)))
         ok = ev.truth(v, e.cond.loc)
         if not isinstance(ok, bool):
@@ -254,10 +262,10 @@ def _choose_layers(ev: Evaluator, e: ast.StackEntry, count: sympy.Expr, n: int, 
             runs.append([block, 1])
     if len(runs) == 1:
         return [StackItem(e.place, runs[0][0], count, n)]
-    return [StackItem(e.place, block, sympy.Integer(k), k) for block, k in runs]
+    return [StackItem(e.place, block, ev.integer(k), k) for block, k in runs]
 
 
-def partition_of(model: Model, ev: Evaluator) -> Partition:
+def partition_of(model: Model, ev: Walker) -> Partition:
     st = model.structure
     sched = st.schedule
     placement = "interleaved"
@@ -265,13 +273,13 @@ def partition_of(model: Model, ev: Evaluator) -> Partition:
         placement = ev.eval(model.program.pick(sched, "placement", None).expr, Ctx(block=sched))
         if not isinstance(placement, str):
             raise MemformError(f"schedule '{sched}': placement must be a string", model.program.blocks[sched].loc)
-    pieces = None
-    p_sym = model.symbol_for_key("parallel.pp")
-    if p_sym is not None and (ev.keep is None or p_sym.name in ev.keep):
+    pieces = None   # the numeric backend's counts are plain numbers: no symbolic piece count
+    p_name = model.symbol_name_for_key("parallel.pp")
+    if p_name is not None and ev.keeps(p_name):
         v_sym = model.symbol_for_key("parallel.vpp")
-        pieces = p_sym * (v_sym if v_sym is not None and st.vpp > 1 else 1)
-    elif p_sym is not None:
-        pieces = sympy.Integer(st.pp * st.vpp)
+        pieces = model.bound.symbols[p_name] * (v_sym if v_sym is not None and st.vpp > 1 else 1)
+    elif p_name is not None and not model.bound.numeric:
+        pieces = ev.integer(st.pp * st.vpp)
 
     items = stack_items(model, ev)
     if st.recompute_layers is not None:
@@ -285,13 +293,17 @@ def partition_of(model: Model, ev: Evaluator) -> Partition:
         return st.layer_mode(stage, index_in_chunk, body_index)
 
     return build_partition(items, pp=st.pp, vpp=st.vpp, placement=placement,
-                           stage_layers=st.stage_layers, mode_of=mode_of, pieces_symbol=pieces)
+                           stage_layers=st.stage_layers, mode_of=mode_of, pieces_symbol=pieces, integer=ev.integer)
 
 
 def estimate(config: ConfigSource, overrides: Mapping[str, Any] | list[str] | None = None, *,
-             resolve: bool = True, keep: frozenset[str] | None = None) -> Estimate:
-    """Estimate per-stage peak memory of ``config`` (path or mapping), with dotted ``overrides``."""
-    model = load_model(config, overrides)
+             resolve: bool = True, keep: frozenset[str] | None = None, numeric: bool = False) -> Estimate:
+    """Estimate per-stage peak memory of ``config`` (path or mapping), with dotted ``overrides``.
+
+    ``numeric=True``: the numbers alone, from the numeric evaluator (no sympy; every stage's
+    ``exprs`` are then numbers too, and there are no assumptions); it raises
+    :class:`~.numeric.Inexact` where a formula's value is irrational."""
+    model = load_model(config, overrides, numeric=numeric)
     return estimate_model(model, resolve=resolve, keep=keep)
 
 
@@ -318,18 +330,18 @@ def parameter_counts(model: Model) -> dict[str, int]:
     (the pipeline split only moves layers, so it needs no undoing). ``expert`` counts the
     blocks' ``expert_params`` (routed experts; 0 for a dense model) and ``dense`` the rest."""
     total, expert = parameter_exprs(model, frozenset())
-    total_i, expert_i = int(sympy.ceiling(total)), int(sympy.ceiling(expert))
+    total_i, expert_i = to_bytes(total), to_bytes(expert)
     return {"total": total_i, "expert": expert_i, "dense": total_i - expert_i}
 
 
-def parameter_exprs(model: Model, keep: frozenset[str]) -> tuple[sympy.Expr, sympy.Expr]:
+def parameter_exprs(model: Model, keep: frozenset[str]) -> tuple[Any, Any]:
     """Total and expert parameter counts as expressions in the ``keep`` symbols (exact numbers
     when ``keep`` is empty); the degrees of :data:`UNSHARDED` are set to 1 first."""
     overrides = {k: v for k, v in UNSHARDED.items() if any(b.path == k for b in model.program.bindings.values())}
     flat = rebind(model, overrides, check=False) if overrides else model
     fixed = {name for name, b in model.program.bindings.items() if b.path in overrides}
     ev = flat.evaluator(resolve=False, keep=frozenset(keep - fixed))
-    total = expert = sympy.Integer(0)
+    total = expert = ev.zero
     for item in stack_items(flat, ev):
         if item.count_value == 0:
             continue
@@ -339,7 +351,7 @@ def parameter_exprs(model: Model, keep: frozenset[str]) -> tuple[sympy.Expr, sym
     return total, expert
 
 
-def _layer_quantity(model: Model, ev: Evaluator, block: str, name: str) -> sympy.Expr:
+def _layer_quantity(model: Model, ev: Walker, block: str, name: str) -> Any:
     q = model.program.pick(block, name, "none")
     value = ev.as_expr(ev.quantity(block, name, "none"), q.loc)
     return value if ev.keep else ev.number(value, q.loc, f"{block}.{name}")
@@ -364,6 +376,10 @@ def setup_of(model: Model) -> dict[str, Any]:
 
 
 def _plain_number(v: Any) -> Any:
-    if isinstance(v, sympy.Basic) and v.is_number:
+    if type(v) is int:
+        return v
+    if type(v) is Fraction:
+        return float(v)
+    if getattr(v, "is_number", False) is True:  # a sympy number
         return int(v) if v.is_integer else float(v)
     return v

@@ -20,8 +20,7 @@ Placements (named by the schedule block's ``placement`` quantity):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import sympy
+from typing import Any, Callable
 
 from ..errors import MemformError
 
@@ -36,7 +35,7 @@ class LayerGroup:
 
     block: str
     mode: str
-    count: sympy.Expr     # symbolic (e.g. L/p) when the split is even, else an integer
+    count: Any            # the evaluator's number: symbolic (e.g. L/p) when the split is even, else an integer
     count_value: int
     first_layer: int      # index of the first layer in the whole stack (0-based)
 
@@ -74,18 +73,20 @@ class Partition:
 class StackItem:
     place: str | None
     block: str
-    count: sympy.Expr      # as written (symbolic)
+    count: Any             # as written (symbolic)
     count_value: int
 
 
 def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str,
-                    stage_layers: list[int] | None, mode_of, pieces_symbol: sympy.Expr | None) -> Partition:
+                    stage_layers: list[int] | None, mode_of, pieces_symbol: Any,
+                    integer: Callable[[int], Any]) -> Partition:
     """Lay the stack out on ``pp`` stages × ``vpp`` chunks.
 
     ``mode_of(stage, chunk, index_in_stage, block, index_in_chunk=, body_index=)`` gives each
     layer's recompute mode (the indices are ``None`` for pinned first/last layers; ``body_index``
     counts body layers in forward order from 0);
-    ``pieces_symbol`` is the symbolic number of pieces (p·vpp) used for even splits.
+    ``pieces_symbol`` is the symbolic number of pieces (p·vpp) used for even splits (None: counts
+    are plain numbers); ``integer`` makes the evaluator's integer of a group's layer count.
     """
     # an entry counted zero times (``moe_decoder * 0`` in a dense config, ``mtp * 0``) is absent
     items = [i for i in items if i.count_value > 0]
@@ -109,7 +110,7 @@ def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str
             raise MemformError(f"DualPipe (mirror placement) needs parallel.vpp = 2 (each rank holds a piece of "
                                f"each direction) and an even parallel.pp, got vpp {vpp}, pp {pp}")
         return _mirror(first, body, last, total, pp=pp, stage_layers=stage_layers, mode_of=mode_of,
-                       pieces_symbol=pieces_symbol)
+                       pieces_symbol=pieces_symbol, integer=integer)
 
     if stage_layers is not None:
         if sum(stage_layers) != total:
@@ -137,7 +138,7 @@ def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str
     chunks = [[Chunk(s, c) for c in range(vpp)] for s in range(pp)]
     per_piece = None if pieces_symbol is None else (lambda count: count / pieces_symbol)
     pieces, layer_no = _cut(body, piece_sizes, [_place(k, pp, placement) for k in range(npieces)], mode_of,
-                            sum(i.count_value for i in first), per_piece if even else None)
+                            sum(i.count_value for i in first), per_piece if even else None, integer)
     for k, groups in enumerate(pieces):
         s, c = _place(k, pp, placement)
         chunks[s][c].groups.extend(groups)
@@ -162,7 +163,8 @@ def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str
 
 
 def _mirror(first: list[StackItem], body: list[StackItem], last: list[StackItem], total: int, *, pp: int,
-            stage_layers: list[int] | None, mode_of, pieces_symbol: sympy.Expr | None) -> Partition:
+            stage_layers: list[int] | None, mode_of, pieces_symbol: Any,
+            integer: Callable[[int], Any]) -> Partition:
     """DualPipe's layout: the body cut into ``pp`` pieces (``stage_layers``: one count per piece),
     piece k on stage k as chunk 0 and on stage pp-1-k as chunk 1; the first layers go with piece 0
     and the last ones with piece pp-1, in both of their copies."""
@@ -180,7 +182,7 @@ def _mirror(first: list[StackItem], body: list[StackItem], last: list[StackItem]
     # pieces_symbol is p·vp = 2p pieces of a V; DualPipe cuts p, each twice as long
     per_piece = None if pieces_symbol is None else (lambda count: count / pieces_symbol * 2)
     pieces, layer_no = _cut(body, sizes, [(k, 0) for k in range(pp)], mode_of, sum(i.count_value for i in first),
-                            per_piece if even else None)
+                            per_piece if even else None, integer)
     head, tail, head_layer = [], [], 0
     for i in first:
         head.append(LayerGroup(i.block, mode_of(0, 0, None, i.block, index_in_chunk=None, body_index=None),
@@ -199,7 +201,7 @@ def _mirror(first: list[StackItem], body: list[StackItem], last: list[StackItem]
 
 
 def _cut(body: list[StackItem], sizes: list[int], places: list[tuple[int, int]], mode_of, layer_no: int,
-         per_piece) -> tuple[list[list[LayerGroup]], int]:
+         per_piece, integer: Callable[[int], Any]) -> tuple[list[list[LayerGroup]], int]:
     """Cut the body into consecutive pieces of ``sizes`` layers, piece k on ``places[k]`` = (stage, chunk)
     for the layers' recompute modes; the body's first layer is stack layer ``layer_no``. ``per_piece``
     (an even split of a single body entry): the symbolic count of a piece from the entry's count.
@@ -223,7 +225,7 @@ def _cut(body: list[StackItem], sizes: list[int], places: list[tuple[int, int]],
             need -= take
             if used == count:
                 run_idx, used = run_idx + 1, 0
-        groups = _rle(modes)
+        groups = _rle(modes, integer)
         if per_piece is not None and len(runs) == 1 and len(groups) == 1:
             g = groups[0]
             groups = [LayerGroup(g.block, g.mode, per_piece(runs[0][2]), g.count_value, g.first_layer)]
@@ -237,12 +239,12 @@ def _place(k: int, pp: int, placement: str) -> tuple[int, int]:
     return k % pp, k // pp
 
 
-def _rle(layers: list[tuple[str, str, int]]) -> list[LayerGroup]:
+def _rle(layers: list[tuple[str, str, int]], integer: Callable[[int], Any]) -> list[LayerGroup]:
     groups: list[LayerGroup] = []
     for block, mode, no in layers:
         if groups and groups[-1].block == block and groups[-1].mode == mode:
             g = groups[-1]
-            groups[-1] = LayerGroup(block, mode, sympy.Integer(g.count_value + 1), g.count_value + 1, g.first_layer)
+            groups[-1] = LayerGroup(block, mode, integer(g.count_value + 1), g.count_value + 1, g.first_layer)
         else:
-            groups.append(LayerGroup(block, mode, sympy.Integer(1), 1, no))
+            groups.append(LayerGroup(block, mode, integer(1), 1, no))
     return groups

@@ -6,6 +6,7 @@ arities, missing recompute variants and cyclic definitions without a model at ha
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Iterator
 
 from ..errors import MemformError, did_you_mean
@@ -58,12 +59,14 @@ def walk_scoped(node: ast.Expr, in_layers: bool = False) -> Iterator[tuple[ast.E
 
 def literal_value(node: ast.Expr):
     """The value of an expression built only from number literals (``0``, ``2 - 2``, ``-(0 * 3)``),
-    as an exact sympy number; None when it names anything else."""
-    import sympy
+    as an exact Fraction (no sympy: a cold estimate lints without it); None when it names anything else."""
     if isinstance(node, ast.Num):
+        mantissa, _, exponent = node.text.lower().partition("e")
         try:
-            return sympy.nsimplify(sympy.sympify(node.text), rational=True)
-        except (sympy.SympifyError, TypeError, ValueError):
+            if exponent and abs(int(exponent)) > 4000:  # the evaluator refuses it; only its zeroness matters here
+                return Fraction(0) if Fraction(mantissa) == 0 else None
+            return Fraction(node.text)
+        except (TypeError, ValueError, ZeroDivisionError):
             return None
     if isinstance(node, ast.Neg):
         v = literal_value(node.operand)

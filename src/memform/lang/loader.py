@@ -66,5 +66,29 @@ def load_program(paths: list[str | Path], *, check: bool = True) -> Program:
     for p in paths:
         visit(Path(p), [], None)
     if check:
-        check_program(prog)
+        _check_once(prog)
     return prog
+
+
+def _check_once(prog: Program) -> None:
+    """:func:`check_program`, skipped for a program that passed it before: the same files with the same
+    texts, loaded in the same order by the same code (a sixth of a new config's ``memform estimate``). A
+    pass is recorded as an empty marker file in the cache directory, named by a SHA-256 of memform's
+    code and every loaded file's path and text; a failing program is never recorded, so its error is
+    raised on every load."""
+    import hashlib
+
+    from ..cachedir import cache_dir, code_digest, enabled, write_atomic
+    if not enabled():
+        check_program(prog)
+        return
+    from . import parser  # its reader, looked up now: the texts parsed (bench/mutate.py serves mutants through it)
+    h = hashlib.sha256(code_digest().encode())
+    for p in prog.paths:
+        h.update(f"\0{p}\0{parser.read_text(Path(p), 'formula file')}".encode())
+    name = h.hexdigest()
+    marker = cache_dir() / "checked" / name[:2] / name
+    if marker.is_file():
+        return
+    check_program(prog)
+    write_atomic(marker, b"")
