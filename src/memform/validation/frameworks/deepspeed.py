@@ -111,6 +111,9 @@ class DSCase:
     #: which keeps every tensor of this model but the embedding and the head gathered)
     persist: int | None = None
     overlap: bool | None = None   # zero_optimization.overlap_comm (None: DeepSpeed's default)
+    #: bf16.bf16_master_weights_and_grads and bf16_optimizer_states (DeepSpeedExamples training/
+    #: bf16_master_weight's bf16_full.json, without its torch_autocast): 16-bit master, gradients, moments
+    master16: bool = False
     rank: int = 0
 
     def job(self) -> "DSCase":
@@ -120,6 +123,7 @@ class DSCase:
     def label(self) -> str:
         extra = f" persist{self.persist}" if self.persist is not None else ""
         extra += "" if self.overlap is None else f" overlap{int(self.overlap)}"
+        extra += " master16" if self.master16 else ""
         return (f"ds zero{self.zero} L{self.L} h{self.h} b{self.b} s{self.s} {self.attn} "
                 f"{'bf16' if self.bf16 else 'fp32'}{' gc' if self.gc else ''} bucket{self.bucket:g}{extra} "
                 f"dp{self.world} rank{self.rank}")
@@ -145,7 +149,9 @@ class DSCase:
             zero["overlap_comm"] = self.overlap
         return {"train_micro_batch_size_per_gpu": self.b, "gradient_accumulation_steps": 1,
                 "train_batch_size": self.b * self.world, "zero_optimization": zero,
-                "bf16": {"enabled": self.bf16}, "zero_allow_untested_optimizer": True,
+                "bf16": {"enabled": self.bf16, **({"bf16_master_weights_and_grads": True,
+                                                    "bf16_optimizer_states": True} if self.master16 else {})},
+                "zero_allow_untested_optimizer": True,
                 "steps_per_print": 1_000_000}
 
     # ---- memform's side: the same files through `memform import deepspeed` --------------------------
