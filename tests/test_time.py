@@ -205,9 +205,11 @@ def test_a_ring_slower_than_the_attention_shows_its_excess():
     ring_bytes = 4 * (cp - 1) * 2 * (s // cp) * b * 2 * h
     core = 4 * b * (s // cp) * s * h
     hidden_ps = core + 2 * core + core  # at 10^12 FLOP/s: picoseconds = FLOPs
-    assert est.stages[0].time_ps["cp"] == m * L * (ring_bytes * 10 ** 4 - hidden_ps)
-    cfg["device"]["intra_node_bandwidth"] = 10 ** 12  # fast links: the attention hides the ring
-    assert memform.estimate(cfg).stages[0].time_ps["cp"] == 0
+    # + the last dK,dV block's trip home after the ring's last step (one s/cp chunk, nothing hides it)
+    tail = 2 * (s // cp) * b * 2 * h
+    assert est.stages[0].time_ps["cp"] == m * L * (ring_bytes * 10 ** 4 - hidden_ps + tail * 10 ** 4)
+    cfg["device"]["intra_node_bandwidth"] = 10 ** 12  # fast links: the attention hides the ring, not the tail
+    assert memform.estimate(cfg).stages[0].time_ps["cp"] == m * L * tail
 
 
 def _dp_allreduce_ps(est, d, bandwidth):
@@ -334,7 +336,37 @@ def test_a_context_parallel_ring_across_nodes_uses_the_inter_node_links():
     est = memform.estimate(cfg)
     ring_bytes = 4 * (cp - 1) * 2 * (s // cp) * b * 2 * h // t   # K,V of the t-split heads (as above)
     core = 4 * b * (s // cp) * s * h // t
-    assert est.stages[0].time_ps["cp"] == m * L * (ring_bytes * 10 ** 4 - 4 * core)
+    tail = 2 * (s // cp) * b * 2 * h // t
+    assert est.stages[0].time_ps["cp"] == m * L * (ring_bytes * 10 ** 4 - 4 * core + tail * 10 ** 4)
+
+
+def test_ring_context_parallelism_merges_each_steps_partial_results_at_memory_speed():
+    # Transformer Engine's ring (context_parallel.py, AttnFuncWithCPAndKVP2P) merges every step after
+    # the first into running sums: forward writes the step's output and corrects the running output
+    # (4 passes over the local s/cp tokens' output), backward accumulates dQ and dK,dV (3 passes each);
+    # full recompute runs the forward's merges again. At 10^12 bytes/s, picoseconds = bytes.
+    h, L, s, b, m, cp = 2048, 4, 1024, 2, 4, 4
+    cfg = gpt(h=h, L=L, s=s, b=b, m=m, cp=cp)
+    cfg["device"]["memory_bandwidth"] = 10 ** 12
+    est = memform.estimate(cfg)
+    merge = (cp - 1) * 2 * (s // cp) * b   # bf16, per element of width
+    merges = merge * (8 * h + 3 * (h + 2 * h))   # full recompute: 2 x 4 passes of the output, 3 of dQ and dK,dV
+    tail = 2 * (s // cp) * b * 2 * h
+    assert est.stages[0].time_ps["cp"] == m * L * (merges + tail)
+    cfg["parallel"]["cp_algo"] = "ulysses"   # all-to-alls of whole heads: nothing to merge
+    assert memform.estimate(cfg).stages[0].time_ps["cp"] > 0
+
+
+def test_context_parallelism_on_a_short_sequence_costs_time():
+    # issue 33: Llama 3 8B at 8K tokens on 8 H100s gave DP8 and CP8 the same step; CP's per-step
+    # merges and its last dK,dV transfer now make CP8 slower, and more so than CP2
+    steps = {}
+    for cp in (1, 2, 8):
+        est = memform.estimate(str(ROOT / "configs" / "llama3-8b.yaml"),
+                               {"parallel.cp": cp, "parallel.dp": 8 // cp, "parallel.tp": 1, "parallel.pp": 1})
+        steps[cp] = est.step_seconds
+    assert steps[1] < steps[2] < steps[8]
+    assert steps[8] > 1.05 * steps[1], steps
 
 
 def test_zero_2_and_zero_3_data_parallel_traffic():
