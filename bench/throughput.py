@@ -88,10 +88,60 @@ def predict(run: dict[str, Any], overrides: dict[str, Any] | None = None) -> dic
                                   or (run.get("derived") or {}).get("iteration_seconds"))}
 
 
+#: the parallel layout a published run states, matched against memform's search rows
+LAYOUT = ("tp", "pp", "dp", "cp", "vpp")
+
+
+def _alternatives(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The row and every merged equivalent (``equivalent``: 'dp=8,cp=2 | recompute=selective')."""
+    out = [row]
+    for alt in filter(None, (row.get("equivalent") or "").split(" | ")):
+        out.append({**row, **{k: (int(v) if v.lstrip("-").isdigit() else v)
+                              for k, v in (kv.split("=", 1) for kv in alt.split(","))}})
+    return out
+
+
+def rank(run: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Where the run's published layout (tp, pp, dp, cp, vpp) ranks in ``memform search`` on its device
+    count: every recompute mode, ZeRO stage and micro-batch size searched, as the CLI does by default.
+    ``rank`` counts rows of the default listing (simplest first within the time model's tolerance,
+    dominated and far-from-best rows dropped); ``rank_all`` the same ranking with ``--all``."""
+    from memform.analysis.search import default_space, search
+    from memform.engine.model import load_model
+    cfg = config_of(run)
+    devices = cfg["parallel"].pop("devices")
+    model = load_model(cfg, overrides or {})
+    result = search(model, default_space(model, devices))
+    want = {k: cfg["parallel"].get(k, 1) for k in LAYOUT}
+
+    def position(rows: list[dict[str, Any]]) -> tuple[int | None, dict[str, Any] | None]:
+        for i, row in enumerate(rows, 1):
+            for alt in _alternatives(row):
+                if all(alt.get(k, 1) == v for k, v in want.items()):
+                    return i, alt
+        return None, None
+
+    shown, every = result.plans(), result.plans(keep_all=True)
+    at, hit = position(shown)
+    at_all, hit_all = position(every)
+    top = shown[0] if shown else None
+    return {"id": run["id"], "devices": devices, "layout": want, "rank": at, "rank_all": at_all,
+            "listed": len(shown), "fitting": len(every),
+            "step_ratio": (hit_all["step_seconds"] / top["step_seconds"]) if hit_all and top else None,
+            "top": {k: top[k] for k in ("tp", "pp", "dp", "cp", "vpp", "zero", "recompute", "micro_batch_size")} if top else None,
+            "top_why": (top or {}).get("why", "")}
+
+
+def _layout(d: dict[str, Any]) -> str:
+    return " ".join(f"{k}{d[k]}" for k in ("tp", "pp", "dp", "cp", "vpp") if d.get(k, 1) != 1 or k == "dp")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     ap.add_argument("--runs", metavar="PREFIX", default="", help="only the runs whose id starts with PREFIX")
+    ap.add_argument("--ranks", action="store_true",
+                    help="the second table: where each published layout ranks in memform's search on its device count")
     ap.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                     help="override a config key in every run (YAML value), to see how much a fill moves a figure")
     args = ap.parse_args(argv)
@@ -102,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"no run id starts with '{args.runs}'")
     try:
         overrides = dict(parse_override(item) for item in args.set)   # as memform's own --set reads it
+        if args.ranks:
+            return _print_ranks([rank(r, overrides) for r in chosen], args.json)
         rows = [predict(r, overrides) for r in chosen]
     except MemformError as exc:   # a mistyped --set key or value: the message, not a traceback
         print(f"bench/throughput.py: {exc.message}", file=sys.stderr)
@@ -121,6 +173,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label}{len(errs)} runs: mean |error| {100 * sum(errs) / len(errs):.1f} %, "
                   f"max {100 * max(errs):.1f} %, {off} over {100 * TOLERANCE:.0f} %")
     return 1 if any(r["relative_error"] is not None and abs(r["relative_error"]) > TOLERANCE for r in rows) else 0
+
+
+def _print_ranks(rows: list[dict[str, Any]], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'run':40s} {'GPUs':>5s} {'published layout':22s} {'rank':>5s} {'--all':>5s} {'x top':>6s}  memform's top row")
+    for r in rows:
+        top = r["top"]
+        print(f"{r['id']:40s} {r['devices']:5d} {_layout(r['layout']):22s} {r['rank'] or '-':>5} {r['rank_all'] or '-':>5} "
+              f"{r['step_ratio'] or float('nan'):6.3f}  " + (f"{_layout(top)} zero{top['zero']} {top['recompute']} mbs{top['micro_batch_size']}" if top else "nothing fits"))
+    ranked = [r["rank"] for r in rows]
+    print(f"{len(rows)} runs: published layout in the top 5 of the default listing for "
+          f"{sum(1 for k in ranked if k is not None and k <= 5)}, first for {sum(1 for k in ranked if k == 1)}, "
+          f"not listed for {sum(1 for k in ranked if k is None)}")
+    return 0
 
 
 if __name__ == "__main__":
