@@ -1,13 +1,15 @@
 """Published training throughput vs. memform's step-time model.
 
 Every run of ``tests/data/published_throughput.yaml`` (Narayanan et al. 2021 Table 1, Korthikanti
-et al. 2022 Table 5, the Llama 3 report Table 4; each figure with its source there) is rebuilt as a
+et al. 2022 Table 5, the Llama 3 report Table 4, NVIDIA Megatron-Bridge's performance summaries and
+NeMo's long-sequence table with context parallelism; each figure with its source there) is rebuilt as a
 memform config on the paper's device preset, and the predicted MFU is printed next to the published
 one (Narayanan's Table 1 counts the recompute forward: its MFU is the file's ``derived`` figure, the
 same measured time over the model FLOPs without it).
 
     python bench/throughput.py            # the table; exit status 1 when a run is off by > 25 %
     python bench/throughput.py --json     # the rows as JSON
+    python bench/throughput.py --ranks    # where each published layout ranks in memform's search
 
 Each run is also estimated with ``device.sm_count: 0`` (no tile and wave quantization, time.mf
 ``pad``): the ``pad`` column is how much that adds to the compute part, and the last line gives the
@@ -33,6 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "published_throughput.yaml"
 #: the issue's tolerance: predicted MFU within 25 % of the published one
 TOLERANCE = 0.25
+#: issue 33's target for every run
+ISSUE_TOLERANCE = 0.20
 
 
 def runs() -> list[dict[str, Any]]:
@@ -40,8 +44,16 @@ def runs() -> list[dict[str, Any]]:
     return [r for r in yaml.safe_load(DATA.read_text(encoding="utf-8"))["runs"] if "published" in r and "model" in r]
 
 
-def published_mfu(run: dict[str, Any]) -> float | None:
+def published_mfu(run: dict[str, Any], predicted: Any = None) -> float | None:
+    """The run's MFU as memform counts model FLOPs (Korthikanti eq. 7, attention s² in full). A run
+    published as tokens per second per GPU (NVIDIA's Megatron-Bridge tables: their TFLOP/s count
+    causal attention at half) takes memform's own FLOPs per token, from ``predicted``'s estimate."""
     pub, der = run.get("published", {}), run.get("derived") or {}
+    tok = pub.get("tokens_per_second_per_gpu") or der.get("tokens_per_second_per_gpu")
+    if tok is not None:
+        if predicted is None or not predicted.tokens_per_second:
+            return None
+        return float(tok) * predicted.mfu * run["cluster"]["devices"] / predicted.tokens_per_second
     for value in (pub.get("model_flops_utilization"), pub.get("bf16_mfu"), der.get("model_flops_utilization")):
         if value is not None:
             return float(value)
@@ -66,10 +78,15 @@ def config_of(run: dict[str, Any]) -> dict[str, Any]:
         parallel["stage_layers"] = par["stage_layers"]
     if par.get("cp_algo"):
         parallel["cp_algo"] = par["cp_algo"]
+    if par.get("overlap_grad_reduce"):
+        parallel["overlap_grad_reduce"] = True
     training = {"micro_batch_size": tr.get("micro_batch_size") or 1, "global_batch_size": tr["global_batch_size"],
                 "recompute": tr.get("recompute") or "none"}
-    return {"name": run["id"], "formulas": ["dense.mf"], "model": model, "parallel": parallel,
-            "training": training, "device": {"preset": cl["device"]}}
+    cfg = {"name": run["id"], "formulas": ["dense.mf"], "model": model, "parallel": parallel,
+           "training": training, "device": {"preset": cl["device"]}}
+    if tr.get("fp8"):   # Transformer Engine fp8 GEMMs (frameworks/megatron/megatron-core.mf)
+        cfg["megatron"] = {"fp8": tr["fp8"]["format"], "fp8_recipe": tr["fp8"]["recipe"]}
+    return cfg
 
 
 def predict(run: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -77,11 +94,12 @@ def predict(run: dict[str, Any], overrides: dict[str, Any] | None = None) -> dic
     cfg, overrides = config_of(run), overrides or {}
     est = memform.estimate(cfg, overrides)
     flat = memform.estimate(cfg, {**overrides, "device.sm_count": 0})   # without tile/wave quantization
-    want = published_mfu(run)
+    want = published_mfu(run, est)
     got = est.mfu
     return {"id": run["id"], "where": run.get("where", ""), "published_mfu": want, "predicted_mfu": got,
             "relative_error": (got - want) / want if want and got is not None else None,
-            "unquantized_error": (flat.mfu - want) / want if want and flat.mfu is not None else None,
+            "unquantized_error": (flat.mfu - published_mfu(run, flat)) / published_mfu(run, flat)
+            if want and flat.mfu is not None else None,
             "pad_share": est.time_dict()["parts"]["compute"] / flat.time_dict()["parts"]["compute"] - 1,
             "step_seconds": est.step_seconds, "fits": est.fits,
             "published_seconds": (run.get("published", {}).get("iteration_seconds")
@@ -171,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             errs = [abs(r[key]) for r in rows if r[key] is not None]
             off = sum(e > TOLERANCE for e in errs)
             print(f"{label}{len(errs)} runs: mean |error| {100 * sum(errs) / len(errs):.1f} %, "
-                  f"max {100 * max(errs):.1f} %, {off} over {100 * TOLERANCE:.0f} %")
+                  f"max {100 * max(errs):.1f} %, {sum(e <= ISSUE_TOLERANCE for e in errs)} within "
+                  f"{100 * ISSUE_TOLERANCE:.0f} %, {off} over {100 * TOLERANCE:.0f} %")
     return 1 if any(r["relative_error"] is not None and abs(r["relative_error"]) > TOLERANCE for r in rows) else 0
 
 

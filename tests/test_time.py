@@ -744,7 +744,9 @@ def test_mla_pads_each_of_its_projections():
     # (d_n + d_r + d_v)) and the 5/2 of it backward
     core = 2 * b * s * s * a * (d_n + d_r + d_v)
     idle = Fraction(S, a * 8) - 1
-    per_layer += idle * (core + Fraction(5, 2) * core)
+    # a causal flash kernel computes the 8·9/2 of 8² blocks on or below the diagonal (FlashAttention-2
+    # §3.1.1): the cores' time, and so their idle slots', is that share
+    per_layer += Fraction(9, 16) * idle * (core + Fraction(5, 2) * core)
     assert compute(S) - compute(0) == L * per_layer + sum(_gemm_idle(tok, v, h, S))
 
 
@@ -806,7 +808,8 @@ def test_zigzag_chunks_leave_flash_attention_blocks_idle():
     # Ring CP over the 2·cp zig-zag chunks (Megatron-LM get_batch_on_this_cp_rank; Transformer Engine's
     # diagonal step over both local chunks, the cp - 1 others over one chunk's s/(2cp) rows): 8 heads,
     # s/cp = 1024 rows fill 64 SMs exactly (8 x 8 blocks), one chunk only half (8 x 4): 3 of the 4 steps
-    # take twice their work. With 64-row blocks every step fills the SMs: the difference is the idle time.
+    # take twice their work. With 64-row blocks every step fills the SMs. Either way a causal kernel computes
+    # the nb(nb + 1)/2 of nb² blocks on or below the diagonal (FlashAttention-2 §3.1.1), nb = s / rows.
     h, a, L, s, b, m, cp = 2048, 8, 4, 4096, 1, 2, 4
 
     def compute(tile):
@@ -818,7 +821,8 @@ def test_zigzag_chunks_leave_flash_attention_blocks_idle():
     core = 4 * b * (s // cp) * s * h   # QKᵀ and scores·V of the local rows against all s keys
     idle = Fraction(3, 4)               # (cp - 1)/cp of the steps at half the SMs: 1 idle slot per busy one
     # full recompute: the forward twice, FlashAttention-2's backward 5/2 of a forward (§3.1.2)
-    assert compute(128) - compute(64) == m * L * idle * (2 * core + Fraction(5, 2) * core)
+    run = {128: Fraction(1 + Fraction(1, s // 128), 2), 64: Fraction(1 + Fraction(1, s // 64), 2)}
+    assert compute(128) - compute(64) == m * L * (run[128] * (1 + idle) - run[64]) * (2 * core + Fraction(5, 2) * core)
 
 
 def test_fp8_gemms_leave_the_attention_cores_and_the_output_head_at_the_bf16_peak():
@@ -835,3 +839,18 @@ def test_fp8_gemms_leave_the_attention_cores_and_the_output_head_at_the_bf16_pea
     head = 3 * 2 * s * b * h * v
     kept = m * (L * 4 * core + head)
     assert fp8 == (bf16 - kept) / 2 + kept
+
+
+def test_a_causal_flash_core_takes_the_time_of_its_blocks_on_and_below_the_diagonal():
+    # FlashAttention-2 §3.1.1: blocks above the diagonal are skipped. s = 1024 in 128-row blocks: 8 x 9 / 2
+    # of the 64 blocks run, so the core's time is 9/16 of its counted FLOPs; MFU counts them all
+    h, a, L, s, b, m = 2048, 16, 4, 1024, 2, 4
+    cfg = gpt(h, a, L, s, b=b, m=m)
+    cfg["model"]["flash_attention"] = True
+    flash = memform.estimate(cfg)
+    core = 4 * b * s * s * h
+    counted = m * L * (2 * core + Fraction(5, 2) * core)   # full recompute: the forward twice, backward 5/2
+    cfg["device"]["attention_tile"] = s                     # one block: nothing skipped
+    whole = memform.estimate(cfg)
+    assert whole.stages[0].time_ps["compute"] - flash.stages[0].time_ps["compute"] == counted * Fraction(7, 16)
+    assert whole.mfu * whole.step_seconds == pytest.approx(flash.mfu * flash.step_seconds, rel=1e-12)   # same model FLOPs
