@@ -29,7 +29,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "published_throughput.yaml"
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         overrides = dict(parse_override(item) for item in args.set)   # as memform's own --set reads it
         if args.ranks:
-            return _print_ranks([rank(r, overrides) for r in chosen], args.json)
+            return _print_ranks((rank(r, overrides) for r in chosen), args.json)
         rows = [predict(r, overrides) for r in chosen]
     except MemformError as exc:   # a mistyped --set key or value: the message, not a traceback
         print(f"bench/throughput.py: {exc.message}", file=sys.stderr)
@@ -194,15 +194,19 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(r["relative_error"] is not None and abs(r["relative_error"]) > TOLERANCE for r in rows) else 0
 
 
-def _print_ranks(rows: list[dict[str, Any]], as_json: bool) -> int:
+def _print_ranks(rows: Iterable[dict[str, Any]], as_json: bool) -> int:
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(list(rows), indent=2))
         return 0
     print(f"{'run':40s} {'GPUs':>5s} {'published layout':22s} {'rank':>5s} {'--all':>5s} {'x top':>6s}  memform's top row")
-    for r in rows:
+    done = []
+    for r in rows:   # one line per run as its search ends (a search of 1,024 GPUs takes minutes)
+        done.append(r)
         top = r["top"]
         print(f"{r['id']:40s} {r['devices']:5d} {_layout(r['layout']):22s} {r['rank'] or '-':>5} {r['rank_all'] or '-':>5} "
-              f"{r['step_ratio'] or float('nan'):6.3f}  " + (f"{_layout(top)} zero{top['zero']} {top['recompute']} mbs{top['micro_batch_size']}" if top else "nothing fits"))
+              f"{r['step_ratio'] or float('nan'):6.3f}  " + (f"{_layout(top)} zero{top['zero']} {top['recompute']} mbs{top['micro_batch_size']}" if top else "nothing fits"),
+              flush=True)
+    rows = done
     ranked = [r["rank"] for r in rows]
     print(f"{len(rows)} runs: published layout in the top 5 of the default listing for "
           f"{sum(1 for k in ranked if k is not None and k <= 5)}, first for {sum(1 for k in ranked if k == 1)}, "
