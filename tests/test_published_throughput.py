@@ -1,7 +1,8 @@
 """memform's step-time model against published training throughput (issue 14).
 
 Each run of tests/data/published_throughput.yaml (Narayanan et al. 2021 Table 1, Korthikanti et al.
-2022 Table 5 and §6.3, the Llama 3 report Table 4; the file cites the table and row of every figure)
+2022 Table 5 and §6.3, the Llama 3 report Table 4, NVIDIA's Megatron-Bridge performance summaries and
+NeMo's long-sequence table; the file cites the table and row of every figure)
 is rebuilt by bench/throughput.py on its paper's device preset. The predicted MFU must be within
 25 % of the published one. The runs the model misses by more are listed in KNOWN_MISSES with the
 error measured by `python bench/throughput.py`; they are strict xfails, so a model change that brings
@@ -23,9 +24,20 @@ _spec = importlib.util.spec_from_file_location("memform_bench_throughput", ROOT 
 throughput = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(throughput)
 
-#: run id -> why it misses (measured with `python bench/throughput.py`): none at present. A run the
+#: run id -> why it misses (measured with `python bench/throughput.py`). A run the
 #: model misses by more than 25 % goes here with its measured error; it is then a strict xfail.
-KNOWN_MISSES: dict[str, str] = {}
+KNOWN_MISSES: dict[str, str] = {
+    # FP8 on B200 at 8K-32K tokens: memform applies the BF16 matmul efficiency (MAMF) to the FP8 peak and
+    # prices no quantization kernels
+    "megatron-bridge-25.11-b200-llama3-8b": "+52.1 %: FP8 GEMMs on B200 at the BF16 MAMF's efficiency",
+    "nemo-long-sequence-b200-llama3-8b-8k": "+43.9 %: FP8 GEMMs on B200 at the BF16 MAMF's efficiency",
+    "nemo-long-sequence-b200-llama3-8b-16k": "+31.2 %: FP8 GEMMs on B200 at the BF16 MAMF's efficiency",
+    "nemo-long-sequence-b200-llama3-8b-32k": "+25.1 %: FP8 GEMMs on B200 at the BF16 MAMF's efficiency",
+    # the 131K stage: the causal flash cores (half their counted s² FLOPs, FlashAttention-2 §3.1.1) run at
+    # the GEMM efficiency, 80 % of peak; FlashAttention-2 reaches 35 % of an H100's, FlashAttention-3 up
+    # to 75 % (Shah et al. 2024): an attention-kernel efficiency is the missing term
+    "dubey2024-table4-row3": "+39.7 %: attention kernels at the GEMM efficiency",
+}
 
 RUNS = throughput.runs()
 
@@ -76,15 +88,16 @@ def test_every_inferred_interleaving_degree_cites_its_source():
 
 
 def test_the_bench_shows_how_much_a_fill_moves_a_figure():
-    # with one chunk per stage instead of Fig. 6's two, Llama 3's 16K-GPU row leaves the tolerance
+    # with one chunk per stage instead of Fig. 6's two, Llama 3's 16K-GPU row falls by over 20 points
     # (its bubble, 15 idle slots per 16 micro-batches): the bench's override reproduces that
     bench = str(ROOT / "bench" / "throughput.py")
     out = subprocess.run([sys.executable, bench, "--runs", "dubey2024-table4-row2", "--set", "parallel.vpp=1", "--json"],
                          capture_output=True, text=True)
-    assert out.returncode == 1, out.stderr
+    assert out.returncode in (0, 1), out.stderr
     (row,) = json.loads(out.stdout)
-    assert row["relative_error"] < -throughput.TOLERANCE
-    assert row["predicted_mfu"] < throughput.predict(next(r for r in RUNS if r["id"] == row["id"]))["predicted_mfu"]
+    base = throughput.predict(next(r for r in RUNS if r["id"] == row["id"]))
+    assert row["relative_error"] < base["relative_error"] - 0.2
+    assert row["predicted_mfu"] < base["predicted_mfu"]
     bad = subprocess.run([sys.executable, bench, "--runs", "dubey2024", "--set", "parallel.vpp=zero"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "vpp" in bad.stderr, bad.stderr

@@ -205,9 +205,11 @@ def test_a_ring_slower_than_the_attention_shows_its_excess():
     ring_bytes = 4 * (cp - 1) * 2 * (s // cp) * b * 2 * h
     core = 4 * b * (s // cp) * s * h
     hidden_ps = core + 2 * core + core  # at 10^12 FLOP/s: picoseconds = FLOPs
-    assert est.stages[0].time_ps["cp"] == m * L * (ring_bytes * 10 ** 4 - hidden_ps)
-    cfg["device"]["intra_node_bandwidth"] = 10 ** 12  # fast links: the attention hides the ring
-    assert memform.estimate(cfg).stages[0].time_ps["cp"] == 0
+    # + the last dK,dV block's trip home after the ring's last step (one s/cp chunk, nothing hides it)
+    tail = 2 * (s // cp) * b * 2 * h
+    assert est.stages[0].time_ps["cp"] == m * L * (ring_bytes * 10 ** 4 - hidden_ps + tail * 10 ** 4)
+    cfg["device"]["intra_node_bandwidth"] = 10 ** 12  # fast links: the attention hides the ring, not the tail
+    assert memform.estimate(cfg).stages[0].time_ps["cp"] == m * L * tail
 
 
 def _dp_allreduce_ps(est, d, bandwidth):
@@ -310,6 +312,23 @@ def test_expert_all_to_alls_are_exposed_in_1f1b_and_the_bubble_idles_them_too():
         assert st.time_ps["bubble"] == pytest.approx(busy * Fraction(1, m), abs=8)  # (p - 1)/m, p = 2
 
 
+def test_an_expert_all_to_all_wider_than_a_node_splits_its_bytes_over_both_links():
+    # one device per node: the ep = 2 group spans two nodes, so every routed copy that leaves its rank
+    # crosses nodes ((ep - ep_local)/ep = 1/2 of them) at the inter-node 10^10 bytes/s (100 ps a byte)
+    k, s, b, h, m, ep, layers = 2, 4096, 1, 4096, 4, 2, 16
+    slow = dict(UNIT_DEVICE, devices_per_node=1, inter_node_bandwidth=10 ** 10)
+    est = _mixtral(device=slow)
+    per_layer = 2 * 2 * k * s * b * h * 2 * Fraction(ep - 1, ep)
+    assert est.stages[0].time_ps["ep"] == m * layers * per_layer * 100
+    # node-limited routing (DeepSeek-V3 §2.1.2/§3.2.2): a token goes once to each of its M = 1 nodes,
+    # the other one w.p. (nodes - 1)/nodes, instead of once per expert there: 1/k of the IB bytes
+    limited = _mixtral(device=slow, **{"model.moe_router_group_topk": 1})
+    assert limited.stages[0].time_ps["ep"] == m * layers * per_layer * 100 / k
+    # FP8 dispatch (DeepSeek-V3 §3.3.2): 1 byte + an fp32 scale per 128 elements, the combine in bf16
+    fp8 = _mixtral(device=slow, **{"model.moe_router_group_topk": 1, "parallel.moe_fp8_dispatch": True})
+    assert fp8.stages[0].time_ps["ep"] == m * layers * per_layer * 100 / k * (1 + Fraction(4, 128) + 2) / 4
+
+
 def test_dualpipev_hides_expert_and_pipeline_transfers_under_compute():
     # DeepSeek-V3 §3.2.1 (DualPipe): a forward and a backward chunk run together, so the all-to-alls
     # and pipeline transfers of one run under the other's compute (here compute is far longer)
@@ -334,7 +353,37 @@ def test_a_context_parallel_ring_across_nodes_uses_the_inter_node_links():
     est = memform.estimate(cfg)
     ring_bytes = 4 * (cp - 1) * 2 * (s // cp) * b * 2 * h // t   # K,V of the t-split heads (as above)
     core = 4 * b * (s // cp) * s * h // t
-    assert est.stages[0].time_ps["cp"] == m * L * (ring_bytes * 10 ** 4 - 4 * core)
+    tail = 2 * (s // cp) * b * 2 * h // t
+    assert est.stages[0].time_ps["cp"] == m * L * (ring_bytes * 10 ** 4 - 4 * core + tail * 10 ** 4)
+
+
+def test_ring_context_parallelism_merges_each_steps_partial_results_at_memory_speed():
+    # Transformer Engine's ring (context_parallel.py, AttnFuncWithCPAndKVP2P) merges every step after
+    # the first into running sums: forward writes the step's output and corrects the running output
+    # (4 passes over the local s/cp tokens' output), backward accumulates dQ and dK,dV (3 passes each);
+    # full recompute runs the forward's merges again. At 10^12 bytes/s, picoseconds = bytes.
+    h, L, s, b, m, cp = 2048, 4, 1024, 2, 4, 4
+    cfg = gpt(h=h, L=L, s=s, b=b, m=m, cp=cp)
+    cfg["device"]["memory_bandwidth"] = 10 ** 12
+    est = memform.estimate(cfg)
+    merge = (cp - 1) * 2 * (s // cp) * b   # bf16, per element of width
+    merges = merge * (8 * h + 3 * (h + 2 * h))   # full recompute: 2 x 4 passes of the output, 3 of dQ and dK,dV
+    tail = 2 * (s // cp) * b * 2 * h
+    assert est.stages[0].time_ps["cp"] == m * L * (merges + tail)
+    cfg["parallel"]["cp_algo"] = "ulysses"   # all-to-alls of whole heads: nothing to merge
+    assert memform.estimate(cfg).stages[0].time_ps["cp"] > 0
+
+
+def test_context_parallelism_on_a_short_sequence_costs_time():
+    # issue 33: Llama 3 8B at 8K tokens on 8 H100s gave DP8 and CP8 the same step; CP's per-step
+    # merges and its last dK,dV transfer now make CP8 slower, and more so than CP2
+    steps = {}
+    for cp in (1, 2, 8):
+        est = memform.estimate(str(ROOT / "configs" / "llama3-8b.yaml"),
+                               {"parallel.cp": cp, "parallel.dp": 8 // cp, "parallel.tp": 1, "parallel.pp": 1})
+        steps[cp] = est.step_seconds
+    assert steps[1] < steps[2] < steps[8]
+    assert steps[8] > 1.05 * steps[1], steps
 
 
 def test_zero_2_and_zero_3_data_parallel_traffic():
@@ -690,6 +739,14 @@ def test_mla_pads_each_of_its_projections():
     gemms = [(tok, q_c, h), (tok, a * (d_n + d_r), q_c), (tok, d_c + d_r, h), (tok, a * (d_n + d_v), d_c),
              (tok, h, a * d_v), (tok, 2 * 2048, h), (tok, h, 2048)]
     per_layer = sum(sum(_gemm_idle(*g, S)) for g in gemms)
+    # + the flash kernels' idle SMs (FlashAttention-2 §3.2: a thread block per head and 128 query rows):
+    # 8 heads x ceil(1000/128) = 64 blocks fill 64 of 108 SMs, for QK^T and scores·V forward (2·s²·a·
+    # (d_n + d_r + d_v)) and the 5/2 of it backward
+    core = 2 * b * s * s * a * (d_n + d_r + d_v)
+    idle = Fraction(S, a * 8) - 1
+    # a causal flash kernel computes the 8·9/2 of 8² blocks on or below the diagonal (FlashAttention-2
+    # §3.1.1): the cores' time, and so their idle slots', is that share
+    per_layer += Fraction(9, 16) * idle * (core + Fraction(5, 2) * core)
     assert compute(S) - compute(0) == L * per_layer + sum(_gemm_idle(tok, v, h, S))
 
 
@@ -744,3 +801,56 @@ def test_data_parallel_overlap_windows_include_the_idle_tile_slots():
     ring = Fraction(d - 1, d) * st.param_count * 2 * 10 ** 4
     assert st.time_ps["compute"] > memform.estimate({**cfg, "device": {**cfg["device"], "sm_count": 0}}).stages[0].time_ps["compute"]
     assert 0 < st.time_ps["dp"] == pytest.approx(m * 3 * ring - st.time_ps["compute"], abs=64)
+
+
+def test_zigzag_chunks_leave_flash_attention_blocks_idle():
+    # FlashAttention-2 §3.2: one thread block per head and 128 query rows, one block per SM at a time.
+    # Ring CP over the 2·cp zig-zag chunks (Megatron-LM get_batch_on_this_cp_rank; Transformer Engine's
+    # diagonal step over both local chunks, the cp - 1 others over one chunk's s/(2cp) rows): 8 heads,
+    # s/cp = 1024 rows fill 64 SMs exactly (8 x 8 blocks), one chunk only half (8 x 4): 3 of the 4 steps
+    # take twice their work. With 64-row blocks every step fills the SMs. Either way a causal kernel computes
+    # the nb(nb + 1)/2 of nb² blocks on or below the diagonal (FlashAttention-2 §3.1.1), nb = s / rows.
+    h, a, L, s, b, m, cp = 2048, 8, 4, 4096, 1, 2, 4
+
+    def compute(tile):
+        cfg = gpt(h=h, a=a, L=L, s=s, b=b, m=m, cp=cp)
+        cfg["model"]["flash_attention"] = True
+        cfg["device"].update(sm_count=64, attention_tile=tile)
+        return memform.estimate(cfg).stages[0].time_ps["compute"]
+
+    core = 4 * b * (s // cp) * s * h   # QKᵀ and scores·V of the local rows against all s keys
+    idle = Fraction(3, 4)               # (cp - 1)/cp of the steps at half the SMs: 1 idle slot per busy one
+    # full recompute: the forward twice, FlashAttention-2's backward 5/2 of a forward (§3.1.2)
+    run = {128: Fraction(1 + Fraction(1, s // 128), 2), 64: Fraction(1 + Fraction(1, s // 64), 2)}
+    assert compute(128) - compute(64) == m * L * (run[128] * (1 + idle) - run[64]) * (2 * core + Fraction(5, 2) * core)
+
+
+def test_fp8_gemms_leave_the_attention_cores_and_the_output_head_at_the_bf16_peak():
+    # Transformer Engine's fp8 recipes quantize its Linear GEMMs; DotProductAttention stays BF16 and
+    # Megatron-LM's output layer is a plain ColumnParallelLinear (DeepSeek-V3 §3.3 keeps "attention
+    # operators" and "the output head" in BF16 too). FP8 peak 2 x BF16 here: the rest takes half the time.
+    h, a, L, s, v, b, m = 2048, 16, 4, 1024, 51200, 2, 4
+    cfg = gpt(h, a, L, s, v, b, m)
+    bf16 = memform.estimate(cfg).stages[0].time_ps["compute"]
+    cfg["device"]["peak_flops_fp8"] = 2 * 10 ** 12
+    cfg["megatron"] = {"fp8": "hybrid"}
+    fp8 = memform.estimate(cfg).stages[0].time_ps["compute"]
+    core = 4 * b * s * s * h   # QKᵀ and scores·V; eager backward twice it, full recompute the forward again
+    head = 3 * 2 * s * b * h * v
+    kept = m * (L * 4 * core + head)
+    assert fp8 == (bf16 - kept) / 2 + kept
+
+
+def test_a_causal_flash_core_takes_the_time_of_its_blocks_on_and_below_the_diagonal():
+    # FlashAttention-2 §3.1.1: blocks above the diagonal are skipped. s = 1024 in 128-row blocks: 8 x 9 / 2
+    # of the 64 blocks run, so the core's time is 9/16 of its counted FLOPs; MFU counts them all
+    h, a, L, s, b, m = 2048, 16, 4, 1024, 2, 4
+    cfg = gpt(h, a, L, s, b=b, m=m)
+    cfg["model"]["flash_attention"] = True
+    flash = memform.estimate(cfg)
+    core = 4 * b * s * s * h
+    counted = m * L * (2 * core + Fraction(5, 2) * core)   # full recompute: the forward twice, backward 5/2
+    cfg["device"]["attention_tile"] = s                     # one block: nothing skipped
+    whole = memform.estimate(cfg)
+    assert whole.stages[0].time_ps["compute"] - flash.stages[0].time_ps["compute"] == counted * Fraction(7, 16)
+    assert whole.mfu * whole.step_seconds == pytest.approx(flash.mfu * flash.step_seconds, rel=1e-12)   # same model FLOPs
