@@ -68,7 +68,7 @@ def test_plans_are_ranked_by_step_time_and_none_is_dominated(result):
 @pytest.mark.parametrize("row, seq, points, traits", [
     (dict(dp=8, tp=1, pp=1, vpp=1, cp=1, ep=1, zero=1), 8192, 0, []),
     (dict(dp=8, tp=1, pp=1, vpp=1, cp=1, ep=1, zero=3), 8192, 1, ["ZeRO-3"]),
-    (dict(dp=1, tp=1, pp=1, vpp=1, cp=8, ep=1, zero=1), 8192, 3,
+    (dict(dp=1, tp=1, pp=1, vpp=1, cp=8, ep=1, zero=1), 8192, 2,
      ["cp", "context parallelism on 8,192-token sequences"]),
     (dict(dp=1, tp=1, pp=1, vpp=1, cp=8, ep=1, zero=1), 131072, 1, ["cp"]),  # Llama 3's 128K stage: CP 16
     (dict(dp=2, tp=8, pp=16, vpp=2, cp=1, ep=1, zero=1), 8192, 3, ["tp", "pp", "interleaving"]),
@@ -79,7 +79,7 @@ def test_complexity_counts_parallel_dimensions_and_short_sequence_cp(row, seq, p
 
 
 def test_the_simplest_plan_within_the_tolerance_comes_first_and_says_why():
-    # Llama 3 8B on 8 GPUs: ZeRO-3 is 3.5 % faster than ZeRO-2 in the model, CP 4 ties with dp: plain
+    # Llama 3 8B on 8 GPUs: ZeRO-3 is 4 % faster than ZeRO-2 in the model and CP 2 within 5 % too: plain
     # data parallelism with ZeRO-2 is the plan a practitioner runs
     model = load_model(CFG)
     result = search(model, default_space(model, 8))

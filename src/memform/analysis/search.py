@@ -56,9 +56,10 @@ FAR_FROM_BEST = 2.0
 #: +17.9 %), so a smaller difference does not say which plan is faster, and the simpler plan is the
 #: one a practitioner would run
 TIE_TOLERANCE = 0.05
-#: context parallelism on sequences shorter than this is an exotic choice: published runs use it for
-#: long context only (Llama 3 §3.3.2: CP 16 for the 131K-token stage, none at 8K; DeepSeek-V3 §3.2
-#: trains 4K sequences without it)
+#: context parallelism on sequences shorter than this is the less usual choice: published runs use it
+#: mostly for long context (Llama 3 §3.3.2: CP 16 for the 131K-token stage, none at 8K; DeepSeek-V3
+#: §3.2 trains 4K sequences without it), though not only (NVIDIA's Llama 3.1 405B recipes run CP 2 at
+#: 8K): one point more, not a refusal
 LONG_CONTEXT = 32768
 #: default ranking without a time model: fewest wasted devices, then the lowest peak
 DEFAULT_SORT = ("devices_wasted", "peak_bytes")
@@ -415,14 +416,14 @@ def search(model: Model, space: SearchSpace, *,
 def complexity(row: dict[str, Any], seq_length: int | None = None) -> tuple[int, list[str]]:
     """How unusual a plan is, and what makes it so: a point for each parallel dimension beyond data
     parallelism (tp, pp, cp, ep, an interleaved pipeline) and for ZeRO-3 (every parameter
-    all-gathered per micro-batch: PP is the published choice at scale), two more for context
+    all-gathered per micro-batch: PP is the published choice at scale), one more for context
     parallelism on sequences shorter than :data:`LONG_CONTEXT`."""
     traits = [name for name, on in (("tp", row["tp"] > 1), ("pp", row["pp"] > 1), ("cp", row["cp"] > 1),
                                     ("ep", (row.get("ep") or 1) > 1), ("interleaving", row["vpp"] > 1),
                                     ("ZeRO-3", row.get("zero") == 3)) if on]
     points = len(traits)
     if row["cp"] > 1 and seq_length is not None and seq_length < LONG_CONTEXT:
-        points += 2
+        points += 1
         traits.append(f"context parallelism on {seq_length:,}-token sequences")
     return points, traits
 
