@@ -195,9 +195,10 @@ def test_compiled_agrees_exactly_with_interpreter(config, structural, numeric):
 
 
 def _brute_force(path: Path, devices: int, space: dict, extra: dict) -> set[tuple]:
-    """Every strategy of a small space, each estimated on its own by the interpreter."""
+    """Every strategy of a small space, each estimated on its own by the interpreter (its numeric
+    evaluator: the same walk of the formulas as sympy's, tests/test_numeric.py, without sympy's cost)."""
     fits = set()
-    base = load_model(path)
+    base = load_model(path, numeric=True)
     gbs = base.data["training"].get("global_batch_size")
     for pp in space["pp"]:
         for tp in space["tp"]:
