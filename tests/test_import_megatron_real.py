@@ -11,6 +11,8 @@ arguments, the vocabulary, and the arguments memform does not read (neutral, ref
 
 from __future__ import annotations
 
+import shlex
+
 import shutil
 import subprocess
 from pathlib import Path
@@ -143,6 +145,19 @@ def test_cli_args_reach_the_script() -> None:
     assert "num_layers: 28" in r.stdout and "Traceback" not in r.stderr
     r = run_memform("import", "hf", path, "--args", "a b")
     assert r.returncode == 2 and "--args is read by 'memform import megatron' only" in r.stderr
+
+
+def test_cli_script_arguments_after_a_double_dash() -> None:
+    # as a shell passes them to the script: `memform import megatron run.sh ... -- dsw 7B 1 8 ...`
+    path = DATA / "pai-megatron-patch_qwen2_5_run_mcore_qwen.sh"
+    via_args = run_memform("import", "megatron", path, "--args", PAI_QWEN25_7B, "--set",
+                           "model.vocab_size=152064", "--devices", "8")
+    r = run_memform("import", "megatron", path, "--set", "model.vocab_size=152064", "--devices", "8",
+                    "--", *shlex.split(PAI_QWEN25_7B))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == via_args.stdout
+    r = run_memform("import", "megatron", path, "--args", "a", "--", "b")
+    assert r.returncode == 2 and "given twice" in r.stderr
 
 
 # ---- bash the real scripts use (expected words: what bash passes) --------------------------------------------

@@ -45,13 +45,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "refuses unread fields otherwise; repeatable)")
     p.add_argument("--args", dest="script_args", metavar='"ARG ..."',
                    help="megatron: the launch script's own arguments, split shell-style ($1, $2, ..., $#, $@; "
-                        "e.g. Pai-Megatron-Patch's run_mcore_*.sh take some 25)")
+                        "e.g. Pai-Megatron-Patch's run_mcore_*.sh take some 25); or give them after -- at the "
+                        "end of the command line, as to the script itself")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="set a memform key in the output, e.g. --set parallel.tp=8 (repeatable)")
     p.set_defaults(func=cmd_import)
 
 
-def _script_args(text: str | None) -> tuple[str, ...] | None:
+def _script_args(text: str | None, tail: list[str] | None = None) -> tuple[str, ...] | None:
+    """The launch script's positional arguments: ``--args "a b c"`` (split shell-style) or the words
+    after ``--`` (already split by the shell), not both."""
+    if tail is not None:
+        if text is not None:
+            raise MemformError("the launch script's arguments are given twice (--args and after --): give them once")
+        return tuple(tail)
     if text is None:
         return None
     try:
@@ -73,7 +80,8 @@ def cmd_import(args: argparse.Namespace) -> int:
                                                        adapter=args.adapter,
                                                        accept=tuple(a for arg in args.accept
                                                                     for a in arg.split(",")),
-                                                       script_args=_script_args(args.script_args)))
+                                                       script_args=_script_args(args.script_args,
+                                                                                getattr(args, "script_tail", None))))
     text = draft.to_yaml()
     if args.output:
         try:

@@ -98,7 +98,16 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `memform import megatron run.sh -- ARG ...`: what follows `--` is the launch script's own argument
+    # list, as a shell would pass it (argparse would take the words for more files)
+    tail = None
+    if argv[:1] == ["import"] and "--" in argv:
+        cut = argv.index("--")
+        argv, tail = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    if tail is not None:
+        args.script_tail = tail
     if getattr(args, "no_cache", False):
         from ..cachedir import set_enabled
         set_enabled(False)
