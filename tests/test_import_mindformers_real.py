@@ -298,3 +298,18 @@ def test_null_fields_count_as_unset(tmp_path):
 def test_oldest_files_keep_recompute_in_parallel_config(tmp_path):
     text = OLD + "parallel_config: {recompute: {recompute: true, select_recompute: false}}\n"
     assert import_config("mindformers", write(tmp_path, text), Options()).get("training.recompute") == "full"
+
+
+def test_moe_under_model_parallelism_without_sequence_parallelism_loads_under_mindspore():
+    # MindFormers' DeepSeek-V2 236B configs run 160-expert MoE layers at model_parallel 8 with
+    # use_seq_parallel False (research/deepseek2/deepseek2_236b/finetune_deepseek2_236B.yaml, 0c49711c):
+    # Megatron-LM's "MoE with TP needs SP" rule (moe.mf) is not MindSpore's (frameworks/mindspore/moe.mf)
+    sets = {"parallel.tp": 2, "parallel.expert_tp": 2, "parallel.sequence_parallel": False}
+    draft = imported("pretrain_mixtral-8x7b.yaml", overrides=sets)
+    assert draft.load_error is None and draft.get("training.framework") == "mindspore"
+    est = memform.estimate(draft.config())
+    sp = memform.estimate(draft.config(), {"parallel.sequence_parallel": True})
+    assert est.peak_bytes > sp.peak_bytes   # without SP each rank keeps the whole sequence's activations
+    mixtral = Path(__file__).resolve().parents[1] / "configs" / "mixtral-8x7b.yaml"   # no MindSpore profile
+    with pytest.raises(MemformError, match="needs parallel.sequence_parallel"):
+        memform.estimate(mixtral, {"parallel.tp": 2, "parallel.sequence_parallel": False})
