@@ -29,7 +29,7 @@ from typing import Any
 
 from ..errors import MemformError
 from .draft import Draft, Fields, default_name, describe, dtype_name, read_json
-from .modelfile import read_model_file
+from .modelfile import dotted, read_model_file
 
 TITLE = "DeepSpeed config"
 #: ``memform import deepspeed`` reads a model file too (``--model``)
@@ -237,20 +237,13 @@ def _model(model: Path, draft: Draft, given) -> None:  # noqa: ANN001 - the over
                   f"{model.name} is a Hugging Face config: transformers' model classes")
         return
     dropped = []
-
-    def walk(node: dict, prefix: str) -> None:
-        for key, value in node.items():
-            path = f"{prefix}{key}"
-            if isinstance(value, dict) and value:
-                walk(value, f"{path}.")
-            elif path == "model.seq_length" and "model.seq_length" not in given:
-                draft.default(path, value, f"{model.name}'s training length (a ds_config gives none); set yours")
-            elif path.startswith("model.") or path == "name":
-                draft.set(path, value, f"from {model.name}")
-            else:
-                dropped.append(path)
-
-    walk(data, "")
+    for path, value in dotted(data).items():
+        if path == "model.seq_length" and "model.seq_length" not in given:
+            draft.default(path, value, f"{model.name}'s training length (a ds_config gives none); set yours")
+        elif path.startswith("model.") or path == "name":
+            draft.set(path, value, f"from {model.name}")
+        else:
+            dropped.append(path)
     if "model.seq_length" not in draft and "model.seq_length" not in given:
         raise MemformError(f"{model}: the model file gives no model.seq_length and a ds_config.json none either: "
                            f"pass --set model.seq_length=N (the training sequence length)")

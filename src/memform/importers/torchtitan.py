@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from ..errors import MemformError, did_you_mean, read_text
 from .draft import Draft, Fields, describe, dtype_name, gated_ffn_size
-from .modelfile import read_model_file
+from .modelfile import dotted, read_model_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -82,14 +82,20 @@ def _llama3(a: dict[str, Any]) -> list[tuple[str, Any, str]]:
     # models/llama3/model/model.py: FeedForward hidden_dim = compute from 4·dim, multiple_of,
     # ffn_dim_multiplier (Llama's 8h/3 rule); separate output Linear (no tying)
     ffn = gated_ffn_size(a["dim"], a["multiple_of"], a["ffn_dim_multiplier"])
+    return _llama_shape(a, ffn, "FeedForward") + _common(a, "llama3")
+
+
+def _llama_shape(a: dict[str, Any], ffn: int, ffn_name: str) -> list[tuple[str, Any, str]]:
+    """The shape keys llama3 and llama4 read alike (models/llama3, models/llama4 TransformerModelArgs):
+    heads (multi-head attention without n_kv_heads), the dense FFN width ``ffn``, a separate output."""
     return [("model.hidden_size", a["dim"], "dim"), ("model.num_heads", a["n_heads"], "n_heads"),
             ("model.num_kv_heads", a["n_kv_heads"] or a["n_heads"],
              "n_kv_heads" if a["n_kv_heads"] else "no n_kv_heads: multi-head attention"),
             ("model.num_layers", a["n_layers"], "n_layers"),
-            ("model.ffn_hidden_size", ffn, f"FeedForward(4·dim, multiple_of {a['multiple_of']}, "
+            ("model.ffn_hidden_size", ffn, f"{ffn_name}(4·dim, multiple_of {a['multiple_of']}, "
                                            f"ffn_dim_multiplier {a['ffn_dim_multiplier']})"),
             ("model.vocab_size", a["vocab_size"], "vocab_size"),
-            ("model.tied_embeddings", False, "separate output Linear")] + _common(a, "llama3")
+            ("model.tied_embeddings", False, "separate output Linear")]
 
 
 def _qwen3(a: dict[str, Any]) -> list[tuple[str, Any, str]]:
@@ -163,14 +169,7 @@ def _llama4(a: dict[str, Any]) -> list[tuple[str, Any, str]]:
     # (every_n_layers_nope) drop the rotary embedding, which has no weights
     dense, expert = _llama4_widths(a)
     step = a["interleave_moe_layer_step"]
-    out = [("model.hidden_size", a["dim"], "dim"), ("model.num_heads", a["n_heads"], "n_heads"),
-           ("model.num_kv_heads", a["n_kv_heads"] or a["n_heads"],
-            "n_kv_heads" if a["n_kv_heads"] else "no n_kv_heads: multi-head attention"),
-           ("model.num_layers", a["n_layers"], "n_layers"),
-           ("model.ffn_hidden_size", dense, f"dense FeedForward(4·dim, multiple_of {a['multiple_of']}, "
-                                            f"ffn_dim_multiplier {a['ffn_dim_multiplier']})"),
-           ("model.vocab_size", a["vocab_size"], "vocab_size"),
-           ("model.tied_embeddings", False, "separate output Linear")]
+    out = _llama_shape(a, dense, "dense FeedForward")
     out += _moe(a["moe"], expert, "MoE hidden_dim (auto_scale_hidden_dim: the dense width / (top_k + "
                                   "num_shared_experts), rounded up to multiple_of)")
     if step == 1:
@@ -439,15 +438,9 @@ def _model_file(model: Path, draft: Draft, given: set[str]) -> None:
     data = read_model_file(model, draft, given)
     if data is None:  # a Hugging Face config.json, read by the hf importer
         return
-
-    def walk(node: dict, prefix: str) -> None:
-        for key, value in node.items():
-            if isinstance(value, dict) and value:
-                walk(value, f"{prefix}{key}.")
-            else:
-                draft.set(f"{prefix}{key}", value, f"from {model.name}")
-
-    walk(data["model"], "model.")   # the formula files are chosen from these keys (importers._formulas)
+    # the formula files are chosen from these keys (importers._formulas)
+    for path, value in dotted(data["model"], "model.").items():
+        draft.set(path, value, f"from {model.name}")
 
 
 def convert(path: Path, draft: Draft, given: set[str], model: Path | None = None) -> int | None:
