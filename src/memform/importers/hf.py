@@ -68,6 +68,7 @@ NEUTRAL: dict[str, str] = {
     "sliding_window_size": "the window span (no training-memory change, see sliding_window)",
     "attention_chunk_size": "Llama-4 chunked attention: a mask over the same scores (flash keeps O(s))",
     "attn_temperature_tuning": _SCALE, "floor_scale": _SCALE, "attn_scale": _SCALE,
+    "for_llm_compressor": "Llama-4: selects llm-compressor's calibration code path (Llama4TextConfig); same tensors",
     "router_aux_loss_coef": _ROUTING, "router_jitter_noise": _ROUTING, "aux_loss_alpha": _ROUTING,
     "seq_aux": _ROUTING, "norm_topk_prob": _ROUTING, "routed_scaling_factor": _ROUTING, "scoring_func": _ROUTING,
     "topk_method": _ROUTING, "topk_group": _ROUTING, "n_group": _ROUTING, "router_z_loss_coef": _ROUTING,
@@ -178,7 +179,8 @@ LEARNED_POSITIONS = frozenset({"gpt2", "gpt_bigcode", "opt", "bert", "roberta"})
 QKV_BIAS_ONLY = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "qwen2_vl_text", "qwen2_5_vl_text"})
 #: q/k RMSNorms after the projections: per head (transformers Qwen3Attention, Gemma3Attention:
 #: RMSNorm(head_dim)) or over the whole projection (Olmo2Attention: RMSNorm(num_heads · head_dim))
-QK_NORM_HEAD = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_vl_text", "qwen3_vl_moe_text"})
+QK_NORM_HEAD = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_vl_text", "qwen3_vl_moe_text",
+                          "qwen3_vl", "qwen3_vl_moe"})  # the wrappers' type when read from the top level
 #: OlmoeAttention: q_norm RMSNorm(h), k_norm RMSNorm(g·d_h); MiniMaxM2Attention (transformers
 #: modeling_minimax_m2.py): q_norm RMSNorm(num_attention_heads · head_dim), k_norm RMSNorm(num_key_value_heads ·
 #: head_dim) -- its config says use_qk_norm true, qk_norm_type per_layer
@@ -372,7 +374,8 @@ def convert(path: Path, draft: Draft, given: set[str]) -> None:
     if mtp:
         draft.set("model.mtp_layers", mtp, "num_nextn_predict_layers")
     if top.has("vision_config"):
-        _vision(top.section("vision_config"), draft)
+        from . import hf_vision  # Qwen3-VL, Gemma-3, Llama-4 towers (the rest: _vision)
+        hf_vision.read(top, top.section("vision_config"), draft, model_type, _vision)
     # REFUSED_FIELDS stopped the import when set; left null / empty / false they describe nothing
     neutral = set(NEUTRAL) | set(NEUTRAL_AT) | set(REFUSED_FIELDS) \
         | {k for k in data if isinstance(k, str) and k.endswith("_token_id")} | _nulls(top) | _nulls(cfg)
@@ -829,10 +832,11 @@ REFUSED_VISION = {
 }
 
 
-def _vision(vc: Fields, draft: Draft) -> None:
-    """A vision tower (Qwen2-VL ``vision_config``, CLIP/SigLIP fields) → ``model.vision.*`` of vision.mf."""
+def _vision(vc: Fields, draft: Draft, handled: frozenset = frozenset(), neutral: frozenset = frozenset()) -> None:
+    """A vision tower (Qwen2-VL ``vision_config``, CLIP/SigLIP fields) → ``model.vision.*`` of vision.mf;
+    ``handled``: REFUSED_VISION fields a family reader (hf_vision) has read, ``neutral``: its neutral ones."""
     for key, why in REFUSED_VISION.items():
-        if vc.has(key) and vc.raw(key) not in ([], False):
+        if key not in handled and vc.has(key) and vc.raw(key) not in ([], False):
             raise vc.error(key, f"is set: {why}; the vision tower would be sized wrongly (to size the language "
                                 f"model alone, import its text_config as a file of its own)")
     # Qwen2-VL: embed_dim is the ViT width and hidden_size the LM width it projects to
@@ -873,4 +877,4 @@ def _vision(vc: Fields, draft: Draft) -> None:
     if "gelu" not in act.lower():
         draft.warn(f"vision_config.hidden_act {act}: vision.mf models a GeLU MLP with biases "
                    f"(the ViT's MLP memory is approximate)")
-    draft.refuse_unused(vc, set(NEUTRAL_VISION) | set(REFUSED_VISION))
+    draft.refuse_unused(vc, set(NEUTRAL_VISION) | set(REFUSED_VISION) | set(neutral))
