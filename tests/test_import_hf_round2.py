@@ -253,14 +253,15 @@ def test_qwen3_vl_top_level_tie_word_embeddings_is_read(tmp_path):
     assert not [w for w in draft.warnings if "tie_word_embeddings" in w]
 
 
-def test_qwen3_vl_deepstack_vision_tower_is_refused(tmp_path):
+def test_qwen3_vl_deepstack_vision_tower_is_read(tmp_path):
     # transformers Qwen3VLVisionModel: a DeepStack patch merger per listed layer and a learned position table
+    # (read since issue 34: tests/test_arch_vision.py checks the totals)
     vision = {"depth": 24, "hidden_size": 1024, "intermediate_size": 4096, "num_heads": 16, "patch_size": 16,
               "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3, "out_hidden_size": 2560,
               "num_position_embeddings": 2304, "deepstack_visual_indexes": [5, 11, 17], "hidden_act":
               "gelu_pytorch_tanh", "model_type": "qwen3_vl"}
-    with pytest.raises(memform.MemformError, match="deepstack_visual_indexes.*DeepStack"):
-        import_hf(write_json(tmp_path, qwen3_vl(vision_config=vision)))
+    draft = import_hf(write_json(tmp_path, qwen3_vl(vision_config=vision)))
+    assert (draft.get("model.vision.deepstack_layers"), draft.get("model.vision.num_positions")) == (3, 2304)
 
 
 # ---- PEFT adapter_config.json ------------------------------------------------------------------------

@@ -200,7 +200,6 @@ def _step(case: VLCase, seed: int) -> Step:
     replayed = replay_reserved(trace, [*params, *model.buffers(), *inputs], states)
     measured.update(replayed_figures(replayed))
     peak, where = trace.peak(act)
-    measured["peak_in_forward"] = int(where <= trace.marks["forward"])
     opt.step()
     opt.zero_grad(set_to_none=True)
     return Step({**measured, "activations_peak": peak}, trace.by_op(where, act, 10), 0.0, {}, replayed)
