@@ -235,15 +235,16 @@ def test_qwen3_vl_step_within_thresholds(index):
         assert abs(row.error(cat)) <= 0.03, f"{case.label()}: {cat} {row.error(cat):+.2%}; {row.peak_by_op}"
 
 
-@pytest.mark.parametrize("what, start, change", [
+@pytest.mark.parametrize("model, what, start, change", [
     # one more ViT layer, one more DeepStack merger: the measured difference is that block's activations
     # (a DeepStack feature feeds LM layer k: with fewer LM layers than mergers the last one's graph is dropped)
-    ("vision_layer", {}, {"Lv": 4}),
-    ("vision_deepstack", {"L": 3}, {"deepstack": (0, 1, 2)}),
+    ("TOWER", "vision_layer", {}, {"Lv": 4}),
+    ("TOWER", "vision_deepstack", {"L": 3}, {"deepstack": (0, 1, 2)}),
+    ("GEMMA3", "vision_layer", {}, {"Lv": 4}),     # SigLIP: separate q/k/v, no rotary, one attention call
 ])
-def test_one_more_tower_block_costs_what_its_formula_says(what, start, change):
+def test_one_more_tower_block_costs_what_its_formula_says(model, what, start, change):
     frameworks, hf_vision = _frameworks()
-    base = replace(hf_vision.TOWER, **start)
+    base = replace(getattr(hf_vision, model), **start)
     more = replace(base, **change)
     m0, m1 = hf_vision.measure(base).measured, hf_vision.measure(more).measured
     measured = m1["activations"] - m0["activations"]
@@ -251,3 +252,16 @@ def test_one_more_tower_block_costs_what_its_formula_says(what, start, change):
     per_block = [g.per_layer_values["activations"] for s in est.stages for g in s.layers if g.block == what]
     assert measured > 0 and per_block
     assert abs(per_block[0] - measured) <= 0.05 * measured, f"{what}: formula {per_block[0]:,.0f} vs measured {measured:,}"
+
+
+@pytest.mark.parametrize("model", ["TOWER", "GEMMA3"])
+def test_projector_activations_are_what_freezing_it_saves(model):
+    # a frozen encoder with a trained projector, against everything frozen: the difference is what the
+    # projector (Qwen3-VL: merger + DeepStack mergers; Gemma-3: post_layernorm + pool + RMSNorm + matrix) keeps
+    frameworks, hf_vision = _frameworks()
+    trained, frozen = (replace(getattr(hf_vision, model), L=3, frozen=f) for f in ("encoder", "all"))
+    measured = hf_vision.measure(trained).measured["activations"] - hf_vision.measure(frozen).measured["activations"]
+    est = memform.estimate(trained.memform_config())
+    formula = sum(g.per_layer_values["activations"] * g.count_value for s in est.stages for g in s.layers
+                  if g.block in ("vision_merger", "vision_deepstack"))
+    assert abs(formula - measured) <= 0.03 * measured, f"{model}: formula {formula:,} vs measured {measured:,}"

@@ -31,9 +31,11 @@ VISION_START, VISION_END, IMAGE_PAD = 1020, 1021, 1022
 
 @dataclass(frozen=True)
 class VLCase:
-    """One Qwen3-VL training step: text and vision shapes, images per sample and their edge, batch,
-    attention kernel, checkpointing and dtype (as :class:`.hf.HFCase`), and which part is frozen."""
+    """One vision-language training step (transformers' Qwen3-VL, or Gemma-3 with ``model="gemma3"``: SigLIP
+    and its pooling projector): text and vision shapes, images per sample and their edge, batch, attention
+    kernel, checkpointing and dtype (as :class:`.hf.HFCase`), and which part is frozen."""
 
+    model: str = "qwen3_vl"
     h: int = 128
     L: int = 2
     heads: int = 8
@@ -60,7 +62,7 @@ class VLCase:
     device: str = "cpu"
 
     def label(self) -> str:
-        return (f"hf qwen3_vl L{self.L} h{self.h} vit{self.Lv}x{self.hv} ds{len(self.deepstack)} "
+        return (f"hf {self.model} L{self.L} h{self.h} vit{self.Lv}x{self.hv} ds{len(self.deepstack)} "
                 f"{self.images}x{self.image}px b{self.b} s{self.s} {self.attn}{' gc' if self.gc else ''} "
                 f"{self.dtype}{'' if self.frozen == 'none' else ' frozen-' + self.frozen}")
 
@@ -74,7 +76,19 @@ class VLCase:
 
     # ---- the model, as transformers configures it ------------------------------------------------
     def hf_config(self) -> Any:
-        from transformers import Qwen3VLConfig
+        from transformers import Gemma3Config, Qwen3VLConfig
+
+        if self.model == "gemma3":
+            text = dict(hidden_size=self.h, intermediate_size=self.ffn, num_hidden_layers=self.L,
+                        num_attention_heads=self.heads, num_key_value_heads=self.kv_heads, head_dim=self.head_dim,
+                        vocab_size=self.vocab, max_position_embeddings=4 * self.s, sliding_window=self.s,
+                        query_pre_attn_scalar=self.head_dim)
+            vision = dict(hidden_size=self.hv, intermediate_size=self.ffn_v, num_hidden_layers=self.Lv,
+                          num_attention_heads=self.heads_v, image_size=self.image, patch_size=self.patch,
+                          vision_use_head=False)
+            return Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=self.image_tokens,
+                                image_token_index=IMAGE_PAD, boi_token_index=VISION_START,
+                                eoi_token_index=VISION_END)
 
         text = dict(hidden_size=self.h, intermediate_size=self.ffn, num_hidden_layers=self.L,
                     num_attention_heads=self.heads, num_key_value_heads=self.kv_heads, head_dim=self.head_dim,
@@ -121,11 +135,17 @@ def _batch(case: VLCase, device: str) -> dict[str, Any]:
         raise ValueError(f"{case.label()}: the image tokens do not fit in s = {case.s}")
     ids = torch.randint(0, VISION_START, (case.b, case.s), device=device)
     ids[:, :case.images * len(per_image)] = torch.tensor(per_image * case.images, device=device)
+    labels = ids.clone()
+    labels[ids >= VISION_START] = -100            # the special tokens are no targets
+    if case.model == "gemma3":
+        # Gemma3Processor: images as (n, 3, H, W), token_type_ids 1 on the image tokens (their block attends
+        # bidirectionally)
+        pixels = torch.randn(case.b * case.images, 3, case.image, case.image, device=device)
+        return {"input_ids": ids, "labels": labels, "pixel_values": pixels,
+                "token_type_ids": (ids == IMAGE_PAD).long()}
     side = case.image // case.patch
     grid = torch.tensor([[1, side, side]] * (case.b * case.images), device=device)
     pixels = torch.randn(case.b * case.images * case.patches, 3 * 2 * case.patch ** 2, device=device)
-    labels = ids.clone()
-    labels[ids >= VISION_START] = -100            # the special tokens are no targets
     # what the processor returns beside the ids: 1 on image tokens, 0 on text (M-RoPE reads it)
     types = (ids == IMAGE_PAD).int()
     return {"input_ids": ids, "labels": labels, "pixel_values": pixels, "image_grid_thw": grid,
@@ -145,20 +165,27 @@ def measure(case: VLCase, seed: int = 0) -> Step:
 
 def _step(case: VLCase, seed: int) -> Step:
     import torch
-    from transformers import Qwen3VLForConditionalGeneration
+    from transformers import Gemma3ForConditionalGeneration, Qwen3VLForConditionalGeneration
 
     torch.manual_seed(seed)
     dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float32
-    model = Qwen3VLForConditionalGeneration._from_config(case.hf_config(), attn_implementation=case.attn,
-                                                         dtype=dtype)
+    cls = Gemma3ForConditionalGeneration if case.model == "gemma3" else Qwen3VLForConditionalGeneration
+    model = cls._from_config(case.hf_config(), attn_implementation=case.attn, dtype=dtype)
     model.train()
-    visual = model.model.visual
     if case.frozen != "none":
         # what fine-tuning recipes do: requires_grad_(False) on the patch embedding and the ViT blocks
-        # (and on the mergers too: "all")
-        frozen = [visual.patch_embed, visual.pos_embed, visual.blocks]
+        # (and on the projector too: "all")
+        if case.model == "gemma3":
+            siglip = model.model.vision_tower
+            siglip = getattr(siglip, "vision_model", siglip)   # SiglipVisionTransformer (transformers 4) or itself
+            frozen = [siglip.embeddings, siglip.encoder]
+            projector = [siglip.post_layernorm, model.model.multi_modal_projector]
+        else:
+            visual = model.model.visual
+            frozen = [visual.patch_embed, visual.pos_embed, visual.blocks]
+            projector = [visual.merger, visual.deepstack_merger_list]
         if case.frozen == "all":
-            frozen += [visual.merger, visual.deepstack_merger_list]
+            frozen += projector
         for module in frozen:
             module.requires_grad_(False)
     if case.gc:
@@ -208,13 +235,16 @@ def _step(case: VLCase, seed: int) -> Step:
 BASE = VLCase()
 #: a tower-heavy step: two 256-pixel images a sample (512 patches through the ViT, 128 LM tokens of 256)
 TOWER = replace(BASE, images=2, image=256)
+#: Gemma-3: SigLIP at 224 px in 14 px patches (256 patches an image), pooled 4×4 to 16 LM tokens
+GEMMA3 = replace(BASE, model="gemma3", head_dim=32, heads=4, kv_heads=2, patch=14, merge=4, image=224, images=2,
+                 deepstack=(), positions=256)
 
 
 def sweep() -> list[VLCase]:
     """The cases of ``bench/validate.py --frameworks --only hf_vision``."""
     return [BASE, TOWER, replace(TOWER, attn="eager"), replace(TOWER, gc=True), replace(TOWER, frozen="encoder"),
             replace(TOWER, frozen="all"), replace(TOWER, dtype="bf16"), replace(TOWER, dtype="amp-bf16"),
-            replace(TOWER, deepstack=())]
+            replace(TOWER, deepstack=()), GEMMA3, replace(GEMMA3, frozen="encoder"), replace(GEMMA3, gc=True)]
 
 
 def quick_sweep() -> list[VLCase]:
