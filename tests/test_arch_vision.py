@@ -241,6 +241,7 @@ def test_qwen3_vl_step_within_thresholds(index):
     ("TOWER", "vision_layer", {}, {"Lv": 4}),
     ("TOWER", "vision_deepstack", {"L": 3}, {"deepstack": (0, 1, 2)}),
     ("GEMMA3", "vision_layer", {}, {"Lv": 4}),     # SigLIP: separate q/k/v, no rotary, one attention call
+    ("LLAMA4", "vision_layer", {}, {"Lv": 4}),     # Llama-4: complex rotary on separate q/k, a class token
 ])
 def test_one_more_tower_block_costs_what_its_formula_says(model, what, start, change):
     frameworks, hf_vision = _frameworks()
@@ -254,10 +255,11 @@ def test_one_more_tower_block_costs_what_its_formula_says(model, what, start, ch
     assert abs(per_block[0] - measured) <= 0.05 * measured, f"{what}: formula {per_block[0]:,.0f} vs measured {measured:,}"
 
 
-@pytest.mark.parametrize("model", ["TOWER", "GEMMA3"])
+@pytest.mark.parametrize("model", ["TOWER", "GEMMA3", "LLAMA4"])
 def test_projector_activations_are_what_freezing_it_saves(model):
     # a frozen encoder with a trained projector, against everything frozen: the difference is what the
-    # projector (Qwen3-VL: merger + DeepStack mergers; Gemma-3: post_layernorm + pool + RMSNorm + matrix) keeps
+    # projector (Qwen3-VL: merger + DeepStack mergers; Gemma-3: post_layernorm + pool + RMSNorm + matrix;
+    # Llama-4: layernorm_post + pixel shuffle + MLP + projector) keeps
     frameworks, hf_vision = _frameworks()
     trained, frozen = (replace(getattr(hf_vision, model), L=3, frozen=f) for f in ("encoder", "all"))
     measured = hf_vision.measure(trained).measured["activations"] - hf_vision.measure(frozen).measured["activations"]

@@ -50,6 +50,7 @@ class VLCase:
     patch: int = 16
     merge: int = 2
     deepstack: tuple[int, ...] = (0, 1)
+    projector: int = 96         # Llama-4: projector_input_dim = projector_output_dim = vision_output_dim
     positions: int = 64
     image: int = 128            # pixels a side: (image / patch)² patches an image
     images: int = 1             # images per sample
@@ -76,7 +77,22 @@ class VLCase:
 
     # ---- the model, as transformers configures it ------------------------------------------------
     def hf_config(self) -> Any:
-        from transformers import Gemma3Config, Qwen3VLConfig
+        from transformers import Gemma3Config, Llama4Config, Qwen3VLConfig
+
+        if self.model == "llama4":
+            # Llama-4: every second LM layer MoE (4 experts, top-1, a shared one); the ViT's MLP is merge²·hv wide
+            # as Llama4VisionMLP2.fc1 reads the shuffled features (intermediate_size = hv / ratio²)
+            text = dict(hidden_size=self.h, intermediate_size=self.ffn, intermediate_size_mlp=self.ffn,
+                        num_hidden_layers=self.L, num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
+                        head_dim=self.head_dim, vocab_size=self.vocab, max_position_embeddings=4 * self.s,
+                        num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
+                        attention_chunk_size=self.s, use_qk_norm=False)
+            vision = dict(hidden_size=self.hv, intermediate_size=self.ffn_v, num_hidden_layers=self.Lv,
+                          num_attention_heads=self.heads_v, image_size=self.image, patch_size=self.patch,
+                          pixel_shuffle_ratio=1 / self.merge, projector_input_dim=self.projector,
+                          projector_output_dim=self.projector, vision_output_dim=self.projector)
+            return Llama4Config(text_config=text, vision_config=vision, image_token_index=IMAGE_PAD,
+                                boi_token_index=VISION_START, eoi_token_index=VISION_END, tie_word_embeddings=False)
 
         if self.model == "gemma3":
             text = dict(hidden_size=self.h, intermediate_size=self.ffn, num_hidden_layers=self.L,
@@ -137,6 +153,10 @@ def _batch(case: VLCase, device: str) -> dict[str, Any]:
     ids[:, :case.images * len(per_image)] = torch.tensor(per_image * case.images, device=device)
     labels = ids.clone()
     labels[ids >= VISION_START] = -100            # the special tokens are no targets
+    if case.model == "llama4":
+        # Llama4Processor: one (3, H, W) tile per image (no extra tiles at the tower's own size)
+        pixels = torch.randn(case.b * case.images, 3, case.image, case.image, device=device)
+        return {"input_ids": ids, "labels": labels, "pixel_values": pixels}
     if case.model == "gemma3":
         # Gemma3Processor: images as (n, 3, H, W), token_type_ids 1 on the image tokens (their block attends
         # bidirectionally)
@@ -169,13 +189,22 @@ def _step(case: VLCase, seed: int) -> Step:
 
     torch.manual_seed(seed)
     dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float32
-    cls = Gemma3ForConditionalGeneration if case.model == "gemma3" else Qwen3VLForConditionalGeneration
+    from transformers import Llama4ForConditionalGeneration
+
+    cls = {"gemma3": Gemma3ForConditionalGeneration, "llama4": Llama4ForConditionalGeneration}.get(
+        case.model, Qwen3VLForConditionalGeneration)
     model = cls._from_config(case.hf_config(), attn_implementation=case.attn, dtype=dtype)
     model.train()
     if case.frozen != "none":
         # what fine-tuning recipes do: requires_grad_(False) on the patch embedding and the ViT blocks
         # (and on the projector too: "all")
-        if case.model == "gemma3":
+        if case.model == "llama4":
+            vm = model.vision_model
+            frozen = [vm.patch_embedding, vm.layernorm_pre, vm.model]
+            projector = [vm.layernorm_post, vm.vision_adapter, model.multi_modal_projector]
+            for param in (vm.class_embedding, vm.positional_embedding_vlm):
+                param.requires_grad_(False)
+        elif case.model == "gemma3":
             siglip = model.model.vision_tower
             siglip = getattr(siglip, "vision_model", siglip)   # SiglipVisionTransformer (transformers 4) or itself
             frozen = [siglip.embeddings, siglip.encoder]
@@ -235,6 +264,10 @@ def _step(case: VLCase, seed: int) -> Step:
 BASE = VLCase()
 #: a tower-heavy step: two 256-pixel images a sample (512 patches through the ViT, 128 LM tokens of 256)
 TOWER = replace(BASE, images=2, image=256)
+#: Llama-4 (its tower's blocks only, tests/test_arch_vision.py: transformers' Llama4TextExperts runs every
+#: token through every expert, which moe.mf does not model, so the whole step is not compared): 224 px tiles in 14 px patches (256 + a class token through the ViT), pixel shuffle 0.5 to 64 tokens
+LLAMA4 = replace(BASE, model="llama4", head_dim=32, heads=4, kv_heads=2, ffn=256, ffn_v=256, patch=14, merge=2,
+                 image=224, images=2, deepstack=(), positions=257)
 #: Gemma-3: SigLIP at 224 px in 14 px patches (256 patches an image), pooled 4×4 to 16 LM tokens
 GEMMA3 = replace(BASE, model="gemma3", head_dim=32, heads=4, kv_heads=2, patch=14, merge=4, image=224, images=2,
                  deepstack=(), positions=256)
