@@ -65,6 +65,32 @@ def test_released_config_imports_to_the_published_total(fixture, published, sour
     assert got == published   # every stored tensor is a parameter memform counts
 
 
+# Gemma-3-12B and -27B: no released config.json copy with its vision_config was found; every Gemma-3 size from
+# 4B up has the same SigLIP tower (Gemma 3 report, arXiv:2503.19786, Table 1: a 417M vision encoder for 4B, 12B
+# and 27B), so the 4B fixture's vision_config joins each size's text_config (kvfit models.json, the released
+# configs' shape fields) in a test dict; totals: safetensors of google/gemma-3-12b-it / -27b-it (kvfit)
+GEMMA3_TEXT = {
+    "12b": ({"head_dim": 256, "hidden_size": 3840, "intermediate_size": 15360, "num_attention_heads": 16,
+             "num_hidden_layers": 48, "num_key_value_heads": 8}, 12_187_325_040),
+    "27b": ({"head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504, "num_attention_heads": 32,
+             "num_hidden_layers": 62, "num_key_value_heads": 16}, 27_432_406_640),
+}
+
+
+@pytest.mark.parametrize("size", sorted(GEMMA3_TEXT))
+def test_gemma3_larger_sizes_with_the_shared_siglip_tower(size, tmp_path):
+    shape, published = GEMMA3_TEXT[size]
+    data = json.loads((HF / "gemma-3-4b-it.config.json").read_text())
+    data["text_config"] = {"model_type": "gemma3_text", "max_position_embeddings": 131072, "sliding_window": 1024,
+                           "sliding_window_pattern": 6, "vocab_size": 262208, **shape}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    draft = imported(path)
+    assert total(draft) == published
+    # the tower: 416,866,032 SigLIP parameters (the report's 417M) + the RMSNorm and the 1152×h projection
+    assert tower(draft) == 416_866_032 + 1152 + 1152 * shape["hidden_size"]
+
+
 # the towers alone, summed from the modules of each released model (transformers' classes at those configs):
 # Qwen3-VL-8B: patch Conv3d 3·2·16²·1152 + 1152, pos_embed 2304·1152, 27 blocks of 15,239,504 (2 LayerNorms,
 # qkv + proj with biases, fc1 + fc2 with biases at 1152 / 4304), merger 2·1152 + 4608² + 4608 + 4608·4096 + 4096,
