@@ -293,3 +293,42 @@ def test_projector_activations_are_what_freezing_it_saves(model):
     formula = sum(g.per_layer_values["activations"] * g.count_value for s in est.stages for g in s.layers
                   if g.block in ("vision_merger", "vision_deepstack"))
     assert abs(formula - measured) <= 0.03 * measured, f"{model}: formula {formula:,} vs measured {measured:,}"
+
+
+# ---- FLOPs: the tower's forward GEMMs as PyTorch counts them -------------------------------------------
+UNIT_DEVICE = {"device.peak_flops_bf16": 10 ** 12, "device.efficiency": 1, "device.intra_node_bandwidth": 10 ** 12,
+               "device.inter_node_bandwidth": 10 ** 12, "device.devices_per_node": 8,
+               "training.num_micro_batches": 1}
+
+
+@pytest.mark.parametrize("model", ["TOWER", "GEMMA3", "LLAMA4"])
+def test_tower_forward_flops_equal_torch_flop_counter(model):
+    # memform's model FLOPs (ideal_ps on a 10^12 FLOP/s device: 3 × forward) of one more image per sample are the
+    # tower's forward for one image a sample; torch.utils.flop_counter counts every GEMM and convolution of the
+    # tower's own forward (transformers' classes); it registers no FLOPs for the CPU flash-attention kernel, so
+    # the attention core is added as its textbook 2·2·n²·d per head and image (QKᵀ and scores·V, n tokens)
+    _frameworks()
+    import torch
+    import transformers as tf
+    from torch.utils.flop_counter import FlopCounterMode
+    from memform.validation.frameworks import hf_vision
+
+    case = replace(getattr(hf_vision, model), images=1)
+    cfg = case.memform_config()
+    ideal = [sum(s.ideal_ps for s in memform.estimate(cfg, {**UNIT_DEVICE, "model.vision.images_per_sample": n}).stages)
+             for n in (1, 2)]
+    memform_fwd = (ideal[1] - ideal[0]) / 3
+    cls = {"gemma3": tf.Gemma3ForConditionalGeneration, "llama4": tf.Llama4ForConditionalGeneration}.get(
+        case.model, tf.Qwen3VLForConditionalGeneration)
+    net = cls._from_config(case.hf_config(), attn_implementation="sdpa")
+    batch = hf_vision._batch(case, "cpu")
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        if case.model == "qwen3_vl":
+            net.model.visual(batch["pixel_values"], grid_thw=batch["image_grid_thw"])
+        elif case.model == "gemma3":
+            net.model.get_image_features(batch["pixel_values"])
+        else:
+            net.get_image_features(batch["pixel_values"], vision_feature_select_strategy="default")
+    n = case.patches + (1 if case.model == "llama4" else 0)     # Llama-4's class token joins the attention
+    core = 4 * n * n * case.hv * case.Lv * case.b
+    assert memform_fwd == counter.get_total_flops() + core
