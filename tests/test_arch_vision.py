@@ -278,7 +278,8 @@ def test_one_more_tower_block_costs_what_its_formula_says(model, what, start, ch
     est = memform.estimate(more.memform_config())
     per_block = [g.per_layer_values["activations"] for s in est.stages for g in s.layers if g.block == what]
     assert measured > 0 and per_block
-    assert abs(per_block[0] - measured) <= 0.05 * measured, f"{what}: formula {per_block[0]:,.0f} vs measured {measured:,}"
+    assert abs(per_block[0] - measured) <= 0.05 * measured, \
+        f"{what}: formula {per_block[0]:,.0f} vs measured {measured:,}"
 
 
 @pytest.mark.parametrize("model", ["TOWER", "GEMMA3", "LLAMA4"])

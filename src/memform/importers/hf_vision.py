@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 
-from ..errors import MemformError
 from .draft import Draft, Fields
 
 #: vision_config fields of these families that move no training memory, with the reason
@@ -131,5 +130,3 @@ def _llama4(vc: Fields, draft: Draft) -> None:
     draft.set("model.vision.pre_norm", True, "Llama4VisionModel.layernorm_pre")
     draft.set("model.vision.post_norm", True, "Llama4VisionModel.layernorm_post")
 
-
-__all__ = ["NEUTRAL", "family", "read", "MemformError"]

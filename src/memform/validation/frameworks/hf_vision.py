@@ -264,8 +264,9 @@ def _step(case: VLCase, seed: int) -> Step:
 BASE = VLCase()
 #: a tower-heavy step: two 256-pixel images a sample (512 patches through the ViT, 128 LM tokens of 256)
 TOWER = replace(BASE, images=2, image=256)
-#: Llama-4 (its tower's blocks only, tests/test_arch_vision.py: transformers' Llama4TextExperts runs every
-#: token through every expert, which moe.mf does not model, so the whole step is not compared): 224 px tiles in 14 px patches (256 + a class token through the ViT), pixel shuffle 0.5 to 64 tokens
+#: Llama-4: 224 px tiles in 14 px patches (256 + a class token through the ViT), pixel shuffle 0.5 to 64 tokens.
+#: Its tower's blocks only are compared (tests/test_arch_vision.py): transformers' Llama4TextMoe runs every
+#: token through every expert (hidden_states.repeat), which moe.mf does not model, so not the whole step
 LLAMA4 = replace(BASE, model="llama4", head_dim=32, heads=4, kv_heads=2, ffn=256, ffn_v=256, patch=14, merge=2,
                  image=224, images=2, deepstack=(), positions=257)
 #: Gemma-3: SigLIP at 224 px in 14 px patches (256 patches an image), pooled 4×4 to 16 LM tokens
