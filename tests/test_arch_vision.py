@@ -49,6 +49,9 @@ PUBLISHED = [
     ("qwen3-vl-8b-instruct.config.json", 8_767_123_696,
      "safetensors total of Qwen/Qwen3-VL-8B-Instruct (Hub API 'safetensors.total', quoted in public notes; "
      "the same 8,767,123,696 in a public weight listing of that checkpoint)", ["vision.mf"]),
+    ("qwen3-vl-235b-a22b-instruct.config.json", 235_670_022_896,
+     "Qwen/Qwen3-VL-235B-A22B-Instruct's weight listing in a public model-inspection report (1,388 tensors)",
+     ["vision-moe.mf"]),
     ("gemma-3-4b-it.config.json", 4_300_079_472, "safetensors, google/gemma-3-4b-it (kvfit models.json)",
      ["vision.mf"]),
     ("llama-4-scout-17b-16e.config.json", 108_641_793_536,
