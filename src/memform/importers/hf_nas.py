@@ -38,6 +38,8 @@ _ATTN_NEUTRAL = {
     "use_prefill_window_in_sink_attention": (False, None),
 }
 _FFN_NEUTRAL = {"sparsify": (None,)}
+#: nas.mf's per-layer kind characters
+_CHAR = {"attention": "A", "mlp": "M", "linear": "L", "no_op": "-"}
 
 
 def ffn_mult_to_intermediate_size(ffn_mult: float, hidden: int) -> int:
@@ -80,14 +82,17 @@ def convert(cfg: Fields, draft: Draft, model_type: str) -> None:
         common = Counter(f_used).most_common(1)[0][0]
         draft.set("model.ffn_hidden_size", common, "the most common per-layer MLP width (each layer's: "
                                                    "model.layer_ffn_hidden_size)")
+    # nas.mf's one-character kinds, one per layer (A attention / M MLP, L linear, - no-op)
     if any(k != "attention" for k in attn):
         n = Counter(attn)
-        draft.set("model.layer_attention", attn, f"block_configs attention: {n['attention']} grouped-query, "
-                                                 f"{n['linear']} replace_with_linear, {n['no_op']} no_op")
+        draft.set("model.layer_attention", "".join(_CHAR[k] for k in attn),
+                  f"block_configs attention: {n['attention']} grouped-query (A), {n['linear']} replace_with_linear "
+                  f"(L), {n['no_op']} no_op (-)")
     if any(k != "mlp" for k in ffn):
         n = Counter(ffn)
-        draft.set("model.layer_ffn", ffn, f"block_configs ffn: {n['mlp']} MLP, {n['linear']} replace_with_linear, "
-                                          f"{n['no_op']} no_op")
+        draft.set("model.layer_ffn", "".join(_CHAR[k] for k in ffn),
+                  f"block_configs ffn: {n['mlp']} MLP (M), {n['linear']} replace_with_linear (L), {n['no_op']} "
+                  f"no_op (-)")
     if len(set(kv_used)) > 1:
         src = "block_configs n_heads_in_group" if cfg.has("block_configs") else "num_key_value_heads_per_layer"
         draft.set("model.layer_kv_heads", kv, f"{src} (num_attention_heads / n_heads_in_group; 0: no attention)"

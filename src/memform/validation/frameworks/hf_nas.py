@@ -232,3 +232,20 @@ def sweep() -> list[NASCase]:
 
 def quick_sweep() -> list[NASCase]:
     return [BASE, replace(BASE, attn="eager", gc=True, dtype="amp-bf16"), SUPER_HEAD]
+
+
+def estimated_per_layer(case: NASCase) -> list[int]:
+    """nas.mf's ``act`` (no recompute) of each decoder layer of ``case``, as the stack binds it."""
+    from ...engine.model import load_model, stack_items
+
+    model = load_model(case.memform_config(), {"training.recompute": "none"})
+    ev = model.evaluator(keep=frozenset())
+    out: list[int] = []
+    for item in stack_items(model, ev):
+        if item.block != "decoder" or item.count_value == 0:
+            continue
+        q = model.program.pick("decoder", "act", "none")
+        value = ev.number(ev.as_expr(ev.quantity("decoder", "act", "none", overrides=item.bindings), q.loc),
+                          q.loc, "decoder.act")
+        out += [int(value)] * item.count_value
+    return out
