@@ -186,9 +186,13 @@ def test_identity_layer_keeps_nothing_under_full_recompute():
     assert full == [4 * 128 * H, 0, 4 * 128 * H]
 
 
-def test_without_the_keys_nas_is_dense():
-    base = memform.estimate(ROOT / "configs" / "llama3-8b.yaml")
-    nas = memform.estimate(ROOT / "configs" / "llama3-8b.yaml", overrides={"formulas": ["nas.mf"]})
+@pytest.mark.parametrize("framework", ["megatron", "hf-trainer", "deepspeed", "fsdp2", "torch", "mindspore"])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_without_the_keys_nas_is_dense(framework, recompute):
+    """nas.mf and its profile companions (frameworks/*/nas.mf) change nothing of a uniform model."""
+    over = {"training.framework": framework, "training.recompute": recompute}
+    base = memform.estimate(ROOT / "configs" / "llama3-8b.yaml", overrides=over)
+    nas = memform.estimate(ROOT / "configs" / "llama3-8b.yaml", overrides={**over, "formulas": ["nas.mf"]})
     for a, b in zip(base.stages, nas.stages):
         assert a.values == b.values and a.param_count == b.param_count
 
@@ -286,14 +290,17 @@ def test_each_layers_saved_activations(attn, dtype):
 
 
 @needs_transformers
-def test_checkpointed_peak_is_an_overestimate_where_the_largest_layer_is_first():
+@pytest.mark.parametrize("reverse, low, high", [(False, 0.05, 0.25), (True, -0.05, 0.05)])
+def test_checkpointed_peak_depends_on_where_the_largest_layer_is(reverse, low, high):
     """Known limit (needs a per-layer running sum in the schedule's backward moment): with full recompute
     the backward moment adds the largest layer's rebuilt activations to every layer's kept input, as if the
     largest layer ran its backward first. In the mixed model the largest is layer 0, whose backward comes
-    last, when the later layers' inputs are freed: memform is above the measured peak, never below."""
+    last, when the later layers' inputs are freed: memform is above the measured peak (fp32: +22 %), never
+    below; the same layers reversed put the largest first and match (+3 %)."""
     from memform.validation import frameworks
     from memform.validation.frameworks import hf_nas
 
-    row = frameworks.compare(replace(hf_nas.BASE, gc=True), hf_nas)
-    assert 0 < row.error("activations_peak") < 0.25
+    blocks = tuple(reversed(hf_nas.BASE.blocks)) if reverse else hf_nas.BASE.blocks
+    row = frameworks.compare(replace(hf_nas.BASE, blocks=blocks, gc=True), hf_nas)
+    assert low < row.error("activations_peak") < high
     assert abs(row.error("activations")) < 0.02

@@ -227,6 +227,9 @@ def sweep() -> list[NASCase]:
     kernel, checkpointing and dtype set-up, and the Super's first blocks at real size (fake tensors)."""
     cases = [replace(BASE, attn=attn, gc=gc, dtype=dtype)
              for attn in ("sdpa", "eager") for gc in (False, True) for dtype in _hf.DTYPES]
+    # checkpointed, the same layers in reverse order: the largest layer runs its backward first (the order
+    # schedules.mf's backward moment assumes; in BASE it is layer 0, whose backward comes last)
+    cases += [replace(BASE, blocks=tuple(reversed(BASE.blocks)), attn=attn, gc=True) for attn in ("sdpa", "eager")]
     return cases + [SUPER_HEAD, replace(SUPER_HEAD, gc=True)]
 
 
