@@ -275,10 +275,10 @@ GEMMA3 = replace(BASE, model="gemma3", head_dim=32, heads=4, kv_heads=2, patch=1
 
 
 def sweep() -> list[VLCase]:
-    """The cases of ``bench/validate.py --frameworks --only hf_vision``."""
+    """The cases of ``bench/validate.py --frameworks`` (``--only qwen3_vl``, ``--only gemma3``)."""
     return [BASE, TOWER, replace(TOWER, attn="eager"), replace(TOWER, gc=True), replace(TOWER, frozen="encoder"),
             replace(TOWER, frozen="all"), replace(TOWER, dtype="bf16"), replace(TOWER, dtype="amp-bf16"),
-            replace(TOWER, deepstack=()), GEMMA3, replace(GEMMA3, frozen="encoder"), replace(GEMMA3, gc=True)]
+            replace(TOWER, gc=True, dtype="amp-bf16"), replace(TOWER, deepstack=()), GEMMA3, replace(GEMMA3, frozen="encoder"), replace(GEMMA3, gc=True)]
 
 
 def quick_sweep() -> list[VLCase]:
