@@ -1,0 +1,143 @@
+"""Gated DeltaNet hybrids (formulas/deltanet.mf, importers/hf_linear.py): Qwen3-Next's released config.json at
+its published totals, the per-layer parameter count of each mixer against transformers' own modules, the
+importer's layer patterns and refusals, and one real transformers training step on CPU against the estimate
+(validation/frameworks/hf_linear.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import memform
+from memform.importers import Options, import_config
+
+HF = Path(__file__).resolve().parent / "data" / "importers" / "hf"
+ROOT = Path(__file__).resolve().parents[1]
+NEXT = HF / "qwen3-next-80b-a3b-instruct.trimmed.config.json"
+
+
+def total(cfg, overrides=None) -> int:
+    est = memform.estimate(cfg, overrides=overrides or {})
+    return sum(stage.param_count for stage in est.stages)
+
+
+def import_hf(path: Path):
+    return import_config("hf", path, Options())
+
+
+# Qwen3-Next-80B-A3B-Instruct (tests/data/importers/hf/README.md): the Hub safetensors total recorded by
+# debaditc/kvfit src/kvfit/data/models.json @ bd4ccabf (81,324,862,720) holds one MTP module (mtp.*: a
+# gated-attention MoE layer, fc 2h -> h, three norms = 1,650,471,424); transformers' Qwen3NextForCausalLM
+# builds none: 79,674,391,296 (sum of numel over the model built from this config.json on the meta device,
+# transformers 5). Both exact; the published "80B total" (transformers docs model_doc/qwen3_next.md).
+@pytest.mark.parametrize("overrides, expected", [
+    ({}, 79_674_391_296),
+    ({"model.mtp_layers": 1}, 81_324_862_720),
+])
+def test_qwen3_next_80b_totals(overrides, expected):
+    draft = import_hf(NEXT)
+    assert draft.load_error is None
+    assert draft.config()["formulas"] == ["deltanet.mf"]
+    assert total(draft.config(), overrides) == expected
+
+
+def test_bundled_config_is_the_published_total():
+    # configs/qwen3-next-80b-a3b.yaml carries the MTP module: the Hub safetensors total
+    assert total(str(ROOT / "configs" / "qwen3-next-80b-a3b.yaml"), {"parallel.dp": 1, "parallel.ep": 1}) \
+        == 81_324_862_720
+
+
+# Per-layer parameters of each mixer against transformers' modules (toy shapes, numel summed):
+# Qwen3NextGatedDeltaNet = in_proj_qkvz h(2kd+2vd) + in_proj_ba h·2Hv + conv1d cd·K + dt_bias + A_log 2Hv
+# + norm d_v + out_proj vd·h; Qwen3NextAttention with the gate: q_proj h·2a·dh + k,v h·g·dh + o_proj a·dh·h +
+# q/k norms 2dh.
+SHAPES = [
+    dict(h=64, nk=2, nv=4, dk=16, dv=16, K=4, a=4, g=2, dh=16),
+    dict(h=96, nk=3, nv=6, dk=8, dv=24, K=3, a=6, g=3, dh=8),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda d: f"h{d['h']}-{d['nk']}/{d['nv']}")
+def test_mixer_params_match_transformers_modules(shape):
+    pytest.importorskip("transformers")
+    from transformers import AutoConfig
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextAttention, Qwen3NextGatedDeltaNet
+
+    d = shape
+    hf = AutoConfig.for_model("qwen3_next", hidden_size=d["h"], linear_num_key_heads=d["nk"],
+                              linear_num_value_heads=d["nv"], linear_key_head_dim=d["dk"],
+                              linear_value_head_dim=d["dv"], linear_conv_kernel_dim=d["K"], num_hidden_layers=4,
+                              num_attention_heads=d["a"], num_key_value_heads=d["g"], head_dim=d["dh"],
+                              intermediate_size=128, num_experts=0, vocab_size=100)
+    gdn = sum(p.numel() for p in Qwen3NextGatedDeltaNet(hf, 0).parameters())
+    attn = sum(p.numel() for p in Qwen3NextAttention(hf, 3).parameters())
+    cfg = {"name": "x", "formulas": ["deltanet.mf"], "model": {
+        "hidden_size": d["h"], "num_heads": d["a"], "num_kv_heads": d["g"], "head_dim": d["dh"], "num_layers": 4,
+        "ffn_hidden_size": 128, "vocab_size": 100, "seq_length": 64, "activation": "swiglu", "norm": "rmsnorm",
+        "bias": False, "dropout": False, "flash_attention": True, "position_embedding": "rope",
+        "qk_norm": True, "attention_output_gate": True, "linear_attention_layers": 4,
+        "linear_num_key_heads": d["nk"], "linear_num_value_heads": d["nv"], "linear_key_head_dim": d["dk"],
+        "linear_value_head_dim": d["dv"], "linear_conv_kernel_dim": d["K"]}}
+    mlp_norms = 3 * d["h"] * 128 + 2 * d["h"]
+    head = 2 * 100 * d["h"] + d["h"]
+    assert total(cfg) == head + 3 * (gdn + mlp_norms) + (attn + mlp_norms)
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({"full_attention_interval": 4}, 4),
+    ({"full_attention_interval": 2}, 2),
+    ({}, 4),  # Qwen3NextConfig's default interval
+    ({"layer_types": ["linear_attention", "full_attention", "full_attention", "linear_attention"]}, [1, 0, 0, 1]),
+])
+def test_layer_pattern_is_read(tmp_path, fields, expected):
+    cfg = {"model_type": "qwen3_next", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 16, "num_hidden_layers": 4, "intermediate_size": 128, "vocab_size": 100,
+           "max_position_embeddings": 64, "num_experts": 0, **fields}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    draft = import_hf(path)
+    assert draft.get("model.linear_attention_layers") == expected
+    assert draft.load_error is None
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"layer_types": ["linear_attention", "mamba", "full_attention", "full_attention"]}, "layer_types"),
+    ({"layer_types": ["linear_attention", "full_attention"]}, "2 entries for 4 layers"),
+    ({"linear_num_key_heads": 3, "linear_num_value_heads": 4}, "linear_num_value_heads"),
+    ({"attn_output_gate": False}, "attn_output_gate"),
+])
+def test_bad_linear_fields_are_refused_naming_the_field(tmp_path, fields, words):
+    cfg = {"model_type": "qwen3_next", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 16, "num_hidden_layers": 4, "intermediate_size": 128, "vocab_size": 100,
+           "max_position_embeddings": 64, "num_experts": 0, **fields}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(memform.MemformError, match=words):
+        import_hf(path)
+
+
+@pytest.mark.parametrize("override, words", [
+    ({"parallel.cp": 2}, "context parallelism"),
+    ({"model.linear_attention_layers": [1, 0]}, "one 0/1 entry per layer"),
+])
+def test_user_mistakes_name_the_key(override, words):
+    with pytest.raises(memform.MemformError, match=words):
+        memform.estimate(import_hf(NEXT).config(), overrides=override)
+
+
+def test_transformers_step_within_thresholds():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from memform.validation import frameworks
+    from memform.validation.frameworks import hf_linear
+
+    for case in hf_linear.quick_sweep():
+        row = frameworks.compare(case, hf_linear)
+        errors = ", ".join(f"{c} {row.error(c):+.2%}" for c in frameworks.CATEGORIES)
+        assert not row.failures(), f"{case.label()}: {errors}; at the peak: {row.peak_by_op}"
+        # parameters and gradients to the byte; AdamW's states within its 4-byte step scalar per parameter
+        for cat in ("params", "grads"):
+            assert row.measured[cat] == row.estimated[cat], (case.label(), cat)
+        assert 0 <= row.measured["optimizer"] - row.estimated["optimizer"] <= 4 * 128, case.label()
