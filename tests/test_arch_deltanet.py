@@ -77,7 +77,7 @@ def test_mixer_params_match_transformers_modules(shape):
         "hidden_size": d["h"], "num_heads": d["a"], "num_kv_heads": d["g"], "head_dim": d["dh"], "num_layers": 4,
         "ffn_hidden_size": 128, "vocab_size": 100, "seq_length": 64, "activation": "swiglu", "norm": "rmsnorm",
         "bias": False, "dropout": False, "flash_attention": True, "position_embedding": "rope",
-        "qk_norm": True, "attention_output_gate": True, "linear_attention_layers": 4,
+        "qk_norm": True, "attention_output_gate": True, "full_attention_interval": 4,
         "linear_num_key_heads": d["nk"], "linear_num_value_heads": d["nv"], "linear_key_head_dim": d["dk"],
         "linear_value_head_dim": d["dv"], "linear_conv_kernel_dim": d["K"]}}
     mlp_norms = 3 * d["h"] * 128 + 2 * d["h"]
@@ -85,20 +85,21 @@ def test_mixer_params_match_transformers_modules(shape):
     assert total(cfg) == head + 3 * (gdn + mlp_norms) + (attn + mlp_norms)
 
 
-@pytest.mark.parametrize("fields, expected", [
-    ({"full_attention_interval": 4}, 4),
-    ({"full_attention_interval": 2}, 2),
-    ({}, 4),  # Qwen3NextConfig's default interval
-    ({"layer_types": ["linear_attention", "full_attention", "full_attention", "linear_attention"]}, [1, 0, 0, 1]),
+@pytest.mark.parametrize("fields, key, expected", [
+    ({"full_attention_interval": 4}, "model.full_attention_interval", 4),
+    ({"full_attention_interval": 2}, "model.full_attention_interval", 2),
+    ({}, "model.full_attention_interval", 4),  # Qwen3NextConfig's default interval
+    ({"layer_types": ["linear_attention", "full_attention", "full_attention", "linear_attention"]},
+     "model.linear_attention_pattern", "G**G"),
 ])
-def test_layer_pattern_is_read(tmp_path, fields, expected):
+def test_layer_pattern_is_read(tmp_path, fields, key, expected):
     cfg = {"model_type": "qwen3_next", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
            "head_dim": 16, "num_hidden_layers": 4, "intermediate_size": 128, "vocab_size": 100,
            "max_position_embeddings": 64, "num_experts": 0, **fields}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     draft = import_hf(path)
-    assert draft.get("model.linear_attention_layers") == expected
+    assert draft.get(key) == expected
     assert draft.load_error is None
 
 
@@ -120,7 +121,9 @@ def test_bad_linear_fields_are_refused_naming_the_field(tmp_path, fields, words)
 
 @pytest.mark.parametrize("override, words", [
     ({"parallel.cp": 2}, "context parallelism"),
-    ({"model.linear_attention_layers": [1, 0]}, "one 0/1 entry per layer"),
+    ({"model.full_attention_interval": 0, "model.linear_attention_pattern": "G*"}, "one letter per layer"),
+    ({"model.linear_attention_pattern": "GGX*" * 12}, "linear_attention_pattern"),
+    ({"model.linear_attention_pattern": "GGG*" * 12}, "not both"),
 ])
 def test_user_mistakes_name_the_key(override, words):
     with pytest.raises(memform.MemformError, match=words):
@@ -141,3 +144,35 @@ def test_transformers_step_within_thresholds():
         for cat in ("params", "grads"):
             assert row.measured[cat] == row.estimated[cat], (case.label(), cat)
         assert 0 <= row.measured["optimizer"] - row.estimated["optimizer"] <= 4 * 128, case.label()
+
+
+# Whole models: transformers' own count (numel over the model built from the config on the meta device)
+# against the import of the same config.json -- dense and MoE layers mixed with the two mixers (mlp_only_layers,
+# decoder_sparse_step), an explicit layer_types list, GVA and not, and Qwen3.5's text models (split in_proj).
+WHOLE = [
+    ("qwen3_next", {"num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [0, 5]}),
+    ("qwen3_next", {"num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 2,
+                    "layer_types": ["linear_attention", "full_attention"] * 3}),
+    ("qwen3_next", {"num_experts": 0, "linear_num_value_heads": 2, "full_attention_interval": 3}),
+    ("qwen3_5_text", {}),
+    ("qwen3_5_moe_text", {"num_experts": 4, "num_experts_per_tok": 2}),
+]
+
+
+@pytest.mark.parametrize("model_type, extra", WHOLE, ids=[f"{m}-{i}" for i, (m, _) in enumerate(WHOLE)])
+def test_whole_model_count_matches_transformers(tmp_path, model_type, extra):
+    torch = pytest.importorskip("torch")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kw = {**dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=6,
+              intermediate_size=96, vocab_size=300, max_position_embeddings=128, linear_num_key_heads=2,
+              linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=3,
+              moe_intermediate_size=32, shared_expert_intermediate_size=48, tie_word_embeddings=False), **extra}
+    hf = AutoConfig.for_model(model_type, **kw)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf)
+    expected = sum(p.numel() for p in model.parameters())
+    hf.save_pretrained(tmp_path)
+    draft = import_hf(tmp_path / "config.json")
+    assert draft.load_error is None, draft.load_error
+    assert total(draft.config()) == expected

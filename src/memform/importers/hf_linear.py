@@ -5,7 +5,9 @@ heads, MoE, ...), this module the linear-attention ones. Field names and default
 ``Qwen3NextConfig`` / ``Qwen3_5TextConfig`` (configuration_qwen3_next.py, configuration_qwen3_5.py):
 ``linear_num_key_heads`` 16, ``linear_num_value_heads`` 32, ``linear_key_head_dim`` / ``linear_value_head_dim``
 128, ``linear_conv_kernel_dim`` 4; ``layer_types`` (``linear_attention`` / ``full_attention``), else
-``full_attention_interval`` (default 4: layer i is full attention when (i + 1) % 4 == 0). The full-attention
+``full_attention_interval`` (default 4: layer i is full attention when (i + 1) % 4 == 0), written as
+``model.full_attention_interval`` where the pattern is that rule, else as ``model.linear_attention_pattern``
+(one letter per layer: G Gated DeltaNet, * softmax attention). The full-attention
 layers of these classes always have the output gate (Qwen3NextAttention: q_proj 2 · heads · head_dim) and
 per-head q/k RMSNorms.
 """
@@ -58,10 +60,12 @@ def convert(cfg: Fields, draft: Draft, model_type: str) -> None:
                                                   f"head serves linear_num_value_heads / linear_num_key_heads value heads")
     interval = _interval(pattern)
     if interval:
-        draft.set("model.linear_attention_layers", interval,
-                  f"every {interval}th layer full attention (layer_types / full_attention_interval)")
+        draft.set("model.full_attention_interval", interval,
+                  "full_attention_interval" if not cfg.has("layer_types") else
+                  f"layer_types: every {interval}th layer full_attention")
     else:
-        draft.set("model.linear_attention_layers", pattern, "layer_types: 1 = linear_attention (Gated DeltaNet)")
+        draft.set("model.linear_attention_pattern", "".join("G" if k else "*" for k in pattern),
+                  "layer_types: G = linear_attention (Gated DeltaNet), * = full_attention")
     draft.set("model.attention_output_gate", True,
               f"{model_type}: q_proj 2 · heads · head_dim, o_proj(attn · sigmoid(gate)) (attn_output_gate)")
     draft.set("model.qk_norm", True, f"{model_type}: q_norm / k_norm = RMSNorm(head_dim)")
