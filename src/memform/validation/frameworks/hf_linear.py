@@ -37,6 +37,7 @@ class LinearCase(HFCase):
     lin_v_dim: int = 16
     conv: int = 4
     interval: int = 4         # full_attention_interval
+    layer_types: tuple[str, ...] = ()   # transformers layer_types (overrides the interval)
     experts: int = 0          # num_experts (0: a dense MLP in every layer)
     top_k: int = 2
     moe_ffn: int = 32
@@ -45,7 +46,7 @@ class LinearCase(HFCase):
     def label(self) -> str:
         moe = f" moe{self.experts}x{self.top_k}" if self.experts else ""
         return (f"hf qwen3_next L{self.L} h{self.h} gdn{self.lin_k_heads}/{self.lin_v_heads}x{self.lin_k_dim}/"
-                f"{self.lin_v_dim} every{self.interval}{moe} b{self.b} s{self.s} {self.attn}"
+                f"{self.lin_v_dim} {''.join('G' if k[0] == 'l' else '*' for k in self.layer_types) or f'every{self.interval}'}{moe} b{self.b} s{self.s} {self.attn}"
                 f"{' gc' if self.gc else ''} {self.dtype}")
 
     def hf_config(self) -> Any:
@@ -60,6 +61,8 @@ class LinearCase(HFCase):
             linear_conv_kernel_dim=self.conv, full_attention_interval=self.interval,
             num_experts=self.experts, num_experts_per_tok=self.top_k, moe_intermediate_size=self.moe_ffn,
             shared_expert_intermediate_size=self.shared_ffn)
+        if self.layer_types:
+            kw["layer_types"] = list(self.layer_types)
         return AutoConfig.for_model("qwen3_next", **kw)
 
     def overrides(self) -> dict[str, Any]:
