@@ -79,13 +79,16 @@ BASE = LinearCase()
 
 
 def sweep() -> list[LinearCase]:
-    """The Qwen3-Next cases of ``bench/validate.py --frameworks``: dense and MoE, fp32 and bf16, eager
-    attention and checkpointing, GVA (value heads > key heads) and not, two chunks and four."""
-    return [BASE, replace(BASE, dtype="bf16"), replace(BASE, attn="eager"), replace(BASE, gc=True),
-            replace(BASE, lin_v_heads=2, lin_v_dim=32, s=256),
+    """The Qwen3-Next cases of ``bench/validate.py --frameworks``: dense and MoE, fp32, bf16 and autocast,
+    eager attention and checkpointing, GVA (value heads > key heads) and not, two chunks and four."""
+    # (MoE under autocast is left out: transformers' experts under CPU autocast keep more than moe.mf counts,
+    # as the Mixtral row of hf.py does -- a gap of the MoE formulas under hf_trainer.amp, not of Gated DeltaNet)
+    return [BASE, replace(BASE, dtype="bf16"), replace(BASE, dtype="amp-bf16"), replace(BASE, attn="eager"),
+            replace(BASE, gc=True), replace(BASE, lin_v_heads=2, lin_v_dim=32, s=256),
+            replace(BASE, lin_k_heads=4, lin_v_heads=8, s=256, b=1, dtype="amp-bf16"),
             replace(BASE, experts=8, top_k=2), replace(BASE, experts=8, top_k=2, dtype="bf16")]
 
 
 def quick_sweep() -> list[LinearCase]:
     """The subset the test suite runs."""
-    return [BASE, replace(BASE, experts=8, top_k=2)]
+    return [BASE, replace(BASE, experts=8, top_k=2), replace(BASE, dtype="amp-bf16")]
