@@ -203,3 +203,48 @@ def test_one_gated_deltanet_layer_to_the_byte(shape):
     measured = two.measured["activations"] - one.measured["activations"]
     estimated = two.estimated["activations"] - one.estimated["activations"]
     assert abs(estimated - measured) <= 0.001 * measured, (measured, estimated)
+
+
+# Megatron-LM arguments of the same model (megatron/training/arguments.py names; Megatron-Core builds the
+# Gated DeltaNet layers with --experimental-attention-variant gated_delta_net): the import counts what
+# transformers' Qwen3NextForCausalLM holds, 79,674,391,296 (NullTokenizer: 151,935 + 1 = 151,936 entries).
+MEGATRON_Q3N = """torchrun --nproc_per_node 8 pretrain_gpt.py \\
+  --num-layers 48 --hidden-size 2048 --num-attention-heads 16 --group-query-attention --num-query-groups 2 \\
+  --kv-channels 256 --ffn-hidden-size 5120 --seq-length 4096 --max-position-embeddings 262144 \\
+  --normalization RMSNorm --apply-layernorm-1p --swiglu --disable-bias-linear --untie-embeddings-and-output-weights \\
+  --position-embedding-type rope --rotary-percent 0.25 --qk-layernorm --attention-output-gate \\
+  --attention-dropout 0.0 --hidden-dropout 0.0 \\
+  --experimental-attention-variant gated_delta_net --linear-attention-freq {freq} --linear-conv-kernel-dim 4 \\
+  --linear-key-head-dim 128 --linear-value-head-dim 128 --linear-num-key-heads 16 --linear-num-value-heads 32 \\
+  --num-experts 512 --moe-router-topk 10 --moe-ffn-hidden-size 512 --moe-shared-expert-intermediate-size 512 \\
+  --moe-shared-expert-gate --moe-grouped-gemm --expert-model-parallel-size 8 \\
+  --tokenizer-type NullTokenizer --vocab-size 151935 --make-vocab-size-divisible-by 128 \\
+  --micro-batch-size 1 --global-batch-size 64 --bf16 --use-distributed-optimizer
+"""
+
+
+@pytest.mark.parametrize("freq, key, value", [
+    ("4", "model.full_attention_interval", 4),
+    ("'([1]*3+[0])*12'", "model.full_attention_interval", 4),
+    ("'[1]*46+[0]*2'", "model.linear_attention_pattern", "G" * 46 + "**"),
+])
+def test_megatron_script_reads_gated_deltanet(tmp_path, freq, key, value):
+    script = tmp_path / "run.sh"
+    script.write_text(MEGATRON_Q3N.format(freq=freq))
+    draft = import_config("megatron", script, Options())
+    assert draft.load_error is None, draft.load_error
+    assert draft.get(key) == value
+    if key == "model.full_attention_interval":
+        assert total(draft.config(), {"parallel.dp": 1, "parallel.ep": 1, "parallel.devices": 1}) == 79_674_391_296
+
+
+@pytest.mark.parametrize("edit, words", [
+    (("gated_delta_net", "kimi_delta_attention"), "experimental-attention-variant"),
+    (("--linear-key-head-dim 128 ", ""), "linear-key-head-dim"),
+    (("--linear-attention-freq {freq}", "--linear-attention-freq '[1]*5'"), "linear-attention-freq"),
+])
+def test_megatron_gated_deltanet_mistakes_name_the_argument(tmp_path, edit, words):
+    script = tmp_path / "run.sh"
+    script.write_text(MEGATRON_Q3N.replace(*edit).format(freq=4))
+    with pytest.raises(memform.MemformError, match=words):
+        import_config("megatron", script, Options())
