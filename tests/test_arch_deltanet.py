@@ -248,3 +248,20 @@ def test_megatron_gated_deltanet_mistakes_name_the_argument(tmp_path, edit, word
     script.write_text(MEGATRON_Q3N.replace(*edit).format(freq=4))
     with pytest.raises(memform.MemformError, match=words):
         import_config("megatron", script, Options())
+
+
+def test_all_full_attention_qwen3_next_keeps_the_gate(tmp_path):
+    # layer_types all full_attention: no Gated DeltaNet keys, the gated attention still counted (transformers
+    # builds Qwen3NextAttention with q_proj 2·a·d_h whatever the layer pattern)
+    torch = pytest.importorskip("torch")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf = AutoConfig.for_model("qwen3_next", hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                              num_hidden_layers=2, intermediate_size=96, vocab_size=300, num_experts=0,
+                              layer_types=["full_attention"] * 2, tie_word_embeddings=False)
+    with torch.device("meta"):
+        expected = sum(p.numel() for p in AutoModelForCausalLM.from_config(hf).parameters())
+    hf.save_pretrained(tmp_path)
+    draft = import_hf(tmp_path / "config.json")
+    assert draft.get("model.attention_output_gate") is True and "model.full_attention_interval" not in draft
+    assert total(draft.config()) == expected

@@ -49,8 +49,15 @@ def convert(cfg: Fields, draft: Draft, model_type: str) -> None:
     layers = draft.get("model.num_layers")
     pattern = _pattern(cfg, layers)
     cfg.used.update(FIELDS | set(NEUTRAL))
+    if cfg.has("attn_output_gate") and cfg.raw("attn_output_gate") is False:
+        raise cfg.error("attn_output_gate", f"is false, but transformers' {model_type} attention always has the "
+                                            f"output gate (q_proj twice as wide); a config that disagrees is not "
+                                            f"mapped")
+    draft.set("model.attention_output_gate", True,
+              f"{model_type}: q_proj 2 · heads · head_dim, o_proj(attn · sigmoid(gate)) (attn_output_gate)")
+    draft.set("model.qk_norm", True, f"{model_type}: q_norm / k_norm = RMSNorm(head_dim)")
     if not any(pattern):
-        return  # every layer softmax attention: moe.mf / dense.mf describe it (still with the output gate)
+        return  # every layer softmax attention (gated): no Gated DeltaNet keys
     for field, key in KEYS.items():
         value = cfg.integer(field, DEFAULTS[field])
         draft.set(key, value, field if cfg.has(field) else f"{field} absent: {model_type}'s default {value}")
@@ -66,13 +73,6 @@ def convert(cfg: Fields, draft: Draft, model_type: str) -> None:
     else:
         draft.set("model.linear_attention_pattern", "".join("G" if k else "*" for k in pattern),
                   "layer_types: G = linear_attention (Gated DeltaNet), * = full_attention")
-    draft.set("model.attention_output_gate", True,
-              f"{model_type}: q_proj 2 · heads · head_dim, o_proj(attn · sigmoid(gate)) (attn_output_gate)")
-    draft.set("model.qk_norm", True, f"{model_type}: q_norm / k_norm = RMSNorm(head_dim)")
-    if cfg.has("attn_output_gate") and cfg.raw("attn_output_gate") is False:
-        raise cfg.error("attn_output_gate", f"is false, but transformers' {model_type} attention always has the "
-                                            f"output gate (q_proj twice as wide); a config that disagrees is not "
-                                            f"mapped")
 
 
 def _pattern(cfg: Fields, layers: int) -> list[int]:
