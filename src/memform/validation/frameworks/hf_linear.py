@@ -84,6 +84,7 @@ def sweep() -> list[LinearCase]:
     # (MoE under autocast is left out: transformers' experts under CPU autocast keep more than moe.mf counts,
     # as the Mixtral row of hf.py does -- a gap of the MoE formulas under hf_trainer.amp, not of Gated DeltaNet)
     return [BASE, replace(BASE, dtype="bf16"), replace(BASE, dtype="amp-bf16"), replace(BASE, attn="eager"),
+            replace(BASE, s=200), replace(BASE, s=100, dtype="amp-bf16"),
             replace(BASE, gc=True), replace(BASE, lin_v_heads=2, lin_v_dim=32, s=256),
             replace(BASE, lin_k_heads=4, lin_v_heads=8, s=256, b=1, dtype="amp-bf16"),
             replace(BASE, experts=8, top_k=2), replace(BASE, experts=8, top_k=2, dtype="bf16")]
