@@ -45,6 +45,9 @@ class LinearCase(HFCase):
 
     def label(self) -> str:
         moe = f" moe{self.experts}x{self.top_k}" if self.experts else ""
+        if self.recipe:
+            return (f"hf qwen3_next {self.recipe} L{self.L} b{self.b} s{self.s} {self.attn}{' gc' if self.gc else ''} "
+                    f"{self.dtype}{' fake' if self.fake else ''}")
         return (f"hf qwen3_next L{self.L} h{self.h} gdn{self.lin_k_heads}/{self.lin_v_heads}x{self.lin_k_dim}/"
                 f"{self.lin_v_dim} {''.join('G' if k[0] == 'l' else '*' for k in self.layer_types) or f'every{self.interval}'}{moe} b{self.b} s{self.s} {self.attn}"
                 f"{' gc' if self.gc else ''} {self.dtype}")
@@ -76,6 +79,13 @@ def measure(case: LinearCase, seed: int = 0) -> Step:
 
 
 BASE = LinearCase()
+#: the layer shape of a published dense Gated DeltaNet hybrid at its training length, traced with fake tensors:
+#: Qwen3.5-27B's text model as debaditc/kvfit src/kvfit/data/models.json @ bd4ccabf records its config.json
+#: (hidden 5120, intermediate 17408, 24 heads / 4 KV heads of 256, linear 16 key / 48 value heads of 128,
+#: vocabulary 248320), four of its 64 layers (one full-attention layer, three Gated DeltaNet), one 4K sequence
+QWEN35_27B_LAYERS = replace(BASE, h=5120, L=4, heads=24, kv_heads=4, head_dim=256, ffn=17408, vocab=248320, b=1,
+                            s=4096, lin_k_heads=16, lin_v_heads=48, lin_k_dim=128, lin_v_dim=128, dtype="bf16",
+                            fake=True, recipe="Qwen3.5-27B layers")
 
 
 def sweep() -> list[LinearCase]:
@@ -87,7 +97,7 @@ def sweep() -> list[LinearCase]:
             replace(BASE, s=200), replace(BASE, s=100, dtype="amp-bf16"),
             replace(BASE, gc=True), replace(BASE, lin_v_heads=2, lin_v_dim=32, s=256),
             replace(BASE, lin_k_heads=4, lin_v_heads=8, s=256, b=1, dtype="amp-bf16"),
-            replace(BASE, experts=8, top_k=2), replace(BASE, experts=8, top_k=2, dtype="bf16")]
+            replace(BASE, experts=8, top_k=2), replace(BASE, experts=8, top_k=2, dtype="bf16"), QWEN35_27B_LAYERS]
 
 
 def quick_sweep() -> list[LinearCase]:
