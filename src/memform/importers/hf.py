@@ -6,8 +6,8 @@ configuration classes of the model families below (``LlamaConfig``, ``MixtralCon
 ``Qwen2MoeConfig``, ``DeepseekV3Config``, ``GPT2Config``, ``GptOssConfig``, ``Glm4MoeConfig``,
 ``GPTNeoXConfig``, ``GraniteConfig``, ...) and THUDM's ``ChatGLMConfig`` (num_layers, multi_query_group_num,
 kv_channels, padded_vocab_size). Architectures memform cannot size (hybrid Mamba / linear attention, parallel
-blocks other than GPT-NeoX's, DBRX, OLMo-1, DeciLM / Nemotron-NAS per-layer ``block_configs``) stop the import
-with the field and what is missing.
+blocks other than GPT-NeoX's, DBRX, OLMo-1) stop the import with the field and what is missing. DeciLM /
+Nemotron-NAS per-layer blocks (``block_configs``, ``num_key_value_heads_per_layer``) are read by :mod:`.hf_nas`.
 
 Every field is read, listed in NEUTRAL with the reason it cannot change device memory (NEUTRAL_AT: only at
 the values listed), refused with the reason (REFUSED_FIELDS, UNSUPPORTED_*), or -- a field this module does
@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from ..errors import MemformError
-from . import hf_linear
+from . import hf_linear, hf_nas
 from .draft import Draft, Fields, describe, read_json
 
 TITLE = "Hugging Face config.json"
@@ -69,6 +69,7 @@ NEUTRAL: dict[str, str] = {
     "sliding_window_size": "the window span (no training-memory change, see sliding_window)",
     "attention_chunk_size": "Llama-4 chunked attention: a mask over the same scores (flash keeps O(s))",
     "attn_temperature_tuning": _SCALE, "floor_scale": _SCALE, "attn_scale": _SCALE,
+    "for_llm_compressor": "Llama-4: selects llm-compressor's calibration code path (Llama4TextConfig); same tensors",
     "router_aux_loss_coef": _ROUTING, "router_jitter_noise": _ROUTING, "aux_loss_alpha": _ROUTING,
     "seq_aux": _ROUTING, "norm_topk_prob": _ROUTING, "routed_scaling_factor": _ROUTING, "scoring_func": _ROUTING,
     "topk_method": _ROUTING, "topk_group": _ROUTING, "n_group": _ROUTING, "router_z_loss_coef": _ROUTING,
@@ -179,7 +180,8 @@ LEARNED_POSITIONS = frozenset({"gpt2", "gpt_bigcode", "opt", "bert", "roberta"})
 QKV_BIAS_ONLY = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "qwen2_vl_text", "qwen2_5_vl_text"})
 #: q/k RMSNorms after the projections: per head (transformers Qwen3Attention, Gemma3Attention:
 #: RMSNorm(head_dim)) or over the whole projection (Olmo2Attention: RMSNorm(num_heads · head_dim))
-QK_NORM_HEAD = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_vl_text", "qwen3_vl_moe_text"})
+QK_NORM_HEAD = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_vl_text", "qwen3_vl_moe_text",
+                          "qwen3_vl", "qwen3_vl_moe"})  # the wrappers' type when read from the top level
 #: OlmoeAttention: q_norm RMSNorm(h), k_norm RMSNorm(g·d_h); MiniMaxM2Attention (transformers
 #: modeling_minimax_m2.py): q_norm RMSNorm(num_attention_heads · head_dim), k_norm RMSNorm(num_key_value_heads ·
 #: head_dim) -- its config says use_qk_norm true, qk_norm_type per_layer
@@ -231,7 +233,6 @@ UNSUPPORTED_TYPES = {
     "granitemoehybrid": "hybrid Mamba-2 / attention layers (layer_types) are not modelled",
     "mamba": "state-space (Mamba) layers are not modelled", "mamba2": "state-space (Mamba-2) layers are not modelled",
     "rwkv": "RWKV recurrent layers are not modelled",
-    "deci": "DeciLM's per-layer K/V groups (num_key_value_heads_per_layer) are not modelled",
     "minimax": "MiniMax-Text-01's lightning (linear) attention layers are not modelled",
     "minimax_m1": "MiniMax-M1's lightning (linear) attention layers (attn_type_list) are not modelled",
     "gemma3n": "Gemma-3n's AltUp / LAuReL blocks and per-layer input embeddings are not modelled",
@@ -244,12 +245,6 @@ UNSUPPORTED_TYPES = {
 #: fields that change the model's tensors in ways memform does not model: set (not empty / false), they stop
 #: the import with the reason
 REFUSED_FIELDS = {
-    # NVIDIA Llama-3.x-Nemotron (DeciLM, model_type nemotron-nas; its modeling_decilm.py): one entry per layer,
-    # attention no_op / replace_with_linear / n_heads_in_group, ffn no_op / replace_with_linear / ffn_mult.
-    # Counting the uniform model of the top-level fields gives Nemotron-Super-49B as an 88B model.
-    "block_configs": "heterogeneous per-layer blocks (DeciLM / Nemotron-NAS: layers without attention or with a "
-                     "linear replacement, per-layer FFN widths and K/V groups); memform models one decoder layer "
-                     "shape per stack (heterogeneous layers are issue 34)",
     # MiniMax-M1 / MiniMax-Text-01 (remote code): attn_type_list 0 = lightning (linear) attention, 1 = softmax
     "attn_type_list": "lightning (linear) attention layers (MiniMax-M1 / Text-01) are not modelled",
     # Qwen3.5 / Qwen3-Next Gated DeltaNet, Nemotron-H / Granite-4.0-H Mamba layers (besides model_type)
@@ -260,9 +255,6 @@ REFUSED_FIELDS = {
     "index_n_heads": "DeepSeek sparse attention's indexer (its own projections and norm per layer) is not modelled",
     # Qwen3-VL vision_config.deepstack_visual_indexes is read in _vision; a text model with per-layer FFN list:
     "intermediate_size_per_layer": "per-layer FFN widths are not modelled (one decoder layer shape per stack)",
-    # Deci/DeciLM-7B (model_type deci): variable grouped-query attention, one K/V head count per layer
-    "num_key_value_heads_per_layer": "per-layer K/V head counts (DeciLM variable GQA) are not modelled (one "
-                                     "decoder layer shape per stack)",
     "num_kv_heads_per_layer": "per-layer K/V head counts are not modelled (one decoder layer shape per stack)",
     # Gemma-3n (transformers Gemma3nTextConfig): AltUp, LAuReL and per-layer input embeddings
     "altup_num_inputs": "Gemma-3n's AltUp / LAuReL blocks and per-layer embeddings are not modelled",
@@ -366,12 +358,14 @@ def convert(path: Path, draft: Draft, given: set[str]) -> None:
     _architecture(cfg, draft, model_type)
     _moe(cfg, draft, model_type)
     _mla(cfg, draft)
-    hf_linear.convert(cfg, draft, model_type)
+    hf_nas.convert(cfg, draft, model_type)   # DeciLM / Nemotron-NAS per-layer blocks (formulas/nas.mf)
+    hf_linear.convert(cfg, draft, model_type)   # Gated DeltaNet hybrids (formulas/deltanet.mf)
     mtp = cfg.integer("num_nextn_predict_layers", 0, minimum=0)
     if mtp:
         draft.set("model.mtp_layers", mtp, "num_nextn_predict_layers")
     if top.has("vision_config"):
-        _vision(top.section("vision_config"), draft)
+        from . import hf_vision  # Qwen3-VL, Gemma-3, Llama-4 towers (the rest: _vision)
+        hf_vision.read(top, top.section("vision_config"), draft, model_type, _vision)
     # REFUSED_FIELDS stopped the import when set; left null / empty / false they describe nothing
     neutral = set(NEUTRAL) | set(NEUTRAL_AT) | set(REFUSED_FIELDS) | set(hf_linear.NEUTRAL) \
         | {k for k in data if isinstance(k, str) and k.endswith("_token_id")} | _nulls(top) | _nulls(cfg)
@@ -400,8 +394,8 @@ def _neutral_at(fields: Fields, model_type: str) -> None:
 
 def _nulls(fields: Fields) -> set[str]:
     """Fields set to null: the configuration class's default applies, which is what the model-type rules
-    above assume (a null that means something else -- DeciLM's per-layer num_key_value_heads -- comes with a
-    refused field such as block_configs)."""
+    above assume (a null that means something else -- DeciLM's per-layer num_key_value_heads -- comes with
+    block_configs, read by hf_nas)."""
     return {k for k, v in fields.data.items() if v is None}
 
 
@@ -479,8 +473,6 @@ def _unsupported(cfg: Fields, model_type: str) -> None:
             continue
         if key == "attn_type_list" and isinstance(value, list) and 0 not in value:
             continue  # MiniMax-M2: every layer 1 (softmax attention) -- nothing but ordinary attention
-        if key == "block_configs" and isinstance(value, list):
-            why += _block_summary(value)
         raise cfg.error(key, f"is set: {why}; memform cannot size this model yet, and an import that skipped "
                              f"the field would be silently wrong")
     _neutral_at(cfg, model_type)
@@ -497,19 +489,6 @@ def _unsupported(cfg: Fields, model_type: str) -> None:
     if cfg.raw("fp32_residual_connection", False) is True:
         raise cfg.error("fp32_residual_connection", "is true: an fp32 residual stream is not modelled (memform "
                                                     "keeps the residual at the activation dtype)")
-
-
-def _block_summary(blocks: list) -> str:
-    """What a DeciLM ``block_configs`` list varies (for the refusal message)."""
-    def sub(block, part):
-        return block.get(part, {}) if isinstance(block, dict) and isinstance(block.get(part, {}), dict) else {}
-    no_attn = sum(1 for b in blocks
-                  if sub(b, "attention").get("no_op") or sub(b, "attention").get("replace_with_linear"))
-    mults = sorted({sub(b, "ffn").get("ffn_mult") for b in blocks} - {None})
-    text = f" -- here {len(blocks)} blocks, {no_attn} without attention (no_op / linear)"
-    if mults:
-        text += f", ffn_mult from {mults[0]} to {mults[-1]}"
-    return text
 
 
 def _activation(cfg: Fields, draft: Draft, model_type: str) -> None:
@@ -829,10 +808,11 @@ REFUSED_VISION = {
 }
 
 
-def _vision(vc: Fields, draft: Draft) -> None:
-    """A vision tower (Qwen2-VL ``vision_config``, CLIP/SigLIP fields) → ``model.vision.*`` of vision.mf."""
+def _vision(vc: Fields, draft: Draft, handled: frozenset = frozenset(), neutral: frozenset = frozenset()) -> None:
+    """A vision tower (Qwen2-VL ``vision_config``, CLIP/SigLIP fields) → ``model.vision.*`` of vision.mf;
+    ``handled``: REFUSED_VISION fields a family reader (hf_vision) has read, ``neutral``: its neutral ones."""
     for key, why in REFUSED_VISION.items():
-        if vc.has(key) and vc.raw(key) not in ([], False):
+        if key not in handled and vc.has(key) and vc.raw(key) not in ([], False):
             raise vc.error(key, f"is set: {why}; the vision tower would be sized wrongly (to size the language "
                                 f"model alone, import its text_config as a file of its own)")
     # Qwen2-VL: embed_dim is the ViT width and hidden_size the LM width it projects to
@@ -873,4 +853,4 @@ def _vision(vc: Fields, draft: Draft) -> None:
     if "gelu" not in act.lower():
         draft.warn(f"vision_config.hidden_act {act}: vision.mf models a GeLU MLP with biases "
                    f"(the ViT's MLP memory is approximate)")
-    draft.refuse_unused(vc, set(NEUTRAL_VISION) | set(REFUSED_VISION))
+    draft.refuse_unused(vc, set(NEUTRAL_VISION) | set(REFUSED_VISION) | set(neutral))
