@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--explain", action="store_true",
                     help="print, per creating op, the bytes alive after forward and those live at the measured peak")
     ap.add_argument("--json", metavar="PATH", help="also write every row as JSON to PATH")
+    ap.add_argument("--record", action="store_true",
+                    help="write this run's signed errors as each case's recorded agreement (its own bound from now "
+                         "on: memform/validation/bounds.py, bounds.yaml beside it)")
     args = ap.parse_args(argv)
     try:
         import torch  # noqa: F401
@@ -63,13 +66,13 @@ def main(argv: list[str] | None = None) -> int:
         return _fsdp2(args)
     if args.distributed:
         return _distributed(args)
-    from memform.validation.compare import AMP_THRESHOLDS, THRESHOLDS, compare, format_table
+    from memform.validation.compare import AMP_THRESHOLDS, CATEGORIES, THRESHOLDS, compare, format_table
     from memform.validation.sweep import amp_sweep, full_sweep, quick_amp_sweep, quick_sweep
 
     if args.amp:
-        points = quick_amp_sweep() if args.quick else amp_sweep()
+        points = quick_amp_sweep() if args.quick else _with_quick(args, amp_sweep(), quick_amp_sweep())
     else:
-        points = quick_sweep() if args.quick else full_sweep()
+        points = quick_sweep() if args.quick else _with_quick(args, full_sweep(), quick_sweep())
     if args.only:
         points = [p for p in points if args.only in p.label()]
         if not points:
@@ -83,7 +86,13 @@ def main(argv: list[str] | None = None) -> int:
             print(p.label(), "at the peak:", rows[-1].peak_by_op)
     elapsed = time.perf_counter() - start
     print(format_table(rows))
+    _record(args, "amp" if args.amp else "single", [(r.point.label(), r) for r in rows], CATEGORIES)
     return _summary(rows, elapsed, AMP_THRESHOLDS if args.amp else THRESHOLDS, lambda r: r.point.label(), args.json)
+
+
+def _with_quick(args: argparse.Namespace, full: list, quick: list) -> list:
+    """The whole sweep; with ``--record`` also the tests' quick cases it lacks (each gets its own bound)."""
+    return full + [c for c in quick if c not in full] if args.record else full
 
 
 def _no_match(text: str) -> int:
@@ -92,11 +101,26 @@ def _no_match(text: str) -> int:
     return 2
 
 
+def _record(args: argparse.Namespace, suite: str, keyed, categories) -> None:  # noqa: ANN001
+    """``--record``: this run's signed errors become each case's recorded agreement (memform.validation.bounds)."""
+    if not args.record:
+        return
+    from memform.validation import bounds
+
+    rows = [(key, {c: r.error(c) for c in categories if c in r.measured and c in r.estimated
+                   and (not hasattr(r, "checked") or r.checked(c))}) for key, r in keyed]
+    print(f"recorded {len(rows)} {suite} cases in {bounds.record(suite, rows)}")
+
+
 def _summary(rows, elapsed: float, thresholds: dict, label, json_path: str | None, extra: str = "") -> int:
-    """The closing lines every mode prints (cases, time, what is over its threshold) and the --json dump."""
+    """The closing lines every mode prints (cases, time, what is over its bound) and the --json dump."""
+    from memform.validation import bounds
+
     failed = [r for r in rows if r.failures()]
-    print(f"{len(rows)} cases in {elapsed:.1f} s; {len(failed)} over the thresholds "
-          + ", ".join(f"{c} {t:.1%}" for c, t in thresholds.items()) + extra)
+    own = sum(1 for r in rows if hasattr(r, "limits") and r.limits() != thresholds)
+    print(f"{len(rows)} cases in {elapsed:.1f} s; {len(failed)} over their bounds ({own} held to their own recorded "
+          f"agreement + {bounds.SLACK:.1%}, the rest to the suite's thresholds "
+          + ", ".join(f"{c} {t:.1%}" for c, t in thresholds.items()) + ")" + extra)
     for r in failed:
         print(f"FAIL {label(r)}: " + ", ".join(f"{c} {r.error(c):+.2%}" for c in r.failures()))
     if json_path:
@@ -109,7 +133,7 @@ def _fsdp2(args: argparse.Namespace) -> int:
     """``--fsdp2``: memform.validation.fsdp2's cases, measured per rank (rank 0 shown)."""
     from memform.validation import fsdp2
 
-    cases = fsdp2.quick_sweep() if args.quick else fsdp2.sweep()
+    cases = fsdp2.quick_sweep() if args.quick else _with_quick(args, fsdp2.sweep(), fsdp2.quick_sweep())
     if args.only:
         cases = [c for c in cases if args.only in c.label()]
         if not cases:
@@ -122,6 +146,7 @@ def _fsdp2(args: argparse.Namespace) -> int:
             print(r.case.label(), "at the peak:", r.by_op.get("peak"))
             print(r.case.label(), "FSDP buffers at their peak:", r.by_op.get("comm"))
     print(fsdp2.format_table(rows))
+    _record(args, "fsdp2", [(r.case.label(), r) for r in rows], fsdp2.THRESHOLDS)
     return _summary(rows, elapsed, fsdp2.THRESHOLDS, lambda r: r.case.label(), args.json,
                     f", peak at most {fsdp2.PEAK_UNDER:.0%} under")
 
@@ -138,7 +163,7 @@ def _frameworks(args: argparse.Namespace) -> int:
         except ImportError as exc:
             not_run.append(f"{name}: {exc}")
             continue
-        cases = mod.quick_sweep() if args.quick else mod.sweep()
+        cases = mod.quick_sweep() if args.quick else _with_quick(args, mod.sweep(), mod.quick_sweep())
         if args.only:
             cases = [c for c in cases if args.only in c.label()]
         for case in cases:
@@ -152,6 +177,7 @@ def _frameworks(args: argparse.Namespace) -> int:
         return _no_match(args.only)
     if rows:
         print(frameworks.format_table(rows))
+        _record(args, "frameworks", [(r.case.label(), r) for r in rows], frameworks.CATEGORIES)
     for why in not_run:
         print(f"not run: {why}")
     code = _summary(rows, elapsed, frameworks.THRESHOLDS, lambda r: r.case.label(), args.json)
@@ -162,7 +188,7 @@ def _distributed(args: argparse.Namespace) -> int:
     """``--distributed``: memform.validation.distributed's cases, one row per rank (= stage)."""
     from memform.validation import distributed
 
-    cases = distributed.quick_sweep() if args.quick else distributed.sweep()
+    cases = distributed.quick_sweep() if args.quick else _with_quick(args, distributed.sweep(), distributed.quick_sweep())
     if args.only:
         cases = [c for c in cases if args.only in c.label()]
         if not cases:
@@ -175,6 +201,7 @@ def _distributed(args: argparse.Namespace) -> int:
             for key, value in r.notes.items():
                 print(f"{r.case.label()} rank {r.rank} {key}: {value}")
     print(distributed.format_table(rows, not_run))
+    _record(args, "distributed", [(r.key, r) for r in rows], distributed.CATEGORIES)
     failed = [r for r in rows if r.failures()]
     for r in failed:
         print(f"OVER {r.case.label()} rank {r.rank}: " + ", ".join(f"{c} {r.error(c):+.2%}" for c in r.failures()))

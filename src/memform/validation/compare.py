@@ -99,6 +99,8 @@ class Point:
     def label(self) -> str:
         parts = [self.arch, f"b{self.b} s{self.s} L{self.L} h{self.h} a{self.heads}/{self.kv}",
                  self.recompute, "flash" if self.flash else "core", self.precision]
+        if self.vocab != Point.vocab:   # labels name a case uniquely (its recorded bound is keyed by it)
+            parts.append(f"V{self.vocab}")
         if self.dropout:
             parts.append("dropout")
         if self.swiglu_impl != "fused":
@@ -166,8 +168,18 @@ class Row:
         """The compared categories both sides have (a hand-made row may leave the peak out)."""
         return tuple(c for c in CATEGORIES if c in self.measured and c in self.estimated)
 
+    @property
+    def suite(self) -> str:
+        """This row's suite in :mod:`memform.validation.bounds` (``bench/validate.py`` or ``--amp``)."""
+        return "amp" if self.point.precision in AMP else "single"
+
+    def limits(self) -> dict[str, float]:
+        """Each category's bound: the case's own recorded agreement (:mod:`.bounds`), within the suite's."""
+        from .bounds import limits
+        return limits(self.suite, self.point.label(), thresholds_for(self.point))
+
     def failures(self, thresholds: dict[str, float] | None = None) -> list[str]:
-        limits = thresholds or thresholds_for(self.point)
+        limits = thresholds or self.limits()
         return [c for c in self.categories if abs(self.error(c)) > limits[c]]
 
     def to_dict(self) -> dict[str, Any]:

@@ -190,8 +190,19 @@ class Row:
     def error(self, cat: str) -> float:
         return relative_error(self.estimated[cat], self.measured[cat])
 
-    def failures(self, thresholds: dict[str, float] = THRESHOLDS) -> list[str]:
-        return [c for c in CATEGORIES if abs(self.error(c)) > thresholds[c]]
+    @property
+    def key(self) -> str:
+        """This row's case in :mod:`memform.validation.bounds`: the case's label and the rank."""
+        return f"{self.case.label()} rank {self.rank}"
+
+    def limits(self) -> dict[str, float]:
+        """Each category's bound: the rank's own recorded agreement (:mod:`.bounds`), within THRESHOLDS."""
+        from .bounds import limits
+        return limits("distributed", self.key, THRESHOLDS)
+
+    def failures(self, thresholds: dict[str, float] | None = None) -> list[str]:
+        limits = thresholds or self.limits()
+        return [c for c in CATEGORIES if abs(self.error(c)) > limits[c]]
 
     def to_dict(self) -> dict[str, Any]:
         return {"case": self.case.label(), "kind": self.case.kind, "rank": self.rank,
@@ -667,8 +678,9 @@ MEASURE: dict[str, Callable] = {"ddp": _measure_ddp, "zero1": _measure_ddp, "tp"
 
 
 def format_table(rows: list[Row], failed: list[tuple[Case, str]] = (),
-                 thresholds: dict[str, float] = THRESHOLDS) -> str:
-    """Per row: case, rank/stage, measured / estimated KiB and the error per category (``!`` = over)."""
+                 thresholds: dict[str, float] | None = None) -> str:
+    """Per row: case, rank/stage, measured / estimated KiB and the error per category (``!`` = over its
+    bound: ``thresholds`` where given, else the row's own, :meth:`Row.limits`)."""
     width = max([len(r.case.label()) for r in rows] + [4])
     cell = 24
     head = f"{'case':<{width}} {'rank':>4}" + "".join(
@@ -676,8 +688,9 @@ def format_table(rows: list[Row], failed: list[tuple[Case, str]] = (),
     lines = [head, "-" * len(head)]
     for r in rows:
         cells = []
+        limits = thresholds or r.limits()
         for c in CATEGORIES:
-            flag = "!" if abs(r.error(c)) > thresholds[c] else " "
+            flag = "!" if abs(r.error(c)) > limits[c] else " "
             err = "  n/a " if math.isinf(r.error(c)) else f"{r.error(c):+6.1%}"
             cells.append(f" | {f'{r.measured[c] / 1024:.1f}/{r.estimated[c] / 1024:.1f} {err}{flag}':>{cell}}")
         lines.append(f"{r.case.label():<{width}} {r.rank:>4}" + "".join(cells))
@@ -687,13 +700,14 @@ def format_table(rows: list[Row], failed: list[tuple[Case, str]] = (),
     return "\n".join(lines)
 
 
-def summary(rows: list[Row], failed: list[tuple[Case, str]] = (), thresholds: dict[str, float] = THRESHOLDS,
+def summary(rows: list[Row], failed: list[tuple[Case, str]] = (), thresholds: dict[str, float] | None = None,
             elapsed: float | None = None) -> str:
-    """The last line: cases, rows, max |error| per category, how many rows are over their threshold."""
+    """The last line: cases, rows, max |error| per category, how many rows are over their bound (each its
+    own recorded agreement within the suite's THRESHOLDS, or ``thresholds`` where given)."""
     cases = {r.case for r in rows}
     worst = {c: max((abs(r.error(c)) for r in rows), default=0.0) for c in CATEGORIES}
     over = sum(1 for r in rows if r.failures(thresholds))
     time = f" in {elapsed:.0f} s" if elapsed is not None else ""
     return (f"{len(cases)} cases, {len(rows)} rank rows{time}; max |error|: "
-            + ", ".join(f"{TITLES.get(c, c)} {worst[c]:.1%} (≤{thresholds[c]:.1%})" for c in CATEGORIES)
-            + f"; {over} rows over threshold; {len(failed)} cases not run")
+            + ", ".join(f"{TITLES.get(c, c)} {worst[c]:.1%} (≤{(thresholds or THRESHOLDS)[c]:.1%})" for c in CATEGORIES)
+            + f"; {over} rows over {'threshold' if thresholds else 'their own bounds'}; {len(failed)} cases not run")

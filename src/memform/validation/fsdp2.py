@@ -99,7 +99,13 @@ class Row:
     def error(self, cat: str) -> float:
         return relative_error(self.estimated[cat], self.measured[cat])
 
-    def failures(self, thresholds: dict[str, float] = THRESHOLDS) -> list[str]:
+    def limits(self) -> dict[str, float]:
+        """Each category's bound: the case's own recorded agreement (:mod:`.bounds`), within THRESHOLDS."""
+        from .bounds import limits
+        return limits("fsdp2", self.case.label(), THRESHOLDS)
+
+    def failures(self, thresholds: dict[str, float] | None = None) -> list[str]:
+        thresholds = thresholds or self.limits()
         out = [c for c in thresholds if abs(self.error(c)) > thresholds[c]]
         return out + (["peak"] if self.error("peak") < -PEAK_UNDER else [])
 
@@ -396,7 +402,7 @@ def trace_step(model, static, forward, step, states,  # noqa: ANN001
     return measured, by_op
 
 
-def format_table(rows: list[Row], thresholds: dict[str, float] = THRESHOLDS) -> str:
+def format_table(rows: list[Row], thresholds: dict[str, float] | None = None) -> str:
     """Per category measured / estimated KiB (rank 0) and the relative error (``!`` = over its limit)."""
     width = max([len(r.case.label()) for r in rows] + [4])
     cell = 25
@@ -413,7 +419,7 @@ def format_table(rows: list[Row], thresholds: dict[str, float] = THRESHOLDS) -> 
         lines.append("mean error: " + ", ".join(f"{c} {sum(r.error(c) for r in rows) / len(rows):+.2%}"
                                                 for c in CATEGORIES))
         lines.append("max |error|: " + ", ".join(f"{c} {max(abs(r.error(c)) for r in rows):.2%} "
-                                                 f"(limit {thresholds[c]:.1%})" for c in thresholds)
+                                                 f"(suite limit {THRESHOLDS[c]:.1%})" for c in THRESHOLDS)
                      + f"; peak {min(r.error('peak') for r in rows):+.2%} … {max(r.error('peak') for r in rows):+.2%}"
                        f" (an upper bound: at most {PEAK_UNDER:.0%} under)")
     return "\n".join(lines)

@@ -125,8 +125,14 @@ class Row:
             return False
         return cat != "reserve" or self.measured.get("reserved", 0) >= RESERVE_FROM
 
+    def limits(self) -> dict[str, float]:
+        """Each category's bound: the case's own recorded agreement (:mod:`..bounds`), within THRESHOLDS."""
+        from ..bounds import limits
+        return limits("frameworks", self.case.label(), THRESHOLDS)
+
     def failures(self) -> list[str]:
-        return [c for c in CATEGORIES if self.checked(c) and abs(self.error(c)) > THRESHOLDS[c]]
+        limits = self.limits()
+        return [c for c in CATEGORIES if self.checked(c) and abs(self.error(c)) > limits[c]]
 
     def to_dict(self) -> dict[str, Any]:
         return {"case": self.case.label(), "measured": self.measured, "estimated": self.estimated,
@@ -170,15 +176,17 @@ def compare(case: Case, mod) -> Row:  # noqa: ANN001
 
 
 def format_table(rows: list[Row]) -> str:
-    """Measured / estimated MiB per category and the relative error (``!`` = over its threshold)."""
+    """Measured / estimated MiB per category and the relative error (``!`` = over its bound: the case's own
+    recorded agreement, :mod:`memform.validation.bounds`, within the suite's THRESHOLDS)."""
     width = max([len(r.case.label()) for r in rows] + [4])
     cell = 24
     head = f"{'case':<{width}}" + "".join(f" | {TITLES.get(c, c) + ' MiB meas/est, err':>{cell}}" for c in CATEGORIES)
     lines = [head, "-" * len(head)]
     for r in rows:
         cells = []
+        limits = r.limits()
         for c in CATEGORIES:
-            flag = " " if not r.checked(c) else ("!" if abs(r.error(c)) > THRESHOLDS[c] else " ")
+            flag = " " if not r.checked(c) else ("!" if abs(r.error(c)) > limits[c] else " ")
             if not r.checked(c):
                 flag = "~"
             text = (f"{_mib(r.measured[c])} / {_mib(r.estimated[c])} {r.error(c):+7.1%}{flag}"
@@ -188,7 +196,7 @@ def format_table(rows: list[Row]) -> str:
     lines.append("-" * len(head))
     if rows:
         lines.append("max |error|: " + ", ".join(
-            f"{c} {max((abs(r.error(c)) for r in rows if r.checked(c)), default=0):.1%} (limit {THRESHOLDS[c]:.0%})"
+            f"{c} {max((abs(r.error(c)) for r in rows if r.checked(c)), default=0):.1%} (suite limit {THRESHOLDS[c]:.0%})"
             for c in CATEGORIES))
         lines.append(f"reserve: the allocator's reserve beyond the step's allocated peak (the traced step replayed "
                      f"through memform's allocator model vs memform's own replay), its error as a share of the "
