@@ -266,3 +266,24 @@ def test_all_full_attention_qwen3_next_keeps_the_gate(tmp_path):
     draft = import_hf(tmp_path / "config.json")
     assert draft.get("model.attention_output_gate") is True and "model.full_attention_interval" not in draft
     assert total(draft.config()) == expected
+
+
+@pytest.mark.parametrize("extra, mtp, error", [
+    ({"mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False}, 1, None),
+    ({"mtp_num_hidden_layers": 0}, None, None),
+    ({"mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": True}, None, "mtp_use_dedicated_embeddings"),
+])
+def test_qwen3_5_mtp_fields(tmp_path, extra, mtp, error):
+    # Qwen3.5's released text configs (e.g. the text_config quoted in public deployment tests: mtp_num_hidden_layers
+    # 1, mtp_use_dedicated_embeddings false): the checkpoint's MTP module, counted as moe.mf's mtp block
+    cfg = {"model_type": "qwen3_5_text", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 16, "num_hidden_layers": 4, "intermediate_size": 128, "vocab_size": 100,
+           "max_position_embeddings": 64, "full_attention_interval": 4, "mamba_ssm_dtype": "float32", **extra}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    if error:
+        with pytest.raises(memform.MemformError, match=error):
+            import_hf(path)
+        return
+    draft = import_hf(path)
+    assert draft.get("model.mtp_layers") == mtp and draft.load_error is None

@@ -33,7 +33,8 @@ KEYS = {"linear_num_key_heads": "model.linear_num_key_heads", "linear_num_value_
 #: memory-neutral fields of these configs, with the reason
 NEUTRAL = {
     "mamba_ssm_dtype": "the dtype of the inference-time recurrent state cache (no training tensor)",
-    "mtp_use_dedicated_embeddings": "MTP modules are not built by transformers' Qwen3.5 classes",
+    "mtp_use_dedicated_embeddings": "read with mtp_num_hidden_layers (must be false)",
+    "mtp_num_hidden_layers": "read (model.mtp_layers)",
 }
 
 
@@ -56,6 +57,17 @@ def convert(cfg: Fields, draft: Draft, model_type: str) -> None:
     draft.set("model.attention_output_gate", True,
               f"{model_type}: q_proj 2 · heads · head_dim, o_proj(attn · sigmoid(gate)) (attn_output_gate)")
     draft.set("model.qk_norm", True, f"{model_type}: q_norm / k_norm = RMSNorm(head_dim)")
+    # Qwen3.5's released text configs name the checkpoint's MTP modules (mtp.* tensors, which transformers'
+    # classes do not build -- as DeepSeek's num_nextn_predict_layers, counted): Qwen3-Next's layout, the
+    # shared embedding and head, fc 2h -> h, three norms and one gated-attention decoder layer, which is
+    # moe.mf's mtp block (Qwen3-Next-80B's 1,650,471,424 MTP parameters to the parameter, test_arch_deltanet)
+    mtp = cfg.integer("mtp_num_hidden_layers", 0, minimum=0)
+    if mtp:
+        if cfg.raw("mtp_use_dedicated_embeddings", False) is not False:
+            raise cfg.error("mtp_use_dedicated_embeddings", "is set: MTP modules with their own embedding table are "
+                                                            "not modelled (moe.mf's share the model's)")
+        draft.set("model.mtp_layers", mtp, "mtp_num_hidden_layers: the checkpoint's MTP module(s) (not built by "
+                                           "transformers; counted as DeepSeek's num_nextn_predict_layers are)")
     if not any(pattern):
         return  # every layer softmax attention (gated): no Gated DeltaNet keys
     for field, key in KEYS.items():
