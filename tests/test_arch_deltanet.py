@@ -45,8 +45,8 @@ def test_qwen3_next_80b_totals(overrides, expected):
 
 def test_bundled_config_is_the_published_total():
     # configs/qwen3-next-80b-a3b.yaml carries the MTP module: the Hub safetensors total
-    assert total(str(ROOT / "configs" / "qwen3-next-80b-a3b.yaml"), {"parallel.dp": 1, "parallel.ep": 1, "parallel.pp": 1}) \
-        == 81_324_862_720
+    single = {"parallel.dp": 1, "parallel.ep": 1, "parallel.pp": 1}
+    assert total(str(ROOT / "configs" / "qwen3-next-80b-a3b.yaml"), single) == 81_324_862_720
 
 
 # Per-layer parameters of each mixer against transformers' modules (toy shapes, numel summed):

@@ -75,8 +75,9 @@ def convert(cfg: Fields, draft: Draft, model_type: str) -> None:
         draft.set(key, value, field if cfg.has(field) else f"{field} absent: {model_type}'s default {value}")
     hv, hk = draft.get("model.linear_num_value_heads"), draft.get("model.linear_num_key_heads")
     if hv % hk:
-        raise cfg.error("linear_num_value_heads", f"is {hv}, not a multiple of linear_num_key_heads {hk}: each key "
-                                                  f"head serves linear_num_value_heads / linear_num_key_heads value heads")
+        raise cfg.error("linear_num_value_heads", f"is {hv}, not a multiple of linear_num_key_heads {hk}: each "
+                                                  f"key head serves linear_num_value_heads / linear_num_key_heads "
+                                                  f"value heads")
     interval = _interval(pattern)
     if interval:
         draft.set("model.full_attention_interval", interval,

@@ -48,7 +48,8 @@ def convert(f: Fields, draft: Draft, layers: int) -> None:
     hv, hk = draft.get("model.linear_num_value_heads"), draft.get("model.linear_num_key_heads")
     if hv % hk:
         raise f.error("linear-num-value-heads", f"is {hv}, not a multiple of --linear-num-key-heads {hk}")
-    every = next((n for n in range(2, layers + 1) if pattern == [0 if (i + 1) % n == 0 else 1 for i in range(layers)]), 0)
+    every = next((n for n in range(2, layers + 1)
+                  if pattern == [0 if (i + 1) % n == 0 else 1 for i in range(layers)]), 0)
     if every:
         draft.set("model.full_attention_interval", every,
                   f"--linear-attention-freq: layer i softmax attention when (i + 1) % {every} == 0")

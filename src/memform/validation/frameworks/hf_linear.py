@@ -48,8 +48,9 @@ class LinearCase(HFCase):
         if self.recipe:
             return (f"hf qwen3_next {self.recipe} L{self.L} b{self.b} s{self.s} {self.attn}{' gc' if self.gc else ''} "
                     f"{self.dtype}{' fake' if self.fake else ''}")
+        pattern = "".join("G" if k[0] == "l" else "*" for k in self.layer_types) or f"every{self.interval}"
         return (f"hf qwen3_next L{self.L} h{self.h} gdn{self.lin_k_heads}/{self.lin_v_heads}x{self.lin_k_dim}/"
-                f"{self.lin_v_dim} {''.join('G' if k[0] == 'l' else '*' for k in self.layer_types) or f'every{self.interval}'}{moe} b{self.b} s{self.s} {self.attn}"
+                f"{self.lin_v_dim} {pattern}{moe} b{self.b} s{self.s} {self.attn}"
                 f"{' gc' if self.gc else ''} {self.dtype}")
 
     def hf_config(self) -> Any:
