@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from ..errors import MemformError
-from . import hf_nas
+from . import hf_linear, hf_nas
 from .draft import Draft, Fields, describe, read_json
 
 TITLE = "Hugging Face config.json"
@@ -231,7 +231,6 @@ UNSUPPORTED_TYPES = {
             "modelled",
     "nemotron_h": "hybrid Mamba-2 / attention layers (hybrid_override_pattern) are not modelled",
     "granitemoehybrid": "hybrid Mamba-2 / attention layers (layer_types) are not modelled",
-    "qwen3_next": "Gated DeltaNet linear-attention layers (layer_types linear_attention) are not modelled",
     "mamba": "state-space (Mamba) layers are not modelled", "mamba2": "state-space (Mamba-2) layers are not modelled",
     "rwkv": "RWKV recurrent layers are not modelled",
     "minimax": "MiniMax-Text-01's lightning (linear) attention layers are not modelled",
@@ -239,8 +238,6 @@ UNSUPPORTED_TYPES = {
     "gemma3n": "Gemma-3n's AltUp / LAuReL blocks and per-layer input embeddings are not modelled",
     "glm_moe_dsa": "DeepSeek sparse attention's indexer (index_n_heads, index_head_dim) is not modelled",
     "deepseek_v32": "DeepSeek-V3.2's sparse-attention indexer (index_n_heads, index_head_dim) is not modelled",
-    "qwen3_5": "Gated DeltaNet linear-attention layers (layer_types linear_attention) are not modelled",
-    "qwen3_5_moe": "Gated DeltaNet linear-attention layers (layer_types linear_attention) are not modelled",
     "jamba": "hybrid Mamba / attention layers are not modelled", "bamba": "hybrid Mamba-2 / attention layers are "
                                                                          "not modelled",
     "falcon_h1": "hybrid Mamba-2 / attention layers are not modelled",
@@ -362,6 +359,7 @@ def convert(path: Path, draft: Draft, given: set[str]) -> None:
     _moe(cfg, draft, model_type)
     _mla(cfg, draft)
     hf_nas.convert(cfg, draft, model_type)   # DeciLM / Nemotron-NAS per-layer blocks (formulas/nas.mf)
+    hf_linear.convert(cfg, draft, model_type)   # Gated DeltaNet hybrids (formulas/deltanet.mf)
     mtp = cfg.integer("num_nextn_predict_layers", 0, minimum=0)
     if mtp:
         draft.set("model.mtp_layers", mtp, "num_nextn_predict_layers")
@@ -369,7 +367,7 @@ def convert(path: Path, draft: Draft, given: set[str]) -> None:
         from . import hf_vision  # Qwen3-VL, Gemma-3, Llama-4 towers (the rest: _vision)
         hf_vision.read(top, top.section("vision_config"), draft, model_type, _vision)
     # REFUSED_FIELDS stopped the import when set; left null / empty / false they describe nothing
-    neutral = set(NEUTRAL) | set(NEUTRAL_AT) | set(REFUSED_FIELDS) \
+    neutral = set(NEUTRAL) | set(NEUTRAL_AT) | set(REFUSED_FIELDS) | set(hf_linear.NEUTRAL) \
         | {k for k in data if isinstance(k, str) and k.endswith("_token_id")} | _nulls(top) | _nulls(cfg)
     if cfg is not top:
         # the model's own fields are read from text_config; the wrapper's own ids and names stay neutral
@@ -456,12 +454,13 @@ def _unsupported(cfg: Fields, model_type: str) -> None:
         # StableLmDecoderLayer shares one input_layernorm, others differ again: only GPT-NeoX's is mapped
         raise cfg.error("use_parallel_residual", f"is true: the parallel block of model_type {model_type!r} is not "
                         f"mapped (memform maps GPT-NeoX's x + attn(ln1(x)) + mlp(ln2(x)))")
+    claimed = hf_linear.claimed(model_type)   # Gated DeltaNet hybrids: read by hf_linear (deltanet.mf)
     what = UNSUPPORTED_TYPES.get(model_type)
     if what:
         raise MemformError(f"{cfg.file}: model_type {model_type!r}: {what}; memform cannot size this model yet")
     kinds = cfg.raw("layer_types", [])
     if isinstance(kinds, list):
-        other = sorted({k for k in kinds if isinstance(k, str)} - ATTENTION_LAYER_TYPES)
+        other = sorted({k for k in kinds if isinstance(k, str)} - ATTENTION_LAYER_TYPES - claimed)
         if other:
             raise cfg.error("layer_types", f"has {', '.join(other)} layers: memform models softmax-attention "
                             f"decoders only")
@@ -470,7 +469,7 @@ def _unsupported(cfg: Fields, model_type: str) -> None:
                         "does not model")
     for key, why in REFUSED_FIELDS.items():
         value = cfg.raw(key)
-        if value in (None, [], {}, False, 0):
+        if value in (None, [], {}, False, 0) or key in claimed:
             continue
         if key == "attn_type_list" and isinstance(value, list) and 0 not in value:
             continue  # MiniMax-M2: every layer 1 (softmax attention) -- nothing but ordinary attention

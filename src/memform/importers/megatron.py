@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import MemformError, read_text
+from . import megatron_linear
 from .draft import Draft, Fields, divide, pad_vocab
 from .shell import Command, Ref, Shell, ShellParseError, Word, list_expression
 
@@ -680,6 +681,7 @@ def convert(path: Path | list[Path], draft: Draft, given: set[str] | Mapping[str
         draft.set("model.qk_norm", True, "--qk-layernorm (per head, Megatron-Core)")
     _moe(f, draft)
     _mla(f, draft)
+    megatron_linear.convert(f, draft, L)   # Gated DeltaNet hybrids (deltanet.mf)
     mtp = f.integer("mtp-num-layers", 0, minimum=0)
     if mtp:
         draft.set("model.mtp_layers", mtp, "--mtp-num-layers")

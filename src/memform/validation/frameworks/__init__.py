@@ -39,6 +39,7 @@ RESERVE_FROM = 2 ** 30
 #: framework name -> (module of this package, the package it needs)
 FRAMEWORKS: dict[str, tuple[str, str]] = {"hf": ("hf", "transformers"), "hf-nas": ("hf_nas", "transformers"),
                                           "hf_vision": ("hf_vision", "transformers"),
+                                          "hf_linear": ("hf_linear", "transformers"),
                                           "titan": ("titan", "torchtitan"),
                                           "deepspeed": ("deepspeed", "deepspeed"), "mcore": ("mcore", "megatron.core")}
 
