@@ -173,3 +173,32 @@ def test_hf_folder_without_config_json(tmp_path: Path) -> None:
     r = run_memform("import", "hf", folder)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"{folder}: a folder, but it holds no config.json" in r.stderr
+
+
+# ---- one setting, several spellings (Fields.alias: hf and mindformers) ----------------------------------
+@pytest.mark.parametrize("fields, expect", [
+    ({"num_hidden_layers": 40}, ("num_hidden_layers", 40)),
+    ({"num_layers": 40}, ("num_layers", 40)),                           # ChatGLM's spelling alone
+    ({"num_hidden_layers": 40, "num_layers": 40}, ("num_hidden_layers", 40)),   # GLM-4 copies both: they agree
+    ({}, (None, None)),
+])
+def test_fields_alias_reads_the_first_spelling_and_marks_the_others_read(fields, expect):
+    from memform.importers.draft import Fields
+    f = Fields(fields, "config.json")
+    assert f.alias(("num_hidden_layers", "num_layers"), f.integer) == expect
+    assert not f.unused()
+
+
+def test_fields_alias_refuses_spellings_that_disagree_naming_both(tmp_path):
+    from memform.errors import MemformError
+    from memform.importers.draft import Fields
+    f = Fields({"num_hidden_layers": 40, "num_layers": 41}, "config.json")
+    with pytest.raises(MemformError, match=r"config.json: field 'num_layers' is 41 but 'num_hidden_layers' is 40: "
+                                           r"the file disagrees with itself"):
+        f.alias(("num_hidden_layers", "num_layers"), f.integer)
+    # through the importer: a GLM-4 config.json whose two layer counts differ exits 2
+    cfg = json.loads((DATA / "hf" / "glm-4-9b-chat.config.json").read_text())
+    cfg["num_hidden_layers"] = cfg["num_layers"] + 1
+    path = write(tmp_path / "glm.json", json.dumps(cfg))
+    r = run_memform("import", "hf", str(path))
+    assert r.returncode == 2 and "disagrees with itself" in r.stderr

@@ -129,6 +129,22 @@ class Fields:
             self.used.add(key)
         return None, None
 
+    def alias(self, keys: Iterable[str], read: Callable[[str], Any],
+              why: str = "the file disagrees with itself") -> tuple[str | None, Any]:
+        """A setting the format spells several ways: the first of ``keys`` present, read with ``read``;
+        every other spelling present is read too and must give the same value, else an error naming both
+        fields and ``why`` (GLM-4 configs carry num_layers and num_hidden_layers; MindFormers maps a dozen
+        spellings onto one setting). (None, None) where none is present."""
+        keys = tuple(keys)
+        first, value = self.first(keys, read)
+        for other in keys:
+            if other != first and self.has(other):
+                if read(other) != value:
+                    raise self.error(other, f"is {self.raw(other)!r} but '{self.name(first)}' is "
+                                            f"{self.raw(first)!r}: {why}")
+                self.used.add(other)
+        return first, value
+
     def section(self, key: str) -> "Fields":
         """A nested mapping as its own :class:`Fields` (empty when absent)."""
         value = self.raw(key, {})

@@ -297,24 +297,21 @@ def convert(path: Path, draft: Draft, given: set[str]) -> None:
     if cfg is not top:
         _neutral_at(top, model_type)
     ints = cfg.integer
-    hk, h = cfg.first(("hidden_size", "n_embd", "d_model"), ints)
-    _same(cfg, hk, h, ("hidden_size", "n_embd", "d_model"))
+    hk, h = cfg.alias(("hidden_size", "n_embd", "d_model"), ints)
     if h is None:
         raise cfg.missing("hidden_size")
-    ak, a = cfg.first(("num_attention_heads", "n_head", "n_heads"), ints)
-    _same(cfg, ak, a, ("num_attention_heads", "n_head", "n_heads"))
+    ak, a = cfg.alias(("num_attention_heads", "n_head", "n_heads"), ints)
     if a is None:
         raise cfg.missing("num_attention_heads")
     # THUDM ChatGLM configs name it num_layers (configuration_chatglm.py); GLM-4 copies also num_hidden_layers
-    lk, layers = cfg.first(("num_hidden_layers", "n_layer", "num_layers", "n_layers"), ints)
-    _same(cfg, lk, layers, ("num_hidden_layers", "n_layer", "num_layers", "n_layers"))
+    lk, layers = cfg.alias(("num_hidden_layers", "n_layer", "num_layers", "n_layers"), ints)
     if layers is None:
         raise cfg.missing("num_hidden_layers")
     draft.set("model.hidden_size", h)
     draft.set("model.num_heads", a, "num_attention_heads")
     if cfg.has("num_key_value_heads"):
-        draft.set("model.num_kv_heads", cfg.integer("num_key_value_heads"), "num_key_value_heads")
-        _same(cfg, "num_key_value_heads", cfg.integer("num_key_value_heads"), ("num_kv_heads",))
+        draft.set("model.num_kv_heads", cfg.alias(("num_key_value_heads", "num_kv_heads"), ints)[1],
+                  "num_key_value_heads")
     elif cfg.has("multi_query_group_num") and cfg.raw("multi_query_attention", False) is True:
         # modeling_chatglm.py SelfAttention: with multi_query_attention, K and V have multi_query_group_num heads
         draft.set("model.num_kv_heads", cfg.integer("multi_query_group_num"),
@@ -328,8 +325,7 @@ def convert(path: Path, draft: Draft, given: set[str]) -> None:
         cfg.used.update(("multi_query", "multi_query_group_num"))  # ChatGLM without multi_query_attention: MHA
         draft.set("model.num_kv_heads", a, "no num_key_value_heads: multi-head attention")
     draft.set("model.num_layers", layers, "num_hidden_layers")
-    ffn_key, ffn = cfg.first(("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size"), ints)
-    _same(cfg, ffn_key, ffn, ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size"))
+    ffn_key, ffn = cfg.alias(("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size"), ints)
     if ffn is None:
         draft.default("model.ffn_hidden_size", 4 * h, "4 × hidden_size (no intermediate_size)")
     else:
@@ -349,7 +345,7 @@ def convert(path: Path, draft: Draft, given: set[str]) -> None:
     if head_dim is None and cfg.has("kv_channels"):
         head_dim = cfg.integer("kv_channels")  # modeling_chatglm.py: projection_size = kv_channels × heads
     elif head_dim is not None:
-        _same(cfg, "head_dim", head_dim, ("kv_channels",))
+        cfg.alias(("head_dim", "kv_channels"), ints)
     if head_dim is not None and head_dim * a != h and not cfg.has("kv_lora_rank"):
         draft.set("model.head_dim", head_dim, f"head_dim (× {a} heads = {head_dim * a}, not hidden_size {h})")
     elif head_dim is None and h % a and not cfg.has("kv_lora_rank"):
@@ -432,17 +428,6 @@ def _seq_length(cfg: Fields, draft: Draft, model_type: str, given) -> None:  # n
     draft.warn(f"model.seq_length = {seq} is a default: config.json gives the longest context the model "
                f"supports{f' ({seq_key} {longest})' if longest is not None else ''}, not a training length; pass "
                f"--set model.seq_length=N with your training sequence")
-
-
-def _same(cfg: Fields, key: str | None, value, aliases: tuple[str, ...]) -> None:
-    """Other spellings of the field ``key`` read (GLM-4 configs carry num_layers and num_hidden_layers, gpt-oss
-    experts_per_token and num_experts_per_tok): they must agree, else the file is ambiguous."""
-    for other in aliases:
-        if other != key and cfg.has(other):
-            if key is not None and cfg.raw(other) != value:
-                raise cfg.error(other, f"is {cfg.raw(other)!r} but '{cfg.name(key)}' is {value!r}: the file "
-                                f"disagrees with itself")
-            cfg.used.add(other)
 
 
 def _unsupported(cfg: Fields, model_type: str) -> None:
@@ -716,8 +701,9 @@ def _moe(cfg: Fields, draft: Draft, model_type: str = "") -> None:
         draft.set("model.router_bias", True, f"{model_type}: the router's Linear has a bias (GptOssTopKRouter)")
     if not cfg.has("num_experts_per_tok"):
         raise cfg.missing("num_experts_per_tok", f" ({key} = {experts} makes this a mixture of experts)")
-    draft.set("model.moe_top_k", cfg.integer("num_experts_per_tok"), "num_experts_per_tok")
-    _same(cfg, "num_experts_per_tok", cfg.integer("num_experts_per_tok"), ("experts_per_token",))
+    # gpt-oss carries experts_per_token beside num_experts_per_tok
+    draft.set("model.moe_top_k", cfg.alias(("num_experts_per_tok", "experts_per_token"), cfg.integer)[1],
+              "num_experts_per_tok")
     expert_ffn = cfg.integer("moe_intermediate_size", None)
     if expert_ffn is None:
         expert_ffn = draft.get("model.ffn_hidden_size")

@@ -216,22 +216,15 @@ def read_yaml_file(path: Path) -> dict:
     return data
 
 
+#: why two MindFormers spellings of one setting must agree (MindFormers itself stops on a 'Multiple Config')
+SPELLINGS = ("two spellings of one MindFormers setting (transformer_config_utils.py COMMON_CONFIG_MAPPING) "
+             "disagree; keep one")
+
+
 def alias(fields: Fields, names: tuple[str, ...], read: Callable[[str], Any]) -> tuple[str | None, Any]:
     """The value of a setting MindFormers spells several ways (transformer_config_utils.py
-    COMMON_CONFIG_MAPPING): the first spelling present, read with ``read``; every other spelling present
-    must give the same value (MindFormers itself stops on a 'Multiple Config'). (None, None) if absent."""
-    found: list[tuple[str, Any]] = []
-    for key in names:
-        if fields.has(key):
-            found.append((key, read(key)))
-        else:
-            fields.used.add(key)
-    for key, value in found[1:]:
-        if value != found[0][1]:
-            raise MemformError(f"{fields.file}: fields '{fields.name(found[0][0])}' ({found[0][1]!r}) and "
-                               f"'{fields.name(key)}' ({value!r}) are two spellings of one MindFormers setting "
-                               f"(transformer_config_utils.py COMMON_CONFIG_MAPPING) and disagree; keep one")
-    return found[0] if found else (None, None)
+    COMMON_CONFIG_MAPPING): :meth:`Fields.alias` with MindFormers' reason."""
+    return fields.alias(names, read, SPELLINGS)
 
 
 def at_default(fields: Fields, key: str, default: Any, why: str) -> None:
