@@ -36,6 +36,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..engine.config import apply_overrides, normalize, parse_override, read_yaml
 from ..engine.interpreter import CATEGORIES, StageResult
 from ..engine.model import ConfigSource, Estimate, estimate
+from ..engine.values import dotted
 from ..errors import MemformError
 
 #: a comparison estimates every variant; a product of sweeps beyond this is most likely a typo
@@ -222,20 +223,8 @@ _ABSENT = "(unset)"
 _UNREAD = "(not read)"
 
 
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"parallel": {"tp": 8}}`` -> ``{"parallel.tp": 8}`` (lists stay values)."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.update(flatten(value, path + "."))
-        else:
-            out[path] = value
-    return out
-
-
 def config_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    fa, fb = flatten(a), flatten(b)
+    fa, fb = dotted(a, keep_empty=False), dotted(b, keep_empty=False)
     keys = sorted(set(fa) | set(fb))
     return [(k, fa.get(k, _ABSENT), fb.get(k, _ABSENT)) for k in keys if fa.get(k, _ABSENT) != fb.get(k, _ABSENT)]
 
@@ -243,7 +232,7 @@ def config_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[str, A
 def config_keys(datas: Sequence[Mapping[str, Any] | None]) -> list[tuple[str, list[Any]]]:
     """The dotted keys whose values differ between the configs that could be read, with every
     config's value (``(unset)`` where a config lacks the key, ``(not read)`` for an unread one)."""
-    flats = [flatten(d) if d is not None else None for d in datas]
+    flats = [dotted(d, keep_empty=False) if d is not None else None for d in datas]
     keys = sorted(set().union(*[f for f in flats if f is not None]))
     out = []
     for k in keys:

@@ -31,6 +31,18 @@ def get_path(tree: Mapping[str, Any], path: str, default: Any = _MISSING) -> Any
     return node
 
 
+def dotted(tree: Mapping[str, Any], prefix: str = "", *, keep_empty: bool = True) -> dict[str, Any]:
+    """A nested config mapping as its dotted keys (``{"model": {"h": 8}}`` -> ``{"model.h": 8}``), in order;
+    lists stay values, and so do empty mappings unless ``keep_empty`` is false (then they vanish)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and (value or not keep_empty):
+            out.update(dotted(value, f"{prefix}{key}.", keep_empty=keep_empty))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _type_name(v: Any) -> str:
     if v is None:
         return "null"

@@ -29,7 +29,8 @@ from typing import Any
 
 from ..errors import MemformError
 from .draft import Draft, Fields, default_name, describe, dtype_name, read_json
-from .modelfile import dotted, read_model_file
+from ..engine.values import dotted
+from .modelfile import read_model_file
 
 TITLE = "DeepSpeed config"
 #: ``memform import deepspeed`` reads a model file too (``--model``)

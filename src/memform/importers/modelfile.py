@@ -37,15 +37,3 @@ def read_model_file(model: Path, draft: Draft, given: Mapping[str, Any] | set[st
         raise MemformError(f"{model}: --model must be a memform config with a 'model:' section "
                            f"(or a Hugging Face config.json), got {describe(data)}")
     return data
-
-
-def dotted(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A memform YAML mapping as its dotted keys (``{"model": {"h": 8}}`` → ``{"model.h": 8}``), in file
-    order; lists and empty mappings stay values."""
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if isinstance(value, dict) and value:
-            out.update(dotted(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out

@@ -32,7 +32,8 @@ from typing import Any, Callable
 
 from ..errors import MemformError, did_you_mean, read_text
 from .draft import Draft, Fields, describe, dtype_name, gated_ffn_size
-from .modelfile import dotted, read_model_file
+from ..engine.values import dotted
+from .modelfile import read_model_file
 
 if sys.version_info >= (3, 11):
     import tomllib
