@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 
 from ..errors import MemformError
+from . import hf_hybrid
 from .draft import Draft, Fields, describe, read_json
 
 TITLE = "Hugging Face config.json"
@@ -226,7 +227,6 @@ UNSUPPORTED_TYPES = {
     "RefinedWebModel": "Falcon-7B's original RefinedWebModel decoder (parallel attention and MLP) is not modelled",
     "olmo": "OLMo-1's non-parametric LayerNorms (transformers OlmoLayerNorm: no weight, no bias) are not "
             "modelled",
-    "nemotron_h": "hybrid Mamba-2 / attention layers (hybrid_override_pattern) are not modelled",
     "granitemoehybrid": "hybrid Mamba-2 / attention layers (layer_types) are not modelled",
     "qwen3_next": "Gated DeltaNet linear-attention layers (layer_types linear_attention) are not modelled",
     "mamba": "state-space (Mamba) layers are not modelled", "mamba2": "state-space (Mamba-2) layers are not modelled",
@@ -302,6 +302,9 @@ def convert(path: Path, draft: Draft, given: set[str]) -> None:
     draft.header.append(f"model_type: {model_type or 'not stated'}")
     if name:
         draft.set("name", name.rstrip("/").split("/")[-1], "from _name_or_path")
+    if model_type in hf_hybrid.MODEL_TYPES:  # hybrid Mamba-2 stacks: mamba.mf (issue 34)
+        import sys
+        return hf_hybrid.convert(cfg, draft, given, model_type, sys.modules[__name__])
 
     _unsupported(cfg, model_type)
     if cfg is not top:
