@@ -5,6 +5,9 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import json
+import re
+
 import pytest
 import sympy
 
@@ -290,6 +293,110 @@ def test_stack_choice_round_trips_through_the_printer():
 ])
 def test_stack_choice_mistakes(tmp_path, text, fragment):
     expect_error(tmp_path, HEADER + "block dense extends layer { params = h }\n" + text + "\n", fragment)
+
+
+# ---- chained choices, per-layer `where` bindings and `list {...}` options (hybrid / NAS stacks) ----
+
+HYBRID = """
+option kinds : list {"M", "*", "-"} = model.hybrid_pattern default "M" "one layer kind per layer"
+symbol f : int = model.ffn_hidden_size default 4 "FFN width"
+option layer_f : int | list = model.layer_ffn default 0 "per-layer FFN widths"
+block mamba extends layer { params = h }
+block attn extends layer { params = 3 * h  act = b * h }
+block mlp extends layer { params = f }
+stack { mamba * len(kinds) if at(kinds, layer_index) == "M" else attn if at(kinds, layer_index) == "*" else mlp }
+"""
+
+
+@pytest.mark.parametrize("pattern, layout", [
+    # Megatron-LM's hybrid pattern letters (mamba_hybrid_layer_allocation.py): M mamba, * attention, - MLP;
+    # the first block whose condition holds, the last `else` otherwise; neighbours of one block merge
+    ("M-M*-", [(1, "mamba"), (1, "mlp"), (1, "mamba"), (1, "attn"), (1, "mlp")]),
+    ("MM**--", [(2, "mamba"), (2, "attn"), (2, "mlp")]),
+    (["M", "-", "-"], [(1, "mamba"), (2, "mlp")]),
+    ("***", [(3, "attn")]),
+])
+def test_chained_stack_choice_reads_a_layer_pattern(tmp_path, pattern, layout):
+    est = model(tmp_path, HYBRID, hybrid_pattern=pattern, ffn_hidden_size=5)
+    groups = [(g.count_value, g.block) for g in est.partition.chunks[0][0].groups]
+    assert groups == layout
+    per = {"mamba": 8, "attn": 24, "mlp": 5}
+    assert est.stages[0].param_count == sum(c * per[blk] for c, blk in layout)
+
+
+NAS = """
+option layer_f : int | list = model.layer_ffn default 0 "per-layer FFN widths"
+option kv : int | list = model.layer_kv default 1 "per-layer K/V heads"
+symbol f : int = model.ffn_hidden_size default 4 "FFN width"
+block dec extends layer { params = h + f + kv  act = b * f }
+stack { dec * n where f = at(layer_f, layer_index), kv = if is_list(kv) then at(kv, layer_index) else kv }
+"""
+
+
+def test_stack_bindings_give_each_layer_its_own_values(tmp_path):
+    # DeciLM-style heterogeneous layers: each layer's block evaluated with f and kv replaced, as
+    # `params where f = ..., kv = ...` would; equal neighbours merge into one group
+    est = model(tmp_path, NAS, num_layers=5, layer_ffn=[10, 10, 0, 7, 7], layer_kv=[2, 2, 2, 0, 0])
+    groups = [(g.count_value, g.bindings) for g in est.partition.chunks[0][0].groups]
+    assert groups == [(2, (("f", 10), ("kv", 2))), (1, (("f", 0), ("kv", 2))), (2, (("f", 7), ("kv", 0)))]
+    assert est.stages[0].param_count == 2 * (8 + 10 + 2) + (8 + 0 + 2) + 2 * (8 + 7)
+    assert est.stages[0].values["activations"] == 2 * 10 + 0 + 2 * 7
+    layers = est.stages[0].layers
+    assert [lr.per_layer_values["param_count"] for lr in layers] == [20, 10, 15]
+    assert est.parameters["total"] == 2 * 20 + 10 + 2 * 15
+    # pipeline stages cut through the groups; each piece keeps its layers' values
+    est2 = memform.estimate({"formulas": [str(tmp_path / "m.mf")], "parallel": {"pp": 2},
+                             "model": {"hidden_size": 8, "num_layers": 4, "layer_ffn": [10, 3, 3, 10], "layer_kv": 1}})
+    assert [s.param_count for s in est2.stages] == [(8 + 10 + 1) + (8 + 3 + 1), (8 + 3 + 1) + (8 + 10 + 1)]
+
+
+def test_stack_bindings_numeric_path_and_closed_forms_agree(tmp_path):
+    from memform.engine.model import estimate_model, load_model
+    f = write(tmp_path, "m.mf", HEADER + NAS)
+    cfg = {"formulas": [str(f)], "model": {"hidden_size": 8, "num_layers": 3, "layer_ffn": [4, 6, 6], "layer_kv": 2}}
+    sym = estimate_model(load_model(cfg), keep=frozenset())
+    num = estimate_model(load_model(cfg, numeric=True), resolve=True)
+    assert [s.values for s in sym.stages] == [s.values for s in num.stages]
+    h = sympy.Symbol("h", positive=True, integer=True)
+    closed = estimate_model(load_model(cfg)).stages[0].param_count_expr
+    assert sympy.simplify(closed - (3 * h + 4 + 12 + 6)) == 0
+
+
+def test_chained_choice_and_bindings_round_trip_through_the_printer():
+    from memform.lang.printer import print_file
+    for body in (HYBRID, NAS):
+        printed = print_file(parse_text(HEADER + body, "t.mf"))
+        assert print_file(parse_text(printed, "again.mf")) == printed
+    printed = print_file(parse_text(HEADER + HYBRID, "t.mf"))
+    assert ('mamba * len(kinds) if at(kinds, layer_index) == "M" else attn if at(kinds, layer_index) == "*" '
+            'else mlp') in printed
+    assert 'option kinds : list {"M", "*", "-"}' in printed
+    assert "dec * n where f = at(layer_f, layer_index), kv = if is_list(kv) then at(kv, layer_index) else kv" in print_file(
+        parse_text(HEADER + NAS, "t.mf"))
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("stack { dense * n if layer_index > 0 else dense if layer_index > 1 else nowhere }", "unknown block 'nowhere'"),
+    ("stack { dense * n where zz = 1 }", "must name a symbol or an option"),
+    ("stack { dense * n where h = 1, h = 2 }", "binds a name twice"),
+    ("stack { dense * n where h = lyer_index }", "did you mean 'layer_index'"),
+])
+def test_chained_choice_and_binding_mistakes(tmp_path, text, fragment):
+    expect_error(tmp_path, HEADER + "block dense extends layer { params = h }\n" + text + "\n", fragment)
+
+
+@pytest.mark.parametrize("pattern, fragment, where", [
+    ("M-X", "entry 2, 'X', is not one of them", "config"),
+    ("M-X", "entry 2, 'X', is not one of them", "default"),
+    (["M", "**"], "entry 1, '**'", "config"),
+    (3, "must be a list of names, one per entry", "config"),
+])
+def test_names_list_option_mistakes(tmp_path, pattern, fragment, where):
+    with pytest.raises(MemformError, match=re.escape(fragment)):
+        if where == "config":
+            model(tmp_path, HYBRID, hybrid_pattern=pattern)
+        else:  # a default is an expression: a string, never a YAML list
+            model(tmp_path, HYBRID.replace('default "M"', f"default {json.dumps(pattern)}"))
 
 
 @pytest.mark.parametrize("freq, fragment", [

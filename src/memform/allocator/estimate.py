@@ -65,29 +65,30 @@ def from_settings_dict(d: dict[str, Any]) -> tuple[AllocatorConfig, bool]:
 GRANULARITY = (("bwd_transient", 0), ("weight_tensors", 1), ("act_tensor", 0))
 
 
-def granularity_exprs(model: "Model", ev: Any, block: str, mode: str) -> list[Any]:
+def granularity_exprs(model: "Model", ev: Any, block: str, mode: str, bindings: tuple = ()) -> list[Any]:
     """The layer's ``bwd_transient``, ``weight_tensors`` and ``act_tensor`` (see ``formulas/common.mf``),
     each at least 0 (``weight_tensors`` at least 1)."""
     out = []
     for name, default in GRANULARITY:
         q = model.program.pick(block, name, mode)
-        e = ev.integer(default) if q is None else ev.as_expr(ev.quantity(block, name, mode), q.loc)
+        e = ev.integer(default) if q is None else ev.as_expr(ev.quantity(block, name, mode, overrides=bindings), q.loc)
         out.append(ev.at_least(1 if name == "weight_tensors" else 0, e))
     return out
 
 
 def layer_blocks(stage: "StageResult", model: "Model", ev: Any,
-                 memo: dict[tuple[str, str], list[int]] | None = None) -> list[LayerBlocks]:
+                 memo: dict[tuple[str, str, tuple], list[int]] | None = None) -> list[LayerBlocks]:
     """The stage's layers in forward order, one :class:`LayerBlocks` per layer (interpreted estimate).
     ``memo``: the granularity figures per (block, mode), shared by the stages of one estimate."""
     layers: list[LayerBlocks] = []
     memo = {} if memo is None else memo
     for g in stage.layers:
         v: dict[str, Any] = g.per_layer_values
-        extra = memo.get((g.block, g.mode))
+        key = (g.block, g.mode, g.bindings)
+        extra = memo.get(key)
         if extra is None:
-            extra = memo[(g.block, g.mode)] = [ev.ceil_int(ev.number(e))
-                                               for e in granularity_exprs(model, ev, g.block, g.mode)]
+            extra = memo[key] = [ev.ceil_int(ev.number(e))
+                                 for e in granularity_exprs(model, ev, g.block, g.mode, g.bindings)]
         # every figure rounded up to whole bytes, as the interpreter's stage figures
         lb = LayerBlocks(*(ev.ceil_int(v[c]) for c in GROUP_FIGURES), ev.ceil_int(g.inflight_value), *extra)
         layers += [lb] * g.count_value

@@ -266,23 +266,24 @@ class Tracer:
         self.seen: set[str] = set()
 
     def quantity(self, block: str, qname: str, mode: str | None,
-                 extra: tuple = (), depth: int = 0) -> Trace:
+                 extra: tuple = (), depth: int = 0, overrides: tuple = ()) -> Trace:
+        """``overrides``: a layer group's per-layer ``where`` values (the stack's bindings)."""
         q = self.prog.pick(block, qname, mode)
         label = f"{block}.{qname}" + (f"[{mode}]" if mode and self.prog.has_variants(block, qname) else "")
-        value = self.ev.quantity(block, qname, mode, extra=extra)
+        value = self.ev.quantity(block, qname, mode, extra=extra, overrides=overrides)
         tr = Trace(label, str(q.loc) if q else "?", value)
         if q is not None:
-            self._children(tr, q.expr, block, mode, extra, depth)
+            self._children(tr, q.expr, block, mode, extra, depth, overrides)
         return tr
 
-    def let(self, name: str, depth: int) -> Trace:
+    def let(self, name: str, depth: int, overrides: tuple = ()) -> Trace:
         decl = self.prog.lets[name]
-        tr = Trace(name, str(decl.loc), self.ev.let(name))
-        self._children(tr, decl.expr, None, None, (), depth)
+        tr = Trace(name, str(decl.loc), self.ev.let(name, overrides=overrides))
+        self._children(tr, decl.expr, None, None, (), depth, overrides)
         return tr
 
     def _children(self, tr: Trace, expr: ast.Expr, block: str | None, mode: str | None,
-                  extra: tuple, depth: int) -> None:
+                  extra: tuple, depth: int, overrides: tuple = ()) -> None:
         key = f"{tr.label}@{tr.loc}"
         if key in self.seen:
             tr.repeated = True
@@ -297,15 +298,15 @@ class Tracer:
                 if n.attr is not None:
                     target = (n.name, n.attr, n.variant or mode)
                     if target not in done:
-                        child = self.quantity(*target, depth=depth + 1)
+                        child = self.quantity(*target, depth=depth + 1, overrides=overrides)
                 elif block is not None and self.prog.find_quantity(block, n.name) is not None:
                     target = (block, n.name, n.variant or mode)
                     if target not in done:
-                        child = self.quantity(*target, extra=extra, depth=depth + 1)
+                        child = self.quantity(*target, extra=extra, depth=depth + 1, overrides=overrides)
                 elif n.name in self.prog.lets:
                     target = ("let", n.name, None)
                     if target not in done:
-                        child = self.let(n.name, depth + 1)
+                        child = self.let(n.name, depth + 1, overrides)
                 else:
                     continue
                 done.add(target)
@@ -350,7 +351,7 @@ def explain_text(model: Model, d: Derivation, stage: int, keep: frozenset[str] |
         except MemformError:
             pass
         for cat, qname in quantities.items():
-            term = tracer.quantity(layer.block, qname, layer.mode)
+            term = tracer.quantity(layer.block, qname, layer.mode, overrides=layer.bindings)
             if cat == "comm":
                 head = f"  {cat:<11s} max over layers of "
             else:

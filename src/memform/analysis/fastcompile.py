@@ -118,7 +118,7 @@ def compile_entry(model: Model, candidates: Sequence[str]) -> dict[str, Any]:
             for c in GROUP_FIGURES:
                 out(sympy.ceiling(layer.per_layer[c]))
             out(sympy.ceiling(layer.inflight))
-            for e in granularity_exprs(model, ev_keep, layer.block, layer.mode):
+            for e in granularity_exprs(model, ev_keep, layer.block, layer.mode, layer.bindings):
                 out(sympy.ceiling(e))
                 size_guard(e)
             groups.append([int(layer.count_value), at])
@@ -191,7 +191,7 @@ def _refuse_input_dependent(model: Model, keep: frozenset[str], keep_syms: set[s
         if isinstance(v, sympy.Basic) and v.free_symbols & keep_syms:
             raise Uncompilable(f"the default of option '{name}' depends on an input")
     for e in model.program.stack.entries:
-        for expr in (e.count, getattr(e, "cond", None)):
+        for expr in (e.count, e.cond, *(c for c, _ in e.branches), *(x for _, x in e.bindings)):
             if expr is None:
                 continue
             try:

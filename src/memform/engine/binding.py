@@ -17,7 +17,7 @@ from ..errors import MemformError
 from ..lang import ast
 from ..lang.program import Program
 from .walker import Ctx, Walker
-from .values import _MISSING, DTYPE_BYTES, check_value, get_path, set_members  # noqa: F401 (get_path re-exported)
+from .values import _MISSING, DTYPE_BYTES, check_value, get_path, name_list, set_members  # noqa: F401 (get_path re-exported)
 
 def coerce(value: Any, spec: ast.TypeSpec, key: str, *, positive: bool = False, numeric: bool = False) -> Any:
     """Check ``value`` (from YAML) against ``spec``; return bool, str or an exact number
@@ -146,6 +146,8 @@ def _check_default(v: Any, decl: ast.Binding, ev: Walker) -> Any:
         return v
     if kind == "set":
         return set_members(v, decl.type, lambda extra="": MemformError(f"{where} must be {decl.type.describe()} {extra}".rstrip()))
+    if kind == "names":
+        return name_list(v, decl.type, lambda extra="": MemformError(f"{where} must be {decl.type.describe()} {extra}".rstrip()))
     if kind == "dtype":
         if isinstance(v, str) and v.lower() in DTYPE_BYTES:
             return ev.integer(DTYPE_BYTES[v.lower()])

@@ -61,6 +61,7 @@ class LayerReport:
     per_layer_values: dict[str, Expr]
     sources: dict[str, str]             # quantity -> file:line of the formula used
     host: Expr = 0                      # per-layer host-memory bytes (offloaded states)
+    bindings: tuple = ()                # the stack entry's per-layer ``where`` values (name, value)
 
 
 @dataclass
@@ -116,19 +117,21 @@ class Interpreter:
         self.program = program
         self.ev = evaluator
         self.schedule = schedule
-        self._layer_cache: dict[tuple[str, str], tuple[dict, dict, dict]] = {}
-        self._host_cache: dict[tuple[str, str, str], tuple[Expr, Expr]] = {}
+        self._layer_cache: dict[tuple[str, str, tuple], tuple[dict, dict, dict]] = {}
+        self._host_cache: dict[tuple[str, str, tuple], tuple[Expr, Expr]] = {}
         #: cost results by stage signature (see :meth:`costs`); None where the cost blocks read
         #: ``stage`` or ``chunk`` themselves, so that no two stages may share them
         self._cost_cache: dict[tuple, _StageTime] | None = None if _costs_read_position(program) else {}
 
-    def layer(self, block: str, mode: str) -> tuple[dict[str, Expr], dict[str, Expr], dict[str, str]]:
-        key = (block, mode)
+    def layer(self, block: str, mode: str,
+              bindings: tuple = ()) -> tuple[dict[str, Expr], dict[str, Expr], dict[str, str]]:
+        """A layer's per-layer quantities (``bindings``: the stack's per-layer ``where`` values)."""
+        key = (block, mode, bindings)
         if key not in self._layer_cache:
             exprs, values, sources = {}, {}, {}
             for cat, qname in QUANTITY_OF.items():
                 q = self.program.pick(block, qname, mode)
-                e = self.ev.as_expr(self.ev.quantity(block, qname, mode), q.loc)
+                e = self.ev.as_expr(self.ev.quantity(block, qname, mode, overrides=bindings), q.loc)
                 what = f"{block}.{qname}" + (f"[{mode}]" if self.program.has_variants(block, qname) else "")
                 values[cat] = self.check_number(e, what, q.loc)
                 exprs[cat] = e
@@ -166,20 +169,21 @@ class Interpreter:
                 continue
             mf, mf_value = self.inflight(index, chunk.index)
             for g in chunk.groups:
-                exprs, values, sources = self.layer(g.block, g.mode)
+                exprs, values, sources = self.layer(g.block, g.mode, g.bindings)
                 for cat in ("param_count",) + STATIC:
                     sums[cat] += g.count * exprs[cat]
                     exact[cat] += g.count_value * values[cat]
                 sums["activations"] += mf * g.count * exprs["activations"]
                 exact["activations"] += mf_value * g.count_value * values["activations"]
-                h_expr, h_value = self.host(g.block, g.mode)
+                h_expr, h_value = self.host(g.block, g.mode, g.bindings)
                 host_expr += g.count * h_expr
                 host_value += g.count_value * h_value
                 if not comm_terms or values["comm"] > comm_value:
                     comm_expr, comm_value = exprs["comm"], values["comm"]
                 comm_terms.append(exprs["comm"])
                 layers.append(LayerReport(index, chunk.index, g.block, g.mode, g.count, g.count_value,
-                                          g.first_layer, mf, mf_value, exprs, values, sources, h_expr))
+                                          g.first_layer, mf, mf_value, exprs, values, sources, h_expr,
+                                          g.bindings))
         peak_moment, moments, moment_exprs = self.moments(index, partition, sums, exact)
         if not self.ev.resolve and len(set(comm_terms)) > 1:
             comm_expr = _max_everywhere(list(dict.fromkeys(comm_terms)))
@@ -196,15 +200,15 @@ class Interpreter:
                            runtime_exprs=runtime_exprs, time_exprs=time.exprs, ideal_expr=time.ideal_expr,
                            tokens_expr=time.tokens_expr)
 
-    def host(self, block: str, mode: str) -> tuple[Expr, Expr]:
+    def host(self, block: str, mode: str, bindings: tuple = ()) -> tuple[Expr, Expr]:
         """A layer's optional host-memory bytes (0 when its blocks define no ``host_bytes``)."""
-        key = (block, mode, HOST_QUANTITY)
+        key = (block, mode, bindings)
         if key not in self._host_cache:
             q = self.program.pick(block, HOST_QUANTITY, mode)
             if q is None:
                 self._host_cache[key] = (self.ev.zero, self.ev.zero)
             else:
-                e = self.ev.as_expr(self.ev.quantity(block, HOST_QUANTITY, mode), q.loc)
+                e = self.ev.as_expr(self.ev.quantity(block, HOST_QUANTITY, mode, overrides=bindings), q.loc)
                 self._host_cache[key] = (e, self.check_number(e, f"{block}.{HOST_QUANTITY}", q.loc))
         return self._host_cache[key]
 
@@ -264,7 +268,7 @@ class Interpreter:
         if self._cost_cache is not None:
             slots = self.ev.stage_layers.get(index, ())
             ranks = tuple(sorted(range(len(slots)), key=lambda k: slots[k].order))
-            key = (tuple((sl.chunk, sl.block, sl.mode, sl.count) for sl in slots), ranks, extra[1:])
+            key = (tuple((sl.chunk, sl.block, sl.mode, sl.count, sl.bindings) for sl in slots), ranks, extra[1:])
             hit = self._cost_cache.get(key)
             if hit is not None:
                 return hit.copy()
@@ -297,7 +301,7 @@ class Interpreter:
         """
         # the stage's layer groups, for layers_sum/max/last in moments and in runtime blocks
         self.ev.stage_layers[index] = tuple(
-            LayerSlot(c.index, g.block, g.mode, g.count, g.first_layer)
+            LayerSlot(c.index, g.block, g.mode, g.count, g.first_layer, g.bindings)
             for c in partition.chunks[index] for g in c.groups)
         names = self.program.moments(self.schedule)
         if not names:

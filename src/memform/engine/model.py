@@ -228,11 +228,10 @@ def stack_items(model: Model, ev: Walker) -> list[StackItem]:
             raise MemformError(f"count of '{e.block}' in the stack must be a non-negative integer, got {value}",
                                e.loc)
         n = int(value)
-        cond = getattr(e, "cond", None)
-        if cond is None or n == 0:
+        if (e.cond is None and not e.bindings) or n == 0:
             items.append(StackItem(e.place, e.block, count, n))
         else:
-            if numeric is None:  # the choice is decided per layer at the config's values
+            if numeric is None:  # choices and bindings are decided per layer at the config's values
                 numeric = model.evaluator(keep=frozenset())
             items.extend(_choose_layers(numeric, e, count, n, body_seen if e.place is None else 0))
         if e.place is None:
@@ -241,28 +240,50 @@ def stack_items(model: Model, ev: Walker) -> list[StackItem]:
 
 
 def _choose_layers(ev: Walker, e: ast.StackEntry, count: Any, n: int, first: int) -> list[StackItem]:
-    """``e.block * n if cond else e.other``: one block per layer, consecutive equal ones merged into a run.
-    An entry whose layers all pick one block keeps its count as written (symbolic closed forms)."""
+    """``e.block * n if c1 else b1 if c2 else other where x = v``: one block per layer (the first whose
+    condition holds) with its own bound values, consecutive equal ones merged into a run. An entry whose
+    layers all pick one block with the same values keeps its count as written (symbolic closed forms)."""
     if n > MAX_LAYERS:
         raise MemformError(f"the stack entry '{e.block}' has {n} layers; memform lays out at most {MAX_LAYERS} "
                            f"(check model.num_layers and the stack counts)", e.loc)
-    picks = []
+    conds = ([(e.cond, e.block)] if e.cond is not None else []) + [(c, b) for c, b in e.branches]
+    final = e.other if e.cond is not None else e.block
+    picks: list[tuple[str, tuple]] = []
     for j in range(n):
-        index = ev.integer(first + j)
-        v = ev.eval(e.cond, Ctx(params=(("layer_index", index),)))
-        ok = ev.truth(v, e.cond.loc)
-        if not isinstance(ok, bool):
-            raise MemformError(f"the choice of layer {first + j} in the stack does not reduce to true or false", e.loc)
-        picks.append(e.block if ok else e.other)
+        ctx = Ctx(params=(("layer_index", ev.integer(first + j)),))
+        block = final
+        for cond, b in conds:
+            ok = ev.truth(ev.eval(cond, ctx), cond.loc)
+            if not isinstance(ok, bool):
+                raise MemformError(f"the choice of layer {first + j} in the stack does not reduce to true or false",
+                                   e.loc)
+            if ok:
+                block = b
+                break
+        picks.append((block, _bind_layer(ev, e, ctx, first + j)))
     runs: list[list] = []
-    for block in picks:
-        if runs and runs[-1][0] == block:
+    for pick in picks:
+        if runs and runs[-1][0] == pick:
             runs[-1][1] += 1
         else:
-            runs.append([block, 1])
+            runs.append([pick, 1])
     if len(runs) == 1:
-        return [StackItem(e.place, runs[0][0], count, n)]
-    return [StackItem(e.place, block, ev.integer(k), k) for block, k in runs]
+        (block, bound), _ = runs[0]
+        return [StackItem(e.place, block, count, n, bound)]
+    return [StackItem(e.place, block, ev.integer(k), k, bound) for (block, bound), k in runs]
+
+
+def _bind_layer(ev: Walker, e: ast.StackEntry, ctx: Ctx, layer: int) -> tuple:
+    """The ``where`` values of one layer, sorted by name (the order ``x where n = v`` keeps them in):
+    numbers, names or truth values, never an expression of a symbol (the layer's closed forms hold
+    the number)."""
+    out = []
+    for name, expr in e.bindings:
+        v = ev.eval(expr, ctx)
+        if not isinstance(v, (bool, str, tuple)):
+            v = ev.number(ev.as_expr(v, expr.loc), expr.loc, f"'where {name} = ...' of layer {layer}")
+        out.append((name, v))
+    return tuple(sorted(out, key=lambda kv: kv[0]))
 
 
 def partition_of(model: Model, ev: Walker) -> Partition:
@@ -345,15 +366,15 @@ def parameter_exprs(model: Model, keep: frozenset[str]) -> tuple[Any, Any]:
     for item in stack_items(flat, ev):
         if item.count_value == 0:
             continue
-        total += item.count_value * _layer_quantity(flat, ev, item.block, "params")
+        total += item.count_value * _layer_quantity(flat, ev, item.block, "params", item.bindings)
         if flat.program.find_quantity(item.block, EXPERT_QUANTITY) is not None:
-            expert += item.count_value * _layer_quantity(flat, ev, item.block, EXPERT_QUANTITY)
+            expert += item.count_value * _layer_quantity(flat, ev, item.block, EXPERT_QUANTITY, item.bindings)
     return total, expert
 
 
-def _layer_quantity(model: Model, ev: Walker, block: str, name: str) -> Any:
+def _layer_quantity(model: Model, ev: Walker, block: str, name: str, bindings: tuple = ()) -> Any:
     q = model.program.pick(block, name, "none")
-    value = ev.as_expr(ev.quantity(block, name, "none"), q.loc)
+    value = ev.as_expr(ev.quantity(block, name, "none", overrides=bindings), q.loc)
     return value if ev.keep else ev.number(value, q.loc, f"{block}.{name}")
 
 

@@ -38,6 +38,8 @@ class LayerGroup:
     count: Any            # the evaluator's number: symbolic (e.g. L/p) when the split is even, else an integer
     count_value: int
     first_layer: int      # index of the first layer in the whole stack (0-based)
+    #: the stack entry's per-layer ``where`` values, sorted by name: the block is evaluated with them
+    bindings: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass
@@ -75,6 +77,7 @@ class StackItem:
     block: str
     count: Any             # as written (symbolic)
     count_value: int
+    bindings: tuple[tuple[str, Any], ...] = ()   # per-layer ``where`` values (see LayerGroup)
 
 
 def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str,
@@ -150,14 +153,14 @@ def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str
     for i in first:
         head_groups.append(LayerGroup(i.block, mode_of(first_s, first_c, None, i.block, index_in_chunk=None,
                                                        body_index=None), i.count,
-                                      i.count_value, head_layer))
+                                      i.count_value, head_layer, i.bindings))
         head_layer += i.count_value
     chunks[first_s][first_c].groups[:0] = head_groups
     for i in last:
         chunks[last_s][last_c].groups.append(LayerGroup(i.block, mode_of(last_s, last_c, None, i.block,
                                                                          index_in_chunk=None, body_index=None),
                                                         i.count,
-                                                        i.count_value, layer_no))
+                                                        i.count_value, layer_no, i.bindings))
         layer_no += i.count_value
     return Partition(pp, vpp, chunks)
 
@@ -186,11 +189,11 @@ def _mirror(first: list[StackItem], body: list[StackItem], last: list[StackItem]
     head, tail, head_layer = [], [], 0
     for i in first:
         head.append(LayerGroup(i.block, mode_of(0, 0, None, i.block, index_in_chunk=None, body_index=None),
-                               i.count, i.count_value, head_layer))
+                               i.count, i.count_value, head_layer, i.bindings))
         head_layer += i.count_value
     for i in last:
         tail.append(LayerGroup(i.block, mode_of(pp - 1, 0, None, i.block, index_in_chunk=None, body_index=None),
-                               i.count, i.count_value, layer_no))
+                               i.count, i.count_value, layer_no, i.bindings))
         layer_no += i.count_value
     pieces[0][:0] = head
     pieces[-1].extend(tail)
@@ -206,20 +209,20 @@ def _cut(body: list[StackItem], sizes: list[int], places: list[tuple[int, int]],
     for the layers' recompute modes; the body's first layer is stack layer ``layer_no``. ``per_piece``
     (an even split of a single body entry): the symbolic count of a piece from the entry's count.
     Returns each piece's layer groups and the stack index after the body."""
-    runs = [(i.block, i.count_value, i.count) for i in body]
+    runs = [(i.block, i.count_value, i.count, i.bindings) for i in body]
     body_start, run_idx, used = layer_no, 0, 0
     per_stage_seen: dict[int, int] = {}
     pieces = []
     for need, (s, c) in zip(sizes, places):
-        modes: list[tuple[str, str, int]] = []  # (block, mode, first_layer) per layer
+        modes: list[tuple[str, str, int, tuple]] = []  # (block, mode, first_layer, bindings) per layer
         while need:
-            block, count, _ = runs[run_idx]
+            block, count, _, bindings = runs[run_idx]
             take = min(need, count - used)
             for _ in range(take):
                 mode = mode_of(s, c, per_stage_seen.get(s, 0), block, index_in_chunk=len(modes),
                                body_index=layer_no - body_start)
                 per_stage_seen[s] = per_stage_seen.get(s, 0) + 1
-                modes.append((block, mode, layer_no))
+                modes.append((block, mode, layer_no, bindings))
                 layer_no += 1
             used += take
             need -= take
@@ -228,7 +231,7 @@ def _cut(body: list[StackItem], sizes: list[int], places: list[tuple[int, int]],
         groups = _rle(modes, integer)
         if per_piece is not None and len(runs) == 1 and len(groups) == 1:
             g = groups[0]
-            groups = [LayerGroup(g.block, g.mode, per_piece(runs[0][2]), g.count_value, g.first_layer)]
+            groups = [LayerGroup(g.block, g.mode, per_piece(runs[0][2]), g.count_value, g.first_layer, g.bindings)]
         pieces.append(groups)
     return pieces, layer_no
 
@@ -239,12 +242,13 @@ def _place(k: int, pp: int, placement: str) -> tuple[int, int]:
     return k % pp, k // pp
 
 
-def _rle(layers: list[tuple[str, str, int]], integer: Callable[[int], Any]) -> list[LayerGroup]:
+def _rle(layers: list[tuple[str, str, int, tuple]], integer: Callable[[int], Any]) -> list[LayerGroup]:
     groups: list[LayerGroup] = []
-    for block, mode, no in layers:
-        if groups and groups[-1].block == block and groups[-1].mode == mode:
+    for block, mode, no, bindings in layers:
+        if groups and groups[-1].block == block and groups[-1].mode == mode and groups[-1].bindings == bindings:
             g = groups[-1]
-            groups[-1] = LayerGroup(block, mode, integer(g.count_value + 1), g.count_value + 1, g.first_layer)
+            groups[-1] = LayerGroup(block, mode, integer(g.count_value + 1), g.count_value + 1, g.first_layer,
+                                    bindings)
         else:
-            groups.append(LayerGroup(block, mode, integer(1), 1, no))
+            groups.append(LayerGroup(block, mode, integer(1), 1, no, bindings))
     return groups

@@ -51,6 +51,19 @@ def set_members(value: Any, spec: ast.TypeSpec, bad: Any) -> tuple[str, ...]:
     return tuple(sorted(set(value)))
 
 
+def name_list(value: Any, spec: ast.TypeSpec, bad: Any) -> tuple[str, ...]:
+    """The entries of a ``list {...}`` value, in order: a list of names, or, where every name is one
+    character, a string read one character per entry (Megatron's ``--hybrid-override-pattern M-M*-``)."""
+    if isinstance(value, str) and all(len(c) == 1 for c in spec.choices):
+        value = list(value)
+    if not isinstance(value, (list, tuple)) or any(not isinstance(x, str) for x in value):
+        raise bad()
+    for i, x in enumerate(value):
+        if x not in spec.choices:
+            raise bad(f"(entry {i}, '{x}', is not one of them)")
+    return tuple(value)
+
+
 def check_value(value: Any, spec: ast.TypeSpec, key: str, *, positive: bool = False) -> Any:
     """Check ``value`` (from YAML) against ``spec``; return bool, str, int, Fraction or a tuple of ints.
 
@@ -71,6 +84,8 @@ def check_value(value: Any, spec: ast.TypeSpec, key: str, *, positive: bool = Fa
         return value
     if kind == "set":
         return set_members(value, spec, bad)
+    if kind == "names":
+        return name_list(value, spec, bad)
     if kind == "dtype":
         if isinstance(value, str) and value.lower() in DTYPE_BYTES:
             return DTYPE_BYTES[value.lower()]

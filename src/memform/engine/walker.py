@@ -46,6 +46,7 @@ class LayerSlot:
     mode: str
     count: Any          # layers in the group (a backend number; symbolic when the split is even)
     order: int          # position in forward order (the largest is the stage's last layer)
+    bindings: tuple = ()  # the stack entry's per-layer ``where`` values (name, value), sorted by name
 
 
 @dataclass(frozen=True)
@@ -502,7 +503,7 @@ class Walker:
         vals = []
         for sl in slots:
             sub = Ctx(block=sl.block, mode=sl.mode, extra=(("stage", stage), ("chunk", self.integer(sl.chunk))),
-                      outer=ctx.block, overrides=ctx.overrides)
+                      outer=ctx.block, overrides=merge_overrides(sl.bindings, ctx.overrides))
             vals.append((sl, self.as_expr(self.eval(node.args[0], sub), node.loc)))
         if not vals:
             return self.zero
@@ -517,10 +518,17 @@ class Walker:
 
     def _e_Where(self, node: ast.Where, ctx: Ctx) -> Value:
         new = tuple((name, self.eval(e, ctx)) for name, e in node.bindings)
-        names = {n for n, _ in new}
-        kept = tuple((k, v) for k, v in ctx.overrides if k not in names)
-        overrides = tuple(sorted(kept + new, key=lambda kv: kv[0]))
+        overrides = merge_overrides(ctx.overrides, new)
         return self.eval(node.expr, Ctx(ctx.block, ctx.mode, ctx.params, ctx.extra, ctx.outer, overrides))
+
+
+def merge_overrides(old: tuple[tuple[str, Value], ...], new: tuple[tuple[str, Value], ...]) -> tuple:
+    """``old`` replacements with ``new`` ones on top (a name in both takes its ``new`` value), sorted by
+    name: one key per set of replacements for the memo."""
+    if not old:
+        return tuple(sorted(new, key=lambda kv: kv[0]))
+    names = {n for n, _ in new}
+    return tuple(sorted(tuple((k, v) for k, v in old if k not in names) + tuple(new), key=lambda kv: kv[0]))
 
 
 PY_CMP: dict[str, Callable[[Any, Any], bool]] = {

@@ -175,6 +175,10 @@ class TypeSpec:
             return "one of " + ", ".join(repr(c) for c in self.choices)
         if self.kind == "set":
             return "a list of names from " + ", ".join(repr(c) for c in self.choices)
+        if self.kind == "names":
+            one_char = all(len(c) == 1 for c in self.choices)
+            return ("a list of names, one per entry, each one of " + ", ".join(repr(c) for c in self.choices)
+                    + (" (or a string of those characters)" if one_char else ""))
         if self.or_bool:
             return "true, false or " + (f"an integer in {self.lo}..{self.hi}" if self.lo is not None else "an integer")
         if self.or_list:
@@ -261,6 +265,17 @@ class StackEntry:
     #: ``layer_index`` bound to the layer's 0-based body index), else ``other``; None: always ``block``
     cond: Expr | None = None
     other: str | None = None
+    #: a chained choice ``block * n if c1 else b1 if c2 else other``: the ``(c2, b1)`` pairs tried in
+    #: order after ``cond`` fails, before ``other``
+    branches: tuple[tuple[Expr, str], ...] = ()
+    #: ``... where f = e, g = e2``: config-bound names replaced in each layer's block by ``e`` evaluated
+    #: at that layer (``layer_index`` bound)
+    bindings: tuple[tuple[str, Expr], ...] = ()
+
+    def blocks(self) -> tuple[str, ...]:
+        """Every block this entry may place: its own, each branch's and the final ``else``."""
+        names = (self.block,) + tuple(b for _, b in self.branches) + ((self.other,) if self.other else ())
+        return tuple(dict.fromkeys(names))
 
 
 @dataclass(frozen=True)

@@ -259,15 +259,24 @@ class _Checker:
                                    e.loc)
             if e.count is not None:
                 self.refs(e.count, block=None, params=(), where="stack")
-            cond = getattr(e, "cond", None)
-            if cond is not None:
-                # `layer_index` is bound per layer while the choice is evaluated
+            # `layer_index` is bound per layer while a choice or a binding is evaluated
+            for cond in ([e.cond] if e.cond is not None else []) + [c for c, _ in e.branches]:
                 self.refs(cond, block=None, params=STACK_NAMES, where="stack")
-                if e.other not in prog.blocks or prog.blocks[e.other].kind != "block":
+            for name, value in e.bindings:
+                decl = prog.bindings.get(name)
+                if decl is None:
+                    raise MemformError(f"stack entry '{e.block}': 'where {name} = ...' must name a symbol or an "
+                                       f"option (a config-bound name){did_you_mean(name, list(prog.bindings))}",
+                                       value.loc)
+                self.refs(value, block=None, params=STACK_NAMES, where="stack")
+            if len({n for n, _ in e.bindings}) < len(e.bindings):
+                raise MemformError(f"stack entry '{e.block}' binds a name twice in its 'where'", e.loc)
+            for other in e.blocks()[1:]:
+                if other not in prog.blocks or prog.blocks[other].kind != "block":
                     layer_blocks = [n for n, b in prog.blocks.items() if b.kind == "block"]
-                    raise MemformError(f"stack names unknown block '{e.other}'"
-                                       f"{did_you_mean(e.other, layer_blocks)}", e.loc)
-                self.require_quantities(e.other, LAYER_QUANTITIES)
+                    raise MemformError(f"stack names unknown block '{other}'"
+                                       f"{did_you_mean(other, layer_blocks)}", e.loc)
+                self.require_quantities(other, LAYER_QUANTITIES)
             if e.place is None:
                 seen_body = True
             self.require_quantities(e.block, LAYER_QUANTITIES)
@@ -280,8 +289,7 @@ class _Checker:
         prog = self.prog
         if prog.stack is None:
             return
-        stack_blocks = list(dict.fromkeys([e.block for e in prog.stack.entries]
-                                          + [e.other for e in prog.stack.entries if getattr(e, "other", None)]))
+        stack_blocks = list(dict.fromkeys(b for e in prog.stack.entries for b in e.blocks()))
         bound = set(prog.global_names()) | set(LAYER_NAMES) | set(SCHEDULE_NAMES) | set(RUNTIME_NAMES) | set(COST_NAMES)
         needed: dict[str, None] = {}
         for bname, b in prog.blocks.items():

@@ -49,6 +49,8 @@ def print_type(t: ast.TypeSpec) -> str:
         return "{" + ", ".join(f'"{c}"' for c in t.choices) + "}"
     if t.kind == "set":
         return "set {" + ", ".join(f'"{c}"' for c in t.choices) + "}"
+    if t.kind == "names":
+        return "list {" + ", ".join(f'"{c}"' for c in t.choices) + "}"
     if t.or_bool:
         return "bool | " + (f"int[{t.lo}..{t.hi}]" if t.lo is not None else "int")
     if t.or_list:
@@ -68,8 +70,14 @@ def print_quantity(q: ast.Quantity) -> str:
 def print_stack_entry(e: ast.StackEntry) -> str:
     place = f"{e.place} " if e.place is not None else ""
     count = f" * {_wrap(e.count, _ATOM)}" if e.count is not None else ""
-    choice = f" if {_wrap(e.cond, _OR)} else {e.other}" if getattr(e, "cond", None) is not None else ""
-    return f"{place}{e.block}{count}{choice}"
+    choice = ""
+    if e.cond is not None:
+        # block if c1 else b1 if c2 else other: each block after an `else` is tried under the next condition
+        conds = [e.cond] + [c for c, _ in e.branches]
+        blocks = [b for _, b in e.branches] + [e.other]
+        choice = "".join(f" if {_wrap(c, _OR)} else {b}" for c, b in zip(conds, blocks))
+    bindings = (" where " + ", ".join(f"{n} = {print_expr(x)}" for n, x in e.bindings)) if e.bindings else ""
+    return f"{place}{e.block}{count}{choice}{bindings}"
 
 
 def print_expr(node: ast.Expr) -> str:

@@ -92,6 +92,9 @@ class ToAst(Transformer):
     def t_set(self, meta, c):
         return ast.TypeSpec("set", choices=tuple(_unquote(x) for x in c[1:]))
 
+    def t_names(self, meta, c):
+        return ast.TypeSpec("names", choices=tuple(_unquote(x) for x in c[1:]))
+
     def range(self, meta, c):
         return (int(c[0]), int(c[1]))
 
@@ -146,17 +149,29 @@ class ToAst(Transformer):
         if c and isinstance(c[0], Token) and c[0].type == "PLACE":
             place = str(c.pop(0))
         cond = other = None
+        branches: tuple = ()
+        bindings: tuple = ()
+        if c and isinstance(c[-1], tuple) and c[-1][0] == "bindings":
+            bindings = c.pop()[1]
         if c and isinstance(c[-1], tuple) and c[-1][0] == "choice":
-            _, cond, other = c.pop()
+            _, conds, blocks, other = c.pop()
+            cond, branches = conds[0], tuple(zip(conds[1:], blocks))
         name = c[0]
         count = c[1] if len(c) > 1 else None
-        return ast.StackEntry(place, str(name), count, self._tok_loc(name), cond, other)
+        return ast.StackEntry(place, str(name), count, self._tok_loc(name), cond, other, branches, bindings)
 
     def count(self, meta, c):
         return c[0]
 
     def choice(self, meta, c):
-        return ("choice", c[0], str(c[1]))
+        """``if c1 else b1 [if c2 else b2 ...]`` as (conditions, the blocks between them, the last else)."""
+        if len(c) > 2:
+            _, conds, blocks, other = c[2]
+            return ("choice", [c[0]] + conds, [str(c[1])] + blocks, other)
+        return ("choice", [c[0]], [], str(c[1]))
+
+    def bindings(self, meta, c):
+        return ("bindings", tuple((str(c[k]), c[k + 1]) for k in range(0, len(c), 2)))
 
     # -- expressions
     def if_expr(self, meta, c):

@@ -134,9 +134,9 @@ def numeric_keys(model: Model, vary: Sequence[str] = ()) -> list[str]:
     return keys
 
 
-def _layout(model: Model) -> list[list[tuple[str, str, int]]]:
+def _layout(model: Model) -> list[list[tuple[str, str, int, tuple]]]:
     part = partition_of(model, model.evaluator(keep=frozenset()))
-    return [[(g.block, g.mode, g.count_value) for c in chunks for g in c.groups] for chunks in part.chunks]
+    return [[(g.block, g.mode, g.count_value, g.bindings) for c in chunks for g in c.groups] for chunks in part.chunks]
 
 
 def _check_layout_free(model: Model, key: str, name: str) -> None:
