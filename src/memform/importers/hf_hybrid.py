@@ -116,7 +116,8 @@ def _nemotron_h(cfg: Fields, draft: Draft, given, hf) -> None:  # noqa: ANN001
     draft.set("model.num_kv_heads", cfg.integer("num_key_value_heads", a), "num_key_value_heads")
     draft.set("model.num_layers", layers, f"the symbols of {source}: one NemotronHBlock (norm + one mixer) each")
     draft.set("model.hybrid_pattern", pattern, f"{source} (M Mamba-2, * attention, - MLP, E MoE)")
-    head_dim = cfg.integer("head_dim", None)
+    # older NemotronH configs (Nemotron-H-8B/47B/56B) name it attention_head_dim
+    _, head_dim = _agree(cfg, ("head_dim", "attention_head_dim"))
     if head_dim is not None and head_dim * a != h:
         draft.set("model.head_dim", head_dim, f"head_dim (× {a} heads = {head_dim * a}, not hidden_size {h})")
     elif head_dim is None and h % a:
@@ -128,6 +129,10 @@ def _nemotron_h(cfg: Fields, draft: Draft, given, hf) -> None:  # noqa: ANN001
     # NemotronHMLP: up_proj -> relu2 -> down_proj, no gate (ACT2FN relu2 = square(relu(x)): relu keeps its
     # output, down_proj the square's: two f-wide tensors, as a GeLU MLP keeps -- dense.mf's ungated MLP)
     act = cfg.string("mlp_hidden_act", "relu2")
+    if cfg.has("hidden_act") and cfg.string("hidden_act") != act:
+        raise cfg.error("hidden_act", f"is {cfg.string('hidden_act')!r} but 'mlp_hidden_act' is {act!r}: the file "
+                                      f"disagrees with itself")
+    cfg.used.add("hidden_act")
     if act not in ("relu2", "relu", "gelu", "gelu_pytorch_tanh"):
         raise cfg.error("mlp_hidden_act", f"is {act!r}: memform maps NemotronH's ungated MLP activations "
                                           f"(relu2, relu, gelu)")

@@ -1,0 +1,81 @@
+"""Hugging Face transformers' hybrid Mamba-2 models as the ground truth (issue 34): NemotronH (Mamba-2,
+attention and MLP layers, one symbol of ``hybrid_override_pattern`` each) trained one step on the CPU.
+
+The step is :mod:`.hf`'s (``Trainer.training_step`` as transformers 5 writes it, traced per category);
+the model is transformers' own ``NemotronHForCausalLM`` built from a config of ``NemotronHConfig``, and
+memform reads the same ``config.json`` through ``memform import hf`` (the hybrid importer,
+``memform.importers.hf_hybrid``). On the CPU transformers runs the Mamba-2 mixer through its PyTorch
+reference (``causal_conv1d_fn``, ``mamba2_chunk_scan``: mamba_ssm's kernels need CUDA), which the case
+tells memform with ``model.mamba_impl: torch``; the CUDA kernels keep far less (``formulas/mamba.mf``:
+``combined``, ``split``), which a CPU step cannot show.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from . import hf
+from .hf import Step
+
+#: transformers' config class keywords of each model type the harness builds
+MODEL_TYPES = ("nemotron_h",)
+
+
+@dataclass(frozen=True)
+class HybridCase(hf.HFCase):
+    """One NemotronH training step: :class:`hf.HFCase` plus the layer pattern and the Mamba-2 shape."""
+
+    model: str = "nemotron_h"
+    pattern: str = "M*M-"
+    mamba_heads: int = 8
+    mamba_head_dim: int = 16
+    groups: int = 2
+    state: int = 16
+    chunk: int = 64
+
+    def label(self) -> str:
+        return (f"hf {self.model} {self.pattern} h{self.h} a{self.heads}/{self.kv_heads} "
+                f"ssm{self.mamba_heads}x{self.mamba_head_dim}/g{self.groups}/n{self.state}/q{self.chunk} "
+                f"b{self.b} s{self.s} {self.attn}{' gc' if self.gc else ''} {self.dtype}")
+
+    def hf_config(self) -> Any:
+        from transformers import AutoConfig
+
+        # use_cache False: a training step keeps no generation cache (NemotronHModel builds one otherwise)
+        return AutoConfig.for_model(
+            self.model, hidden_size=self.h, hybrid_override_pattern=self.pattern,
+            num_hidden_layers=len(self.pattern), num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
+            head_dim=self.head_dim or self.h // self.heads, intermediate_size=self.ffn, vocab_size=self.vocab,
+            max_position_embeddings=self.s, tie_word_embeddings=False, use_cache=False,
+            mamba_num_heads=self.mamba_heads, mamba_head_dim=self.mamba_head_dim, n_groups=self.groups,
+            ssm_state_size=self.state, chunk_size=self.chunk)
+
+    def overrides(self) -> dict[str, Any]:
+        # on the CPU transformers trains the mixer through its PyTorch reference scan
+        return {**super().overrides(), "model.mamba_impl": "torch"}
+
+
+def measure(case: HybridCase, seed: int = 0) -> Step:
+    """:func:`hf.measure`: the warm-up step, then the traced one."""
+    return hf.measure(case, seed)
+
+
+BASE = HybridCase(h=64, heads=4, kv_heads=2, ffn=128, vocab=512, b=2, s=256)
+
+
+def sweep() -> list[HybridCase]:
+    """Every NemotronH case of ``bench/validate.py --frameworks``: the pattern of Nemotron-H's blocks
+    (M, *, -), each dtype set-up, checkpointing, eager attention, a sequence that does not fill its
+    last chunk, other SSM shapes."""
+    cases = [replace(BASE, dtype=dtype) for dtype in hf.DTYPES]
+    cases += [replace(BASE, gc=True), replace(BASE, gc=True, dtype="amp-bf16"), replace(BASE, attn="eager"),
+              replace(BASE, pattern="MM-M*-", s=200),
+              replace(BASE, pattern="M-M*", mamba_heads=16, mamba_head_dim=8, groups=4, state=32, chunk=32),
+              replace(BASE, pattern="M", b=1, s=512, chunk=128)]
+    return cases
+
+
+def quick_sweep() -> list[HybridCase]:
+    """The subset the test suite runs."""
+    return [BASE, replace(BASE, gc=True, dtype="amp-bf16")]
