@@ -201,3 +201,67 @@ def test_nemotron_h_step_matches(which):
     assert 0 < row.measured["optimizer"] - row.estimated["optimizer"] < 4 * 64
     # measured: within 0.3 % (forward end) and 1.5 % (peak); the thresholds are 10 %
     assert abs(row.error("activations")) < 0.01 and abs(row.error("activations_peak")) < 0.02
+
+
+# ---- Megatron-LM's hybrid launch flags ------------------------------------------------------------------
+
+MEGATRON = Path(__file__).resolve().parent / "data" / "importers" / "megatron"
+
+
+def test_megatron_mamba_example_script():
+    # NVIDIA/Megatron-LM examples/mamba/train.sh (verbatim; its 800M scale): pretrain_mamba.py with
+    # --hybrid-attention-ratio 0.08 --hybrid-mlp-ratio 0.5 over 48 layers, the Mamba-2 shape at its defaults
+    draft = import_config("megatron", MEGATRON / "megatron-lm_mamba_train.sh",
+                          Options(overrides={"model.vocab_size": 256000}))
+    assert draft.load_error is None
+    cfg = draft.config()
+    model = cfg["model"]
+    assert cfg["formulas"] == ["mamba.mf"]
+    pattern = model["hybrid_pattern"]
+    # round(48 · 0.08) = 4 attention, round(48 · 0.5) = 24 MLP, 20 Mamba-2 layers (Megatron-LM allocate_layers)
+    assert (pattern.count("M"), pattern.count("*"), pattern.count("-")) == (20, 4, 24)
+    assert (model["mamba_num_heads"], model["mamba_head_dim"], model["mamba_num_groups"], model["mamba_state_dim"]) \
+        == (2 * 1024 // 64, 64, 8, 128)
+    assert cfg["parallel"]["sequence_parallel"] is True
+
+
+def test_megatron_allocation_is_the_papers_8b_hybrid():
+    # Waleffe et al. 2024 ("An Empirical Study of Mamba-based Language Models") §3: the 8B Mamba-2-Hybrid has
+    # 24 Mamba-2, 4 self-attention and 28 MLP layers -- examples/mamba/train.sh's "8B": 56 layers, 0.08, 0.5
+    from memform.importers.megatron_hybrid import allocate
+    pattern = allocate(56, 0.08, 0.5)
+    assert (pattern.count("M"), pattern.count("*"), pattern.count("-")) == (24, 4, 28)
+    assert allocate(8, 0.0, 0.0) == "MMMMMMMM"   # no ratios: a pure Mamba-2 model
+
+
+COMMON_ARGS = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --vocab-size 1000 "
+               "--max-position-embeddings 512 --micro-batch-size 1 --normalization RMSNorm --disable-bias-linear ")
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ("--is-hybrid-model --hybrid-override-pattern M*M-", {"hybrid_pattern": "M*M-", "mamba_num_heads": 8}),
+    ("--hybrid-override-pattern MM*- --mamba-num-heads 16 --mamba-head-dim 32 --mamba-num-groups 4 "
+     "--mamba-state-dim 64", {"hybrid_pattern": "MM*-", "mamba_num_heads": 16, "mamba_head_dim": 32,
+                              "mamba_num_groups": 4, "mamba_state_dim": 64}),
+])
+def test_megatron_hybrid_flags(tmp_path, extra, expected):
+    path = tmp_path / "args.txt"
+    path.write_text(COMMON_ARGS + extra)
+    draft = import_config("megatron", path, Options())
+    assert draft.load_error is None
+    for key, value in expected.items():
+        assert draft.config()["model"][key] == value
+
+
+@pytest.mark.parametrize("extra, words", [
+    ("--hybrid-override-pattern M*M", "--num-layers 4"),             # 3 symbols for 4 layers
+    ("--hybrid-override-pattern M*MX", "'X'"),
+    ("--hybrid-override-pattern M*M-/*M", "multi-token"),
+    ("--hybrid-override-pattern M*ME", "--num-experts"),
+    ("--is-hybrid-model --hybrid-attention-ratio 0.7 --hybrid-mlp-ratio 0.5", "exceeds 1"),
+])
+def test_megatron_hybrid_refusals(tmp_path, extra, words):
+    path = tmp_path / "args.txt"
+    path.write_text(COMMON_ARGS + extra)
+    with pytest.raises(memform.MemformError, match=words):
+        import_config("megatron", path, Options())
