@@ -58,6 +58,9 @@ def total_params(cfg: dict) -> int:
     # "Total Parameters: 8.1B (8,100,852,736)" of a public named_parameters() analysis of
     # nvidia/Nemotron-H-8B-Base-8K ("Nemotron-H-8B-Base-8K Architecture Analysis Summary")
     (NEMOTRON_H_8B, 8_100_852_736),
+    # kvfit models.json num_params of ibm-granite/granite-4.0-h-small (the Hub's safetensors total): 36 Mamba-2 and
+    # 4 attention decoder layers, each with a 72-expert MoE block and a shared MLP, tied embeddings
+    (HF / "granite-4.0-h-small.trimmed.config.json", 32_207_337_984),
 ])
 def test_published_totals(tmp_path, source, published):
     path = write_json(tmp_path, source) if isinstance(source, dict) else source
@@ -186,13 +189,14 @@ def test_importer_refuses_what_it_cannot_size(tmp_path, extra, words):
 
 # ---- transformers' NemotronH on the CPU as the ground truth ---------------------------------------------
 
-@pytest.mark.parametrize("which", ["fp32", "gc amp-bf16"])
-def test_nemotron_h_step_matches(which):
+@pytest.mark.parametrize("which", ["fp32", "gc amp-bf16", "granite gc fp32"])
+def test_hybrid_step_matches(which):
     pytest.importorskip("transformers")
     from memform.validation import frameworks
     from memform.validation.frameworks import hf_hybrid
 
-    case = {c.label().split(" s256 sdpa ")[-1]: c for c in hf_hybrid.quick_sweep()}[which]
+    case = {("granite " if c.model != "nemotron_h" else "") + c.label().split(" s256 sdpa ")[-1]: c
+            for c in hf_hybrid.quick_sweep()}[which]
     row = frameworks.compare(case, hf_hybrid)
     assert row.failures() == []
     for cat in ("params", "grads"):

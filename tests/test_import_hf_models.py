@@ -170,7 +170,6 @@ LLAMA_LIKE = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 
     ({"model_type": "phi"}, "PhiDecoderLayer"),
     ({"model_type": "cohere"}, "CohereDecoderLayer"),
     ({"model_type": "dbrx"}, "attn_config"),
-    ({"model_type": "granitemoehybrid"}, "Mamba"),
     ({"model_type": "llama", "layer_types": ["mamba", "attention"]}, "layer_types"),
 ])
 def test_unsupported_architectures_fail_with_the_reason(tmp_path, extra, words):

@@ -115,8 +115,6 @@ def test_minimax_m2_total(tmp_path):
     ("llama-3.3-nemotron-super-49b-v1.config.json", ["'block_configs'", "80 blocks, 31 without attention",
                                                       "issue 34"]),
     ("llama-3.1-nemotron-ultra-253b-v1.config.json", ["'block_configs'", "162 blocks", "issue 34"]),
-    # ibm-granite/granite-4.0-h-small (kvfit copy): Mamba-2 layers
-    ("granite-4.0-h-small.trimmed.config.json", ["Mamba"]),
 ])
 def test_refused_released_configs(fixture, words):
     with pytest.raises(memform.MemformError) as err:

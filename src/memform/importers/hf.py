@@ -227,7 +227,6 @@ UNSUPPORTED_TYPES = {
     "RefinedWebModel": "Falcon-7B's original RefinedWebModel decoder (parallel attention and MLP) is not modelled",
     "olmo": "OLMo-1's non-parametric LayerNorms (transformers OlmoLayerNorm: no weight, no bias) are not "
             "modelled",
-    "granitemoehybrid": "hybrid Mamba-2 / attention layers (layer_types) are not modelled",
     "qwen3_next": "Gated DeltaNet linear-attention layers (layer_types linear_attention) are not modelled",
     "mamba": "state-space (Mamba) layers are not modelled", "mamba2": "state-space (Mamba-2) layers are not modelled",
     "rwkv": "RWKV recurrent layers are not modelled",

@@ -8,6 +8,10 @@ mamba_hybrid_layer_allocation.py`` Symbols: ``M`` Mamba-2, ``*`` attention, ``-`
   ``hybrid_override_pattern`` is that pattern already (``layers_block_type`` / ``layer_types``, the newer
   spelling, are mapped back with NemotronHConfig._list_to_pattern's table); every NemotronHBlock is one
   norm and one mixer (modeling_nemotron_h.py), so one symbol per layer.
+- ``granitemoehybrid`` (transformers ``GraniteMoeHybridConfig``; IBM Granite-4.0-H): every
+  GraniteMoeHybridDecoderLayer is a Mamba-2 or attention mixer after ``input_layernorm``, then the MoE block
+  (router, gated experts) plus the always-on ``shared_mlp`` after ``post_attention_layernorm``: two memform
+  sublayers, ``ME`` or ``*E`` (``M-`` / ``*-`` with the shared MLP alone when num_local_experts is 0).
 
 Every field is read, listed in :data:`NEUTRAL` (or :data:`hf.NEUTRAL`) with the reason it cannot change
 device memory, or refused with the reason; an unknown field is refused at the end unless ``--accept``
@@ -22,7 +26,7 @@ from ..errors import MemformError
 from .draft import Draft, Fields, describe
 
 #: the model types this module imports (hf.convert hands them over)
-MODEL_TYPES = frozenset({"nemotron_h"})
+MODEL_TYPES = frozenset({"nemotron_h", "granitemoehybrid"})
 
 #: NemotronHConfig._list_to_pattern: the layer-type names of layers_block_type and their symbols
 NEMOTRON_KINDS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*",
@@ -59,6 +63,8 @@ def convert(cfg: Fields, draft: Draft, given, model_type: str, hf) -> None:  # n
     """Fill ``draft`` from a hybrid model's config.json (``cfg``); ``hf`` is :mod:`.hf` (its shared helpers)."""
     if model_type == "nemotron_h":
         _nemotron_h(cfg, draft, given, hf)
+    elif model_type == "granitemoehybrid":
+        _granite(cfg, draft, given, hf)
     neutral = set(hf.NEUTRAL) | set(NEUTRAL) | {k for k in cfg.data if isinstance(k, str) and k.endswith("_token_id")}
     neutral |= {k for k, v in cfg.data.items() if v is None}
     draft.refuse_unused(cfg, neutral)
@@ -141,6 +147,7 @@ def _nemotron_h(cfg: Fields, draft: Draft, given, hf) -> None:  # noqa: ANN001
     if cfg.string("mamba_hidden_act", "silu") not in ("silu", "swish"):
         raise cfg.error("mamba_hidden_act", "is not silu: mamba_ssm's kernels apply SiLU after the conv1d")
     draft.set("model.norm", "rmsnorm", "NemotronHRMSNorm (weight only)")
+    draft.set("model.norm_fp32_output", True, "NemotronHRMSNorm: weight × normalised input in fp32, cast after")
     # NemotronHAttention has no rotary or learned positions: memform's rope is its parameter-free setting
     draft.set("model.position_embedding", "rope", "NemotronHAttention: no position parameters")
     biases = {k: cfg.boolean(k, False) for k in ("attention_bias", "mlp_bias", "use_bias")}
@@ -206,4 +213,94 @@ def _nemotron_h(cfg: Fields, draft: Draft, given, hf) -> None:  # noqa: ANN001
         raise cfg.error("num_nextn_predict_layers", f"is {mtp}: NemotronH's multi-token-prediction layers "
                                                     f"(mtp_layers_block_type) are not modelled by mamba.mf")
     for key in ("num_hidden_layers", "max_position_embeddings", "head_dim", "model_type"):
+        cfg.used.add(key)
+
+
+#: GraniteMoeHybridConfig.layer_types names (layers_block_type spelling too) and their mixer symbol
+GRANITE_KINDS = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*"}
+
+
+def _granite(cfg: Fields, draft: Draft, given, hf) -> None:  # noqa: ANN001
+    """transformers GraniteMoeHybridConfig / modeling_granitemoehybrid.py (IBM Granite-4.0-H)."""
+    key = "layer_types" if cfg.has("layer_types") else "layers_block_type"
+    kinds = cfg.raw(key)
+    if not isinstance(kinds, list) or not kinds or not all(isinstance(k, str) for k in kinds):
+        raise cfg.error(key, f"must be the list of layer kinds (mamba, attention), got {describe(kinds)}")
+    unknown = sorted({k for k in kinds if k not in GRANITE_KINDS})
+    if unknown:
+        raise cfg.error(key, f"has {', '.join(unknown)}: Granite-4.0-H's layer kinds are mamba and attention")
+    cfg.used.update(("layer_types", "layers_block_type"))
+    layers = len(kinds)
+    if cfg.has("num_hidden_layers") and cfg.integer("num_hidden_layers") != layers:
+        raise cfg.error("num_hidden_layers", f"is {cfg.integer('num_hidden_layers')} but {key} has {layers} "
+                                             f"entries: the file disagrees with itself")
+    experts = cfg.integer("num_local_experts", 8, minimum=0)
+    ffn_symbol = "E" if experts else "-"
+    pattern = "".join(GRANITE_KINDS[k] + ffn_symbol for k in kinds)
+    h = cfg.integer("hidden_size")
+    a = cfg.integer("num_attention_heads")
+    draft.set("model.hidden_size", h)
+    draft.set("model.num_heads", a, "num_attention_heads")
+    draft.set("model.num_kv_heads", cfg.integer("num_key_value_heads", a), "num_key_value_heads")
+    draft.set("model.num_layers", 2 * layers, f"{layers} GraniteMoeHybridDecoderLayers, two sublayers each (mixer, "
+                                              f"then MoE + shared MLP), each after its own norm")
+    draft.set("model.hybrid_pattern", pattern, f"{key}: M Mamba-2 / * attention, each followed by {ffn_symbol}")
+    draft.set("model.hybrid_ffn_paired", True, "the MoE block runs in the mixer's GraniteMoeHybridDecoderLayer "
+                                               "(one checkpoint per pair)")
+    if h % a:
+        raise MemformError(f"{cfg.file}: hidden_size {h} is not a multiple of num_attention_heads {a}")
+    shared = cfg.integer("shared_intermediate_size", 1024, minimum=0)
+    draft.set("model.vocab_size", cfg.integer("vocab_size"))
+    hf._seq_length(cfg, draft, "granitemoehybrid", given)
+    act = cfg.string("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise cfg.error("hidden_act", f"is {act!r}: Granite-4.0-H's gated MLPs are mapped with SiLU (SwiGLU) only")
+    draft.set("model.activation", "swiglu", f"hidden_act {act}: gated experts and shared MLP (input_linear h -> 2f)")
+    draft.set("model.norm", "rmsnorm", "GraniteMoeHybridRMSNorm")
+    draft.set("model.position_embedding", "rope", f"position_embedding_type {cfg.string('position_embedding_type', 'none')}: "
+                                                  f"no position parameters")
+    cfg.used.add("position_embedding_type")
+    draft.set("model.bias", cfg.boolean("attention_bias", False), "attention_bias (the MLPs have none)")
+    draft.set("model.dropout", bool(cfg.number("attention_dropout", 0)), "attention_dropout")
+    draft.set("model.tied_embeddings", cfg.boolean("tie_word_embeddings", False), "tie_word_embeddings")
+    if experts:
+        draft.set("model.num_experts", experts, "num_local_experts")
+        draft.set("model.moe_top_k", cfg.integer("num_experts_per_tok", 2), "num_experts_per_tok")
+        f_exp = cfg.integer("intermediate_size", 11008)
+        draft.set("model.moe_ffn_hidden_size", f_exp, "intermediate_size (GraniteMoeHybridExperts gate_up_proj)")
+        draft.set("model.ffn_hidden_size", f_exp, "intermediate_size")
+        if shared:
+            draft.set("model.num_shared_experts", -(-shared // f_exp),
+                      f"shared_intermediate_size {shared} / expert size {f_exp}, rounded up (the width below sizes it)")
+            draft.set("model.shared_expert_ffn_hidden_size", shared, "shared_intermediate_size (shared_mlp, no gate)")
+        else:
+            draft.set("model.num_shared_experts", 0, "shared_intermediate_size 0")
+    else:
+        draft.set("model.ffn_hidden_size", shared, "shared_intermediate_size: the shared_mlp is the layer's MLP")
+        cfg.used.add("intermediate_size")
+    cfg.used.update(("num_local_experts", "num_experts_per_tok", "intermediate_size", "shared_intermediate_size"))
+    heads = cfg.integer("mamba_n_heads", 128)
+    expand = cfg.integer("mamba_expand", 2)
+    d_inner = expand * h
+    head_dim = cfg.raw("mamba_d_head", "auto")
+    if head_dim in ("auto", None):
+        head_dim = d_inner // heads
+    else:
+        head_dim = cfg.integer("mamba_d_head")
+    if heads * head_dim != d_inner:
+        raise cfg.error("mamba_d_head", f"× mamba_n_heads = {heads * head_dim}, not mamba_expand × hidden_size = "
+                                        f"{d_inner} (GraniteMoeHybridMambaLayer sizes d_inner by the expansion)")
+    cfg.used.update(("mamba_d_head", "mamba_expand"))
+    groups = cfg.integer("mamba_n_groups", 1)
+    draft.set("model.mamba_num_heads", heads, "mamba_n_heads")
+    draft.set("model.mamba_head_dim", head_dim, "mamba_d_head")
+    draft.set("model.mamba_num_groups", groups, "mamba_n_groups")
+    draft.set("model.mamba_state_dim", cfg.integer("mamba_d_state", 256), "mamba_d_state")
+    draft.set("model.mamba_conv_kernel", cfg.integer("mamba_d_conv", 4), "mamba_d_conv")
+    draft.set("model.mamba_chunk_size", cfg.integer("mamba_chunk_size", 256), "mamba_chunk_size")
+    draft.set("model.mamba_conv_bias", cfg.boolean("mamba_conv_bias", True), "mamba_conv_bias")
+    draft.set("model.mamba_proj_bias", cfg.boolean("mamba_proj_bias", False), "mamba_proj_bias")
+    if heads % groups:
+        raise cfg.error("mamba_n_groups", f"{groups} does not divide mamba_n_heads {heads}")
+    for key in ("num_hidden_layers", "max_position_embeddings", "model_type"):
         cfg.used.add(key)

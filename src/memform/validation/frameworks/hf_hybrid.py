@@ -1,5 +1,6 @@
 """Hugging Face transformers' hybrid Mamba-2 models as the ground truth (issue 34): NemotronH (Mamba-2,
-attention and MLP layers, one symbol of ``hybrid_override_pattern`` each) trained one step on the CPU.
+attention and MLP layers, one symbol of ``hybrid_override_pattern`` each) and GraniteMoeHybrid (Granite-4.0-H:
+a Mamba-2 or attention mixer, then a MoE block with a shared MLP, per decoder layer) trained one step on the CPU.
 
 The step is :mod:`.hf`'s (``Trainer.training_step`` as transformers 5 writes it, traced per category);
 the model is transformers' own ``NemotronHForCausalLM`` built from a config of ``NemotronHConfig``, and
@@ -19,7 +20,7 @@ from . import hf
 from .hf import Step
 
 #: transformers' config class keywords of each model type the harness builds
-MODEL_TYPES = ("nemotron_h",)
+MODEL_TYPES = ("nemotron_h", "granitemoehybrid")
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,23 @@ class HybridCase(hf.HFCase):
     def label(self) -> str:
         return (f"hf {self.model} {self.pattern} h{self.h} a{self.heads}/{self.kv_heads} "
                 f"ssm{self.mamba_heads}x{self.mamba_head_dim}/g{self.groups}/n{self.state}/q{self.chunk} "
+                f"{f'moe{self.experts}x{self.top_k} ' if self.model != 'nemotron_h' else ''}"
                 f"b{self.b} s{self.s} {self.attn}{' gc' if self.gc else ''} {self.dtype}")
 
     def hf_config(self) -> Any:
         from transformers import AutoConfig
+
+        if self.model == "granitemoehybrid":
+            # GraniteMoeHybridDecoderLayer: a Mamba-2 or attention mixer, then the MoE block + shared MLP
+            return AutoConfig.for_model(
+                self.model, hidden_size=self.h, layer_types=["mamba" if c == "M" else "attention" for c in self.pattern],
+                num_hidden_layers=len(self.pattern), num_attention_heads=self.heads,
+                num_key_value_heads=self.kv_heads, intermediate_size=self.ffn, shared_intermediate_size=2 * self.ffn,
+                num_local_experts=self.experts, num_experts_per_tok=self.top_k, vocab_size=self.vocab,
+                max_position_embeddings=self.s, tie_word_embeddings=False, use_cache=False,
+                mamba_n_heads=self.mamba_heads, mamba_d_head=self.mamba_head_dim, mamba_n_groups=self.groups,
+                mamba_d_state=self.state, mamba_chunk_size=self.chunk, mamba_expand=self.mamba_heads
+                * self.mamba_head_dim // self.h)
 
         # use_cache False: a training step keeps no generation cache (NemotronHModel builds one otherwise)
         return AutoConfig.for_model(
@@ -62,6 +76,8 @@ def measure(case: HybridCase, seed: int = 0) -> Step:
 
 
 BASE = HybridCase(h=64, heads=4, kv_heads=2, ffn=128, vocab=512, b=2, s=256)
+#: Granite-4.0-H's decoder layer (a Mamba-2 or attention mixer, then the MoE block with the shared MLP)
+GRANITE = replace(BASE, model="granitemoehybrid", pattern="M*M", ffn=32, experts=4, top_k=2)
 
 
 def sweep() -> list[HybridCase]:
@@ -73,9 +89,11 @@ def sweep() -> list[HybridCase]:
               replace(BASE, pattern="MM-M*-", s=200),
               replace(BASE, pattern="M-M*", mamba_heads=16, mamba_head_dim=8, groups=4, state=32, chunk=32),
               replace(BASE, pattern="M", b=1, s=512, chunk=128)]
+    cases += [replace(GRANITE, dtype=dtype) for dtype in hf.DTYPES]
+    cases += [replace(GRANITE, gc=True), replace(GRANITE, gc=True, dtype="amp-bf16"), replace(GRANITE, experts=0)]
     return cases
 
 
 def quick_sweep() -> list[HybridCase]:
     """The subset the test suite runs."""
-    return [BASE, replace(BASE, gc=True, dtype="amp-bf16")]
+    return [BASE, replace(BASE, gc=True, dtype="amp-bf16"), replace(GRANITE, gc=True)]
