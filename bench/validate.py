@@ -9,7 +9,8 @@
                                           # pipeline schedules on 2-4 gloo ranks, every rank vs memform
     python bench/validate.py --frameworks # the frameworks' own code as ground truth: Hugging Face
                                           # transformers models (real steps, and fake-tensor traces at
-                                          # published sizes) vs the hf-trainer profile ('.[frameworks]')
+                                          # published sizes) vs the hf-trainer profile ('.[frameworks]');
+                                          # hf-nas: DeciLM / Nemotron-NAS layers of Llama modules vs nas.mf
     python bench/validate.py --explain    # also list, per case, which ops' outputs forward left alive
                                           # and which were live at the measured peak
 

@@ -139,11 +139,9 @@ def test_kimi_k2_rest_is_small_and_known():
     assert 1_026_408_235_864 - (ours + 384 * 60) == 3_416
 
 
-#: released config.json files in the folder that the import refuses (their reasons: test_refused_released_configs)
-REFUSED_FIXTURES: dict[str, str] = {
-    "llama-3.3-nemotron-super-49b-v1.config.json": "block_configs",
-    "llama-3.1-nemotron-ultra-253b-v1.config.json": "block_configs",
-}
+#: released config.json files in the folder that the import refuses (their reasons: test_refused_released_configs;
+#: the Nemotron-NAS ones, refused until issue 34, are read by importers/hf_nas.py: tests/test_arch_nas.py)
+REFUSED_FIXTURES: dict[str, str] = {}
 
 
 # Real configs of architectures memform cannot size: the import stops and names what is missing

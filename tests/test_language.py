@@ -362,6 +362,63 @@ def test_stack_bindings_numeric_path_and_closed_forms_agree(tmp_path):
     assert sympy.simplify(closed - (3 * h + 4 + 12 + 6)) == 0
 
 
+AFTER = """
+option layer_f : int | list = model.layer_ffn default 0 "per-layer widths"
+symbol f : int = model.ffn_hidden_size default 4 "FFN width"
+block dec extends layer { params = f  act = f }
+schedule after { inflight = 1  moment warmup = layers_sum(act)  moment backward = warmup + layers_max(3 * act - layers_after(act)) }
+stack { dec * n where f = at(layer_f, layer_index) }
+"""
+
+
+@pytest.mark.parametrize("widths, backward", [
+    # layers_after(act): the later layers' act (count x act per group); the stage's last group counts itself
+    # once (its second-to-last layer has one of it after it). warmup = the sum of the widths.
+    ([5, 5, 5], 15 + 3 * 5 - 5),                           # identical layers: one layer's act after
+    ([40, 2, 2, 2], 46 + max(120 - 6, 6 - 2)),             # a wide first layer: the three after it freed
+    ([2, 2, 40], 44 + max(6 - 40, 120 - 40)),              # a wide last layer counts itself once
+    ([7, 3, 9], 19 + max(21 - 12, 9 - 9, 27 - 9)),         # three groups
+])
+def test_layers_after_sums_the_later_layers_of_the_stage(tmp_path, widths, backward):
+    f = write(tmp_path, "m.mf", HEADER + AFTER)
+    cfg = {"formulas": [str(f)], "model": {"hidden_size": 8, "num_layers": len(widths), "layer_ffn": widths},
+           "parallel": {"pp_schedule": "after"}}
+    from memform.engine.model import estimate_model, load_model
+    for numeric in (False, True):
+        est = estimate_model(load_model(cfg, numeric=numeric), keep=frozenset())
+        assert est.stages[0].moments == {"warmup": sum(widths), "backward": backward}
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("schedule s2 { inflight = 1  moment x = layers_after(act) }", "inside the argument of layers_sum/max/last"),
+    ("schedule s2 { inflight = 1  moment x = layers_max(layers_after(layers_sum(act))) }", "cannot hold another"),
+    ("block b2 extends layer { act = layers_after(act) }", "inside the argument"),
+])
+def test_layers_after_mistakes(tmp_path, text, fragment):
+    expect_error(tmp_path, HEADER + "block dense extends layer { params = h }\nstack { dense * n }\n" + text + "\n",
+                 fragment)
+
+
+def test_stack_bindings_are_held_to_every_require(tmp_path):
+    # a per-layer value is refused as the config-wide one would be, naming the layer and the key
+    body = NAS + 'symbol t : int = parallel.tp default 1 "tp"\nrequire f % t == 0 "parallel.tp must divide each FFN width"\n'
+    est = model(tmp_path, body, num_layers=3, layer_ffn=[4, 8, 4], layer_kv=1, ffn_hidden_size=4)
+    assert est.stages[0].param_count == 3 * 8 + 16 + 3
+    f = write(tmp_path, "m.mf", HEADER + body)
+    with pytest.raises(MemformError, match=r"parallel.tp must divide each FFN width \(at layer 1 of the stack entry "
+                                           r"'dec': f = 6 in place of model.ffn_hidden_size"):
+        memform.estimate({"formulas": [str(f)], "parallel": {"tp": 4},
+                          "model": {"hidden_size": 8, "num_layers": 3, "layer_ffn": [4, 6, 4], "layer_kv": 1,
+                                    "ffn_hidden_size": 4}})
+
+
+def test_empty_string_is_an_empty_name_list_whatever_the_names(tmp_path):
+    body = ('option kinds : list {"attention", "linear"} = model.kinds default "" "x"\n'
+            'block dense extends layer { params = h }\nstack { dense * (n + len(kinds)) }\n')
+    assert model(tmp_path, body, num_layers=2).stages[0].param_count == 16
+    assert model(tmp_path, body, num_layers=2, kinds=["linear"]).stages[0].param_count == 24
+
+
 def test_chained_choice_and_bindings_round_trip_through_the_printer():
     from memform.lang.printer import print_file
     for body in (HYBRID, NAS):

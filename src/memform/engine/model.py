@@ -249,6 +249,7 @@ def _choose_layers(ev: Walker, e: ast.StackEntry, count: Any, n: int, first: int
     conds = ([(e.cond, e.block)] if e.cond is not None else []) + [(c, b) for c, b in e.branches]
     final = e.other if e.cond is not None else e.block
     picks: list[tuple[str, tuple]] = []
+    checked: set[tuple] = set()
     for j in range(n):
         ctx = Ctx(params=(("layer_index", ev.integer(first + j)),))
         block = final
@@ -260,7 +261,11 @@ def _choose_layers(ev: Walker, e: ast.StackEntry, count: Any, n: int, first: int
             if ok:
                 block = b
                 break
-        picks.append((block, _bind_layer(ev, e, ctx, first + j)))
+        bound = _bind_layer(ev, e, ctx, first + j)
+        if bound and bound not in checked:
+            _check_layer_requires(ev, e, bound, first + j)
+            checked.add(bound)
+        picks.append((block, bound))
     runs: list[list] = []
     for pick in picks:
         if runs and runs[-1][0] == pick:
@@ -271,6 +276,17 @@ def _choose_layers(ev: Walker, e: ast.StackEntry, count: Any, n: int, first: int
         (block, bound), _ = runs[0]
         return [StackItem(e.place, block, count, n, bound)]
     return [StackItem(e.place, block, ev.integer(k), k, bound) for (block, bound), k in runs]
+
+
+def _check_layer_requires(ev: Walker, e: ast.StackEntry, bound: tuple, layer: int) -> None:
+    """Every ``require`` holds at a layer's own ``where`` values too: a per-layer K/V head count that
+    parallel.tp does not divide is refused as the config-wide one is (each distinct set checked once)."""
+    for r in ev.program.requires:
+        ok = ev.truth(ev.eval(r.expr, Ctx(overrides=bound)), r.loc)
+        if not ok:
+            shown = ", ".join(f"{n} = {_show(v)} in place of {ev.program.bindings[n].path}" for n, v in bound)
+            raise MemformError(f"{r.message} (at layer {layer} of the stack entry '{e.block}': {shown}; "
+                               f"requirement at {r.loc})")
 
 
 def _bind_layer(ev: Walker, e: ast.StackEntry, ctx: Ctx, layer: int) -> tuple:

@@ -53,7 +53,10 @@ def set_members(value: Any, spec: ast.TypeSpec, bad: Any) -> tuple[str, ...]:
 
 def name_list(value: Any, spec: ast.TypeSpec, bad: Any) -> tuple[str, ...]:
     """The entries of a ``list {...}`` value, in order: a list of names, or, where every name is one
-    character, a string read one character per entry (Megatron's ``--hybrid-override-pattern M-M*-``)."""
+    character, a string read one character per entry (Megatron's ``--hybrid-override-pattern M-M*-``);
+    ``""`` is the empty sequence whatever the names."""
+    if value == "":   # the empty sequence (a default: "no per-layer pattern given")
+        return ()
     if isinstance(value, str) and all(len(c) == 1 for c in spec.choices):
         value = list(value)
     if not isinstance(value, (list, tuple)) or any(not isinstance(x, str) for x in value):

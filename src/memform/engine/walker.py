@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from ..errors import Loc, MemformError
 from ..lang import ast
-from ..lang.program import AGGREGATES, LIST_FUNCS, Program
+from ..lang.program import AFTER, AGGREGATES, LIST_FUNCS, Program
 
 Value = Any  # a backend's number | bool | str | tuple (list option) | a backend's condition
 
@@ -35,6 +35,10 @@ MAX_BITS = 65536
 #: clear error (well below Python's recursion limit, which would otherwise end in a traceback).
 MAX_DEPTH = 150
 _NUM_RE = re.compile(r"(?P<mant>[0-9]+(?:\.[0-9]+)?)(?:[eE](?P<exp>[+-]?[0-9]+))?")
+
+
+#: the key under which a reduction's argument sees the visited group's forward position (not a formula name)
+_ORDER = "#order"   # (forward position, the reduction's own overrides)
 
 
 @dataclass(frozen=True)
@@ -443,6 +447,8 @@ class Walker:
         prog = self.program
         if node.func in AGGREGATES:
             return self._aggregate(node, ctx)
+        if node.func == AFTER:
+            return self._after(node, ctx)
         args = [self.eval(a, ctx) for a in node.args]
         if node.func in prog.defs:
             d = prog.defs[node.func]
@@ -502,7 +508,8 @@ class Walker:
             slots = tuple(sorted(slots, key=lambda sl: sl.order)[-1:])
         vals = []
         for sl in slots:
-            sub = Ctx(block=sl.block, mode=sl.mode, extra=(("stage", stage), ("chunk", self.integer(sl.chunk))),
+            sub = Ctx(block=sl.block, mode=sl.mode,
+                      extra=(("stage", stage), ("chunk", self.integer(sl.chunk)), (_ORDER, (sl.order, ctx.overrides))),
                       outer=ctx.block, overrides=merge_overrides(sl.bindings, ctx.overrides))
             vals.append((sl, self.as_expr(self.eval(node.args[0], sub), node.loc)))
         if not vals:
@@ -515,6 +522,26 @@ class Walker:
         if len(distinct) == 1:
             return distinct[0]
         return self._layers_max(distinct, node.loc)
+
+    def _after(self, node: ast.Call, ctx: Ctx) -> Value:
+        """``layers_after(x)`` inside a ``layers_*`` argument: ``x`` summed over the stage's layer groups
+        after the one being visited, in forward order (count × x each); the stage's last group counts
+        itself once (its second-to-last layer has one layer of it after it)."""
+        extra = dict(ctx.extra)
+        visited, stage = extra.get(_ORDER), extra.get("stage")
+        if ctx.outer is None or visited is None:
+            raise MemformError(f"{AFTER}() needs the layer a layers_* reduction visits", node.loc)
+        order, outer_overrides = visited   # the reduction's own `where` replacements, not the visited layer's
+        slots = self.stage_layers[int(stage)]
+        last = max(sl.order for sl in slots)
+        vals = []
+        for sl in slots:
+            if sl.order > order or sl.order == order == last:
+                sub = Ctx(block=sl.block, mode=sl.mode, extra=(("stage", stage), ("chunk", self.integer(sl.chunk))),
+                          outer=ctx.outer, overrides=merge_overrides(sl.bindings, outer_overrides))
+                v = self.as_expr(self.eval(node.args[0], sub), node.loc)
+                vals.append(sl.count * v if sl.order > order else v)
+        return self.total(vals) if vals else self.zero
 
     def _e_Where(self, node: ast.Where, ctx: Ctx) -> Value:
         new = tuple((name, self.eval(e, ctx)) for name, e in node.bindings)

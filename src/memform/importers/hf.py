@@ -6,8 +6,8 @@ configuration classes of the model families below (``LlamaConfig``, ``MixtralCon
 ``Qwen2MoeConfig``, ``DeepseekV3Config``, ``GPT2Config``, ``GptOssConfig``, ``Glm4MoeConfig``,
 ``GPTNeoXConfig``, ``GraniteConfig``, ...) and THUDM's ``ChatGLMConfig`` (num_layers, multi_query_group_num,
 kv_channels, padded_vocab_size). Architectures memform cannot size (hybrid Mamba / linear attention, parallel
-blocks other than GPT-NeoX's, DBRX, OLMo-1, DeciLM / Nemotron-NAS per-layer ``block_configs``) stop the import
-with the field and what is missing.
+blocks other than GPT-NeoX's, DBRX, OLMo-1) stop the import with the field and what is missing. DeciLM /
+Nemotron-NAS per-layer blocks (``block_configs``, ``num_key_value_heads_per_layer``) are read by :mod:`.hf_nas`.
 
 Every field is read, listed in NEUTRAL with the reason it cannot change device memory (NEUTRAL_AT: only at
 the values listed), refused with the reason (REFUSED_FIELDS, UNSUPPORTED_*), or -- a field this module does
@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from ..errors import MemformError
-from . import hf_hybrid
+from . import hf_hybrid, hf_nas
 from .draft import Draft, Fields, describe, read_json
 
 TITLE = "Hugging Face config.json"
@@ -230,7 +230,6 @@ UNSUPPORTED_TYPES = {
     "qwen3_next": "Gated DeltaNet linear-attention layers (layer_types linear_attention) are not modelled",
     "mamba": "state-space (Mamba) layers are not modelled", "mamba2": "state-space (Mamba-2) layers are not modelled",
     "rwkv": "RWKV recurrent layers are not modelled",
-    "deci": "DeciLM's per-layer K/V groups (num_key_value_heads_per_layer) are not modelled",
     "minimax": "MiniMax-Text-01's lightning (linear) attention layers are not modelled",
     "minimax_m1": "MiniMax-M1's lightning (linear) attention layers (attn_type_list) are not modelled",
     "gemma3n": "Gemma-3n's AltUp / LAuReL blocks and per-layer input embeddings are not modelled",
@@ -245,12 +244,6 @@ UNSUPPORTED_TYPES = {
 #: fields that change the model's tensors in ways memform does not model: set (not empty / false), they stop
 #: the import with the reason
 REFUSED_FIELDS = {
-    # NVIDIA Llama-3.x-Nemotron (DeciLM, model_type nemotron-nas; its modeling_decilm.py): one entry per layer,
-    # attention no_op / replace_with_linear / n_heads_in_group, ffn no_op / replace_with_linear / ffn_mult.
-    # Counting the uniform model of the top-level fields gives Nemotron-Super-49B as an 88B model.
-    "block_configs": "heterogeneous per-layer blocks (DeciLM / Nemotron-NAS: layers without attention or with a "
-                     "linear replacement, per-layer FFN widths and K/V groups); memform models one decoder layer "
-                     "shape per stack (heterogeneous layers are issue 34)",
     # MiniMax-M1 / MiniMax-Text-01 (remote code): attn_type_list 0 = lightning (linear) attention, 1 = softmax
     "attn_type_list": "lightning (linear) attention layers (MiniMax-M1 / Text-01) are not modelled",
     # Qwen3.5 / Qwen3-Next Gated DeltaNet, Nemotron-H / Granite-4.0-H Mamba layers (besides model_type)
@@ -261,9 +254,6 @@ REFUSED_FIELDS = {
     "index_n_heads": "DeepSeek sparse attention's indexer (its own projections and norm per layer) is not modelled",
     # Qwen3-VL vision_config.deepstack_visual_indexes is read in _vision; a text model with per-layer FFN list:
     "intermediate_size_per_layer": "per-layer FFN widths are not modelled (one decoder layer shape per stack)",
-    # Deci/DeciLM-7B (model_type deci): variable grouped-query attention, one K/V head count per layer
-    "num_key_value_heads_per_layer": "per-layer K/V head counts (DeciLM variable GQA) are not modelled (one "
-                                     "decoder layer shape per stack)",
     "num_kv_heads_per_layer": "per-layer K/V head counts are not modelled (one decoder layer shape per stack)",
     # Gemma-3n (transformers Gemma3nTextConfig): AltUp, LAuReL and per-layer input embeddings
     "altup_num_inputs": "Gemma-3n's AltUp / LAuReL blocks and per-layer embeddings are not modelled",
@@ -370,6 +360,7 @@ def convert(path: Path, draft: Draft, given: set[str]) -> None:
     _architecture(cfg, draft, model_type)
     _moe(cfg, draft, model_type)
     _mla(cfg, draft)
+    hf_nas.convert(cfg, draft, model_type)   # DeciLM / Nemotron-NAS per-layer blocks (formulas/nas.mf)
     mtp = cfg.integer("num_nextn_predict_layers", 0, minimum=0)
     if mtp:
         draft.set("model.mtp_layers", mtp, "num_nextn_predict_layers")
@@ -403,8 +394,8 @@ def _neutral_at(fields: Fields, model_type: str) -> None:
 
 def _nulls(fields: Fields) -> set[str]:
     """Fields set to null: the configuration class's default applies, which is what the model-type rules
-    above assume (a null that means something else -- DeciLM's per-layer num_key_value_heads -- comes with a
-    refused field such as block_configs)."""
+    above assume (a null that means something else -- DeciLM's per-layer num_key_value_heads -- comes with
+    block_configs, read by hf_nas)."""
     return {k for k, v in fields.data.items() if v is None}
 
 
@@ -481,8 +472,6 @@ def _unsupported(cfg: Fields, model_type: str) -> None:
             continue
         if key == "attn_type_list" and isinstance(value, list) and 0 not in value:
             continue  # MiniMax-M2: every layer 1 (softmax attention) -- nothing but ordinary attention
-        if key == "block_configs" and isinstance(value, list):
-            why += _block_summary(value)
         raise cfg.error(key, f"is set: {why}; memform cannot size this model yet, and an import that skipped "
                              f"the field would be silently wrong")
     _neutral_at(cfg, model_type)
@@ -499,19 +488,6 @@ def _unsupported(cfg: Fields, model_type: str) -> None:
     if cfg.raw("fp32_residual_connection", False) is True:
         raise cfg.error("fp32_residual_connection", "is true: an fp32 residual stream is not modelled (memform "
                                                     "keeps the residual at the activation dtype)")
-
-
-def _block_summary(blocks: list) -> str:
-    """What a DeciLM ``block_configs`` list varies (for the refusal message)."""
-    def sub(block, part):
-        return block.get(part, {}) if isinstance(block, dict) and isinstance(block.get(part, {}), dict) else {}
-    no_attn = sum(1 for b in blocks
-                  if sub(b, "attention").get("no_op") or sub(b, "attention").get("replace_with_linear"))
-    mults = sorted({sub(b, "ffn").get("ffn_mult") for b in blocks} - {None})
-    text = f" -- here {len(blocks)} blocks, {no_attn} without attention (no_op / linear)"
-    if mults:
-        text += f", ffn_mult from {mults[0]} to {mults[-1]}"
-    return text
 
 
 def _activation(cfg: Fields, draft: Draft, model_type: str) -> None:

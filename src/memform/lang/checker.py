@@ -13,6 +13,7 @@ from ..errors import MemformError, did_you_mean
 from . import ast
 from .printer import print_expr
 from .program import (
+    AFTER,
     AGGREGATES,
     BUILTIN_FUNCS,
     LAYER_NAMES,
@@ -141,6 +142,15 @@ class _Checker:
                 shown = ("a literal zero" if isinstance(node.right, ast.Num)
                          else f"zero ('{print_expr(node.right)}' is 0)")
                 raise MemformError(f"{what} by {shown}", node.right.loc)
+            elif isinstance(node, ast.Call) and node.func == AFTER:
+                if not in_layers or where not in ("schedule", "runtime", "cost"):
+                    raise MemformError(f"{AFTER}() sums over the layers after the one a layers_* reduction visits: "
+                                       f"use it inside the argument of layers_sum/max/last (in a schedule, runtime "
+                                       f"or cost block)", node.loc)
+                if any(isinstance(n, ast.Call) and n.func in AGGREGATES + (AFTER,) for a in node.args for n in walk(a)):
+                    raise MemformError(f"{AFTER}() cannot hold another layers_* reduction", node.loc)
+                if len(node.args) != 1:
+                    raise MemformError(f"{AFTER}() takes 1 argument, got {len(node.args)}", node.loc)
             elif isinstance(node, ast.Call) and node.func in AGGREGATES:
                 if where not in ("schedule", "runtime", "cost"):
                     raise MemformError(f"{node.func}() reduces over the layers of a pipeline stage and can only be "

@@ -21,7 +21,7 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 #: whatever file defined it, instead of redefining it over a user's own block
 SUPER = "super"
 BUILTIN_FUNCS = {"ceil": 1, "floor": 1, "min": None, "max": None, "log2": 1, "abs": 1,
-                 "layers_sum": 1, "layers_max": 1, "layers_last": 1,
+                 "layers_sum": 1, "layers_max": 1, "layers_last": 1, "layers_after": 1,
                  "is_list": 1, "len": 1, "at": 2, "has": 2}
 #: functions on the list values of ``int | list`` options: whether a value is a list, its length,
 #: and its element at a 0-based index; and whether a ``set`` option holds a name: has(x, "name")
@@ -29,6 +29,10 @@ LIST_FUNCS = ("is_list", "len", "at", "has")
 #: reductions over the layers of the stage being evaluated (schedule blocks only): the argument
 #: is evaluated once per layer group, in that layer's block with its recompute mode and chunk
 AGGREGATES = ("layers_sum", "layers_max", "layers_last")
+#: inside a reduction's argument: ``x`` summed over the stage's layers after the group being visited
+#: (forward order; the stage's last group counts itself once) -- what a layer's backward no longer
+#: holds of the same micro-batch, the later layers' backward having freed it
+AFTER = "layers_after"
 SCHEDULE_NAMES = ("stage", "chunk")  # bound by the interpreter inside schedule blocks
 #: bound while a stack entry's ``if`` choice is evaluated: the layer's 0-based index among the body
 #: layers (among the entry's own layers for a ``first``/``last`` entry)

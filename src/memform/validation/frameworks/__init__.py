@@ -37,7 +37,8 @@ TITLES = {"activations_peak": "act.peak", "activations": "act", "optimizer": "op
 #: is dominated by the allocator's 2 MiB / 20 MiB segment sizes, which per-layer figures cannot resolve
 RESERVE_FROM = 2 ** 30
 #: framework name -> (module of this package, the package it needs)
-FRAMEWORKS: dict[str, tuple[str, str]] = {"hf": ("hf", "transformers"), "hf_hybrid": ("hf_hybrid", "transformers"),
+FRAMEWORKS: dict[str, tuple[str, str]] = {"hf": ("hf", "transformers"), "hf-nas": ("hf_nas", "transformers"),
+                                          "hf_hybrid": ("hf_hybrid", "transformers"),
                                           "titan": ("titan", "torchtitan"),
                                           "deepspeed": ("deepspeed", "deepspeed"), "mcore": ("mcore", "megatron.core")}
 

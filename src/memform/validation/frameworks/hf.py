@@ -83,6 +83,12 @@ class HFCase:
             kw.update(num_local_experts=self.experts, num_experts_per_tok=self.top_k)
         return AutoConfig.for_model(self.model, **kw)
 
+    def build_model(self, dtype: Any) -> Any:
+        """transformers' own model of the case (random weights, no download)."""
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_config(self.hf_config(), attn_implementation=self.attn, dtype=dtype)
+
     # ---- memform's side: the same config.json through `memform import hf` -------------------------
     def overrides(self) -> dict[str, Any]:
         """The training set-up as ``memform import hf --set`` keys (the hf-trainer profile's)."""
@@ -151,12 +157,10 @@ def measure(case: HFCase, seed: int = 0) -> Step:
 
 def _step(case: HFCase, seed: int) -> Step:
     import torch
-    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float32
-    cfg = case.hf_config()
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=case.attn, dtype=dtype)
+    model = case.build_model(dtype)   # hf_nas.NASCase builds its heterogeneous layers here
     if case.device != "cpu":
         model = model.to(case.device)
     model.train()
