@@ -203,7 +203,7 @@ def test_hybrid_step_matches(which):
         assert row.estimated[cat] == row.measured[cat]
     # AdamW's states: + one 4-byte step counter per parameter tensor (torch/optim/adamw.py _init_group)
     assert 0 < row.measured["optimizer"] - row.estimated["optimizer"] < 4 * 64
-    # measured: within 0.3 % (forward end) and 1.5 % (peak); the thresholds are 10 %
+    # measured: within 0.3 % (forward end) and 1.8 % (peak); the thresholds are 10 %
     assert abs(row.error("activations")) < 0.01 and abs(row.error("activations_peak")) < 0.02
 
 
