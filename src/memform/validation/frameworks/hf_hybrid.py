@@ -75,6 +75,65 @@ def measure(case: HybridCase, seed: int = 0) -> Step:
     return hf.measure(case, seed)
 
 
+# ---- what each layer's forward saves ---------------------------------------------------------------
+def per_layer(case: HybridCase, seed: int = 0) -> list[int]:
+    """Bytes autograd saves for backward during each decoder layer's forward (distinct storages first saved
+    inside that layer, parameters left out; the layer's input, saved by its norm, is the previous layer's
+    output and counts here, as mamba.mf's norm.act counts it). Without checkpointing. One entry per
+    transformers decoder layer: a NemotronHBlock (one symbol), a GraniteMoeHybridDecoderLayer (two)."""
+    import contextlib
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float32
+    model = AutoModelForCausalLM.from_config(case.hf_config(), attn_implementation=case.attn, dtype=dtype)
+    model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    current = [-1]
+    seen: set[int] = set()
+    saved = [0] * len(model.model.layers)
+
+    def pack(t: Any) -> Any:
+        st = t.untyped_storage()
+        key = st.data_ptr() or id(st)
+        if current[0] >= 0 and key not in seen and key not in params:
+            seen.add(key)
+            saved[current[0]] += st.nbytes()
+        return t
+
+    for i, layer in enumerate(model.model.layers):
+        layer.register_forward_pre_hook(lambda _m, _a, i=i: current.__setitem__(0, i))
+        layer.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, -1))
+    ids = torch.randint(0, case.vocab, (case.b, case.s))
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if case.dtype == "amp-bf16"
+                else contextlib.nullcontext())
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        model(input_ids=ids, labels=ids).loss
+    return saved
+
+
+def estimated_per_layer(case: HybridCase) -> list[int]:
+    """mamba.mf's ``act`` (no recompute) of each transformers decoder layer of ``case`` (Granite: the sum of
+    its mixer and MoE sublayers)."""
+    from ...engine.model import load_model, stack_items
+
+    model = load_model(case.memform_config(), {"training.recompute": "none"})
+    ev = model.evaluator(keep=frozenset())
+    out: list[int] = []
+    for item in stack_items(model, ev):
+        if item.block in ("embedding", "output") or item.count_value == 0:
+            continue
+        q = model.program.pick(item.block, "act", "none")
+        value = ev.number(ev.as_expr(ev.quantity(item.block, "act", "none", overrides=item.bindings), q.loc),
+                          q.loc, f"{item.block}.act")
+        out += [int(value)] * item.count_value
+    if case.model == "granitemoehybrid":
+        out = [out[i] + out[i + 1] for i in range(0, len(out), 2)]
+    return out
+
+
 BASE = HybridCase(h=64, heads=4, kv_heads=2, ffn=128, vocab=512, b=2, s=256)
 #: Granite-4.0-H's decoder layer (a Mamba-2 or attention mixer, then the MoE block with the shared MLP)
 GRANITE = replace(BASE, model="granitemoehybrid", pattern="M*M", ffn=32, experts=4, top_k=2)
