@@ -189,14 +189,14 @@ def test_importer_refuses_what_it_cannot_size(tmp_path, extra, words):
 
 # ---- transformers' NemotronH on the CPU as the ground truth ---------------------------------------------
 
-@pytest.mark.parametrize("which", ["fp32", "gc amp-bf16", "granite gc fp32"])
+@pytest.mark.parametrize("which", ["fp32", "gc amp-bf16", "granite gc fp32", "falcon amp-bf16"])
 def test_hybrid_step_matches(which):
     pytest.importorskip("transformers")
     from memform.validation import frameworks
     from memform.validation.frameworks import hf_hybrid
 
-    case = {("granite " if c.model != "nemotron_h" else "") + c.label().split(" s256 sdpa ")[-1]: c
-            for c in hf_hybrid.quick_sweep()}[which]
+    prefix = {"nemotron_h": "", "granitemoehybrid": "granite ", "falcon_h1": "falcon "}
+    case = {prefix[c.model] + c.label().split(" s256 sdpa ")[-1]: c for c in hf_hybrid.quick_sweep()}[which]
     row = frameworks.compare(case, hf_hybrid)
     assert row.failures() == []
     for cat in ("params", "grads"):
@@ -271,15 +271,35 @@ def test_megatron_hybrid_refusals(tmp_path, extra, words):
         import_config("megatron", path, Options())
 
 
-@pytest.mark.parametrize("which", ["nemotron_h", "granite"])
+@pytest.mark.parametrize("which", ["nemotron_h", "granite", "falcon"])
 def test_each_layer_saves_what_mamba_mf_says(which):
     # what autograd saves inside each transformers decoder layer (saved_tensors_hooks) against each layer's
     # act: NemotronH's M, *, -, M layers within 0.05 %, Granite's mixer + MoE pairs within 0.8 % (measured)
     pytest.importorskip("transformers")
     from memform.validation.frameworks import hf_hybrid
 
-    case = hf_hybrid.BASE if which == "nemotron_h" else hf_hybrid.GRANITE
+    case = {"nemotron_h": hf_hybrid.BASE, "granite": hf_hybrid.GRANITE, "falcon": hf_hybrid.FALCON}[which]
     measured, estimated = hf_hybrid.per_layer(case), hf_hybrid.estimated_per_layer(case)
     assert len(measured) == len(estimated) == len(case.pattern)
     for m, e in zip(measured, estimated):
         assert abs(e / m - 1) < 0.01
+
+
+@pytest.mark.parametrize("extra", [
+    {},   # FalconH1Config's defaults: 32 layers, h 4096, mamba_d_ssm 1024 over 128 heads, no gated norm
+    {"num_hidden_layers": 4, "hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+     "intermediate_size": 2048, "mamba_d_ssm": 1536, "mamba_n_heads": 24, "mamba_n_groups": 2, "mamba_rms_norm": True,
+     "projectors_bias": True, "tie_word_embeddings": True, "vocab_size": 32768},
+])
+def test_falcon_h1_counts_as_transformers_builds_it(tmp_path, extra):
+    # no released Falcon-H1 config.json with a published total was at hand: the count is held to
+    # transformers' FalconH1ForCausalLM built from the same config.json on the meta device
+    transformers = pytest.importorskip("transformers")
+    import torch
+    cfg = transformers.AutoConfig.for_model("falcon_h1", **extra)
+    with torch.device("meta"):
+        built = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(cfg).parameters())
+    cfg.save_pretrained(tmp_path)
+    draft = import_hf(tmp_path / "config.json")
+    assert draft.load_error is None and draft.unread == []
+    assert total_params(draft.config()) == built

@@ -12,6 +12,9 @@ mamba_hybrid_layer_allocation.py`` Symbols: ``M`` Mamba-2, ``*`` attention, ``-`
   GraniteMoeHybridDecoderLayer is a Mamba-2 or attention mixer after ``input_layernorm``, then the MoE block
   (router, gated experts) plus the always-on ``shared_mlp`` after ``post_attention_layernorm``: two memform
   sublayers, ``ME`` or ``*E`` (``M-`` / ``*-`` with the shared MLP alone when num_local_experts is 0).
+- ``falcon_h1`` (transformers ``FalconH1Config``; TII Falcon-H1): every FalconH1DecoderLayer runs the Mamba-2
+  mixer and the attention side by side after ``input_layernorm`` (mamba.mf's ``P``), then the gated MLP
+  after ``pre_ff_layernorm`` (``-``): ``P-`` per layer.
 
 Every field is read, listed in :data:`NEUTRAL` (or :data:`hf.NEUTRAL`) with the reason it cannot change
 device memory, or refused with the reason; an unknown field is refused at the end unless ``--accept``
@@ -26,7 +29,7 @@ from ..errors import MemformError
 from .draft import Draft, Fields, describe
 
 #: the model types this module imports (hf.convert hands them over)
-MODEL_TYPES = frozenset({"nemotron_h", "granitemoehybrid"})
+MODEL_TYPES = frozenset({"nemotron_h", "granitemoehybrid", "falcon_h1"})
 
 #: NemotronHConfig._list_to_pattern: the layer-type names of layers_block_type and their symbols
 NEMOTRON_KINDS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*",
@@ -65,6 +68,8 @@ def convert(cfg: Fields, draft: Draft, given, model_type: str, hf) -> None:  # n
         _nemotron_h(cfg, draft, given, hf)
     elif model_type == "granitemoehybrid":
         _granite(cfg, draft, given, hf)
+    elif model_type == "falcon_h1":
+        _falcon_h1(cfg, draft, given, hf)
     neutral = set(hf.NEUTRAL) | set(NEUTRAL) | {k for k in cfg.data if isinstance(k, str) and k.endswith("_token_id")}
     neutral |= {k for k, v in cfg.data.items() if v is None}
     draft.refuse_unused(cfg, neutral)
@@ -303,4 +308,81 @@ def _granite(cfg: Fields, draft: Draft, given, hf) -> None:  # noqa: ANN001
     if heads % groups:
         raise cfg.error("mamba_n_groups", f"{groups} does not divide mamba_n_heads {heads}")
     for key in ("num_hidden_layers", "max_position_embeddings", "model_type"):
+        cfg.used.add(key)
+
+
+_MUP = "a muP multiplier: scales a tensor (transformers FalconH1 makes a scaled copy where one is kept, counted)"
+#: FalconH1Config fields that move no training memory beyond what mamba.mf's P layer counts
+NEUTRAL_FALCON_H1 = {
+    "lm_head_multiplier": _MUP, "embedding_multiplier": _MUP, "mlp_multipliers": _MUP, "key_multiplier": _MUP,
+    "attention_out_multiplier": _MUP, "attention_in_multiplier": _MUP + " (the attention's own input copy)",
+    "ssm_multipliers": _MUP + " (the mup_vector product is zxbcdt itself)",
+    "ssm_in_multiplier": _MUP + " (the mixer's own input copy)", "ssm_out_multiplier": _MUP,
+    "mamba_norm_before_gate": "the gated norm's order (read with mamba_rms_norm: without the norm there is none)",
+    "attn_layer_indices": "null in Falcon-H1's configs (every layer has attention)",
+}
+
+
+def _falcon_h1(cfg: Fields, draft: Draft, given, hf) -> None:  # noqa: ANN001
+    """transformers FalconH1Config / modeling_falcon_h1.py (TII Falcon-H1)."""
+    cfg.used.update(NEUTRAL_FALCON_H1)
+    if cfg.raw("attn_layer_indices") not in (None, []):
+        raise cfg.error("attn_layer_indices", "is set: Falcon-H1 layers without attention are not mapped")
+    layers = cfg.integer("num_hidden_layers")
+    h = cfg.integer("hidden_size")
+    a = cfg.integer("num_attention_heads")
+    draft.set("model.hidden_size", h)
+    draft.set("model.num_heads", a, "num_attention_heads")
+    draft.set("model.num_kv_heads", cfg.integer("num_key_value_heads", a), "num_key_value_heads")
+    draft.set("model.num_layers", 2 * layers, f"{layers} FalconH1DecoderLayers, two sublayers each (Mamba-2 and "
+                                              f"attention side by side, then the MLP), each after its own norm")
+    draft.set("model.hybrid_pattern", "P-" * layers, "FalconH1DecoderLayer: P (mamba ∥ self_attn), then - (MLP)")
+    draft.set("model.hybrid_ffn_paired", True, "the MLP runs in the mixers' FalconH1DecoderLayer (one checkpoint)")
+    head_dim = cfg.integer("head_dim", None)
+    if head_dim is not None and head_dim * a != h:
+        draft.set("model.head_dim", head_dim, f"head_dim (× {a} heads = {head_dim * a}, not hidden_size {h})")
+    elif head_dim is None and h % a:
+        raise MemformError(f"{cfg.file}: hidden_size {h} is not a multiple of num_attention_heads {a} and there "
+                           f"is no 'head_dim' field")
+    draft.set("model.ffn_hidden_size", cfg.integer("intermediate_size", 14336), "intermediate_size")
+    draft.set("model.vocab_size", cfg.integer("vocab_size"))
+    hf._seq_length(cfg, draft, "falcon_h1", given)
+    act = cfg.string("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise cfg.error("hidden_act", f"is {act!r}: FalconH1's gated MLP and the conv's activation are mapped with "
+                                      f"SiLU only")
+    draft.set("model.activation", "swiglu", f"hidden_act {act}: FalconH1MLP gate_proj, up_proj, down_proj")
+    draft.set("model.norm", "rmsnorm", "FalconH1RMSNorm")
+    draft.set("model.position_embedding", "rope", "rotary: no position parameters")
+    biases = {k: cfg.boolean(k, False) for k in ("attention_bias", "mlp_bias")}
+    if biases["attention_bias"] != biases["mlp_bias"]:
+        raise cfg.error("attention_bias", "differs from mlp_bias: memform's model.bias covers both together")
+    draft.set("model.bias", biases["attention_bias"], "attention_bias / mlp_bias")
+    draft.set("model.dropout", bool(cfg.number("attention_dropout", 0)), "attention_dropout")
+    draft.set("model.tied_embeddings", cfg.boolean("tie_word_embeddings", False), "tie_word_embeddings")
+    heads = cfg.integer("mamba_n_heads", 128)
+    d_ssm = cfg.integer("mamba_d_ssm", None)
+    d_inner = d_ssm if d_ssm is not None else cfg.integer("mamba_expand", 2) * h
+    cfg.used.update(("mamba_d_ssm", "mamba_expand"))
+    if d_inner % heads:
+        raise cfg.error("mamba_n_heads", f"{heads} does not divide the mixer's width {d_inner} (mamba_d_ssm)")
+    pdim = cfg.raw("mamba_d_head", "auto")
+    if pdim not in ("auto", None) and cfg.integer("mamba_d_head") * heads != d_inner:
+        raise cfg.error("mamba_d_head", f"× mamba_n_heads is not mamba_d_ssm {d_inner}")
+    cfg.used.add("mamba_d_head")
+    groups = cfg.integer("mamba_n_groups", 1)
+    if heads % groups:
+        raise cfg.error("mamba_n_groups", f"{groups} does not divide mamba_n_heads {heads}")
+    draft.set("model.mamba_num_heads", heads, "mamba_n_heads")
+    draft.set("model.mamba_head_dim", d_inner // heads, f"mamba_d_ssm {d_inner} / mamba_n_heads {heads}")
+    draft.set("model.mamba_num_groups", groups, "mamba_n_groups")
+    draft.set("model.mamba_state_dim", cfg.integer("mamba_d_state", 256), "mamba_d_state")
+    draft.set("model.mamba_conv_kernel", cfg.integer("mamba_d_conv", 4), "mamba_d_conv")
+    draft.set("model.mamba_chunk_size", cfg.integer("mamba_chunk_size", 256), "mamba_chunk_size")
+    draft.set("model.mamba_conv_bias", cfg.boolean("mamba_conv_bias", True), "mamba_conv_bias")
+    draft.set("model.mamba_proj_bias", cfg.boolean("mamba_proj_bias", False), "mamba_proj_bias (in_proj)")
+    draft.set("model.mamba_out_proj_bias", cfg.boolean("projectors_bias", False), "projectors_bias (out_proj)")
+    draft.set("model.mamba_gated_norm", cfg.boolean("mamba_rms_norm", False), "mamba_rms_norm")
+    draft.set("model.mamba_mup_vector", True, "FalconH1Mixer: in_proj's output × mup_vector (an fp32 buffer)")
+    for key in ("num_hidden_layers", "max_position_embeddings", "model_type", "head_dim"):
         cfg.used.add(key)

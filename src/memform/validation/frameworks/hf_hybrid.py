@@ -1,6 +1,7 @@
 """Hugging Face transformers' hybrid Mamba-2 models as the ground truth (issue 34): NemotronH (Mamba-2,
-attention and MLP layers, one symbol of ``hybrid_override_pattern`` each) and GraniteMoeHybrid (Granite-4.0-H:
-a Mamba-2 or attention mixer, then a MoE block with a shared MLP, per decoder layer) trained one step on the CPU.
+attention and MLP layers, one symbol of ``hybrid_override_pattern`` each), GraniteMoeHybrid (Granite-4.0-H:
+a Mamba-2 or attention mixer, then a MoE block with a shared MLP, per decoder layer) and FalconH1 (Mamba-2 and
+attention side by side, then an MLP, per decoder layer) trained one step on the CPU.
 
 The step is :mod:`.hf`'s (``Trainer.training_step`` as transformers 5 writes it, traced per category);
 the model is transformers' own ``NemotronHForCausalLM`` built from a config of ``NemotronHConfig``, and
@@ -20,7 +21,7 @@ from . import hf
 from .hf import Step
 
 #: transformers' config class keywords of each model type the harness builds
-MODEL_TYPES = ("nemotron_h", "granitemoehybrid")
+MODEL_TYPES = ("nemotron_h", "granitemoehybrid", "falcon_h1")
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,23 @@ class HybridCase(hf.HFCase):
     def label(self) -> str:
         return (f"hf {self.model} {self.pattern} h{self.h} a{self.heads}/{self.kv_heads} "
                 f"ssm{self.mamba_heads}x{self.mamba_head_dim}/g{self.groups}/n{self.state}/q{self.chunk} "
-                f"{f'moe{self.experts}x{self.top_k} ' if self.model != 'nemotron_h' else ''}"
+                f"{f'moe{self.experts}x{self.top_k} ' if self.model == 'granitemoehybrid' else ''}"
+                f"{('gated-norm ' if self.experts == 1 else '') if self.model == 'falcon_h1' else ''}"
                 f"b{self.b} s{self.s} {self.attn}{' gc' if self.gc else ''} {self.dtype}")
 
     def hf_config(self) -> Any:
         from transformers import AutoConfig
 
+        if self.model == "falcon_h1":
+            # FalconH1DecoderLayer: Mamba-2 and attention side by side, then the MLP (pattern: one P per layer)
+            return AutoConfig.for_model(
+                self.model, hidden_size=self.h, num_hidden_layers=len(self.pattern), num_attention_heads=self.heads,
+                num_key_value_heads=self.kv_heads, head_dim=self.head_dim or self.h // self.heads,
+                intermediate_size=self.ffn, vocab_size=self.vocab, max_position_embeddings=self.s,
+                tie_word_embeddings=False, use_cache=False, mamba_n_heads=self.mamba_heads,
+                mamba_d_ssm=self.mamba_heads * self.mamba_head_dim, mamba_d_head=self.mamba_head_dim,
+                mamba_n_groups=self.groups, mamba_d_state=self.state, mamba_chunk_size=self.chunk,
+                mamba_rms_norm=self.experts == 1)
         if self.model == "granitemoehybrid":
             # GraniteMoeHybridDecoderLayer: a Mamba-2 or attention mixer, then the MoE block + shared MLP
             return AutoConfig.for_model(
@@ -129,12 +141,15 @@ def estimated_per_layer(case: HybridCase) -> list[int]:
         value = ev.number(ev.as_expr(ev.quantity(item.block, "act", "none", overrides=item.bindings), q.loc),
                           q.loc, f"{item.block}.act")
         out += [int(value)] * item.count_value
-    if case.model == "granitemoehybrid":
+    if case.model in ("granitemoehybrid", "falcon_h1"):
         out = [out[i] + out[i + 1] for i in range(0, len(out), 2)]
     return out
 
 
 BASE = HybridCase(h=64, heads=4, kv_heads=2, ffn=128, vocab=512, b=2, s=256)
+#: Falcon-H1's decoder layer (Mamba-2 and attention side by side, then the MLP); experts=1 turns the mixer's
+#: gated RMSNorm on (mamba_rms_norm), off by default as in Falcon-H1's configs
+FALCON = replace(BASE, model="falcon_h1", pattern="PP", experts=0)
 #: Granite-4.0-H's decoder layer (a Mamba-2 or attention mixer, then the MoE block with the shared MLP)
 GRANITE = replace(BASE, model="granitemoehybrid", pattern="M*M", ffn=32, experts=4, top_k=2)
 
@@ -150,9 +165,12 @@ def sweep() -> list[HybridCase]:
               replace(BASE, pattern="M", b=1, s=512, chunk=128)]
     cases += [replace(GRANITE, dtype=dtype) for dtype in hf.DTYPES]
     cases += [replace(GRANITE, gc=True), replace(GRANITE, gc=True, dtype="amp-bf16"), replace(GRANITE, experts=0)]
+    cases += [replace(FALCON, dtype=dtype) for dtype in hf.DTYPES]
+    cases += [replace(FALCON, experts=1), replace(FALCON, gc=True), replace(FALCON, gc=True, dtype="amp-bf16"),
+              replace(FALCON, attn="eager")]
     return cases
 
 
 def quick_sweep() -> list[HybridCase]:
     """The subset the test suite runs."""
-    return [BASE, replace(BASE, gc=True, dtype="amp-bf16"), replace(GRANITE, gc=True)]
+    return [BASE, replace(BASE, gc=True, dtype="amp-bf16"), replace(GRANITE, gc=True), replace(FALCON, dtype="amp-bf16")]
