@@ -303,3 +303,25 @@ def test_falcon_h1_counts_as_transformers_builds_it(tmp_path, extra):
     draft = import_hf(tmp_path / "config.json")
     assert draft.load_error is None and draft.unread == []
     assert total_params(draft.config()) == built
+
+
+def test_bamba_counts_as_transformers_builds_it(tmp_path):
+    # IBM Bamba (BambaDecoderLayer: Mamba-2 or, at attn_layer_indices, attention; then a gated MLP): held to
+    # transformers' BambaForCausalLM built on the meta device (no released config.json with a total at hand)
+    transformers = pytest.importorskip("transformers")
+    import torch
+    cfg = transformers.AutoConfig.for_model("bamba", num_hidden_layers=6, attn_layer_indices=[2, 5], hidden_size=512,
+                                            num_attention_heads=8, num_key_value_heads=2, intermediate_size=1024,
+                                            vocab_size=1000, mamba_n_heads=16, mamba_d_state=64)
+    with torch.device("meta"):
+        built = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(cfg).parameters())
+    cfg.save_pretrained(tmp_path)
+    draft = import_hf(tmp_path / "config.json")
+    assert draft.config()["model"]["hybrid_pattern"] == "M-M-*-M-M-*-"
+    assert total_params(draft.config()) == built == 18_392_256
+
+
+def test_jamba_is_refused_with_the_reason(tmp_path):
+    with pytest.raises(memform.MemformError, match="Mamba-1"):
+        import_hf(write_json(tmp_path, {"model_type": "jamba", "hidden_size": 64, "num_attention_heads": 4,
+                                        "num_hidden_layers": 2, "vocab_size": 100}))

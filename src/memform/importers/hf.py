@@ -237,9 +237,7 @@ UNSUPPORTED_TYPES = {
     "deepseek_v32": "DeepSeek-V3.2's sparse-attention indexer (index_n_heads, index_head_dim) is not modelled",
     "qwen3_5": "Gated DeltaNet linear-attention layers (layer_types linear_attention) are not modelled",
     "qwen3_5_moe": "Gated DeltaNet linear-attention layers (layer_types linear_attention) are not modelled",
-    "jamba": "hybrid Mamba / attention layers are not modelled", "bamba": "hybrid Mamba-2 / attention layers are "
-                                                                         "not modelled",
-    "falcon_h1": "hybrid Mamba-2 / attention layers are not modelled",
+    "jamba": "Jamba's Mamba-1 mixers (x_proj, dt_proj, A of d_inner × N) are not modelled (mamba.mf models Mamba-2)",
 }
 #: fields that change the model's tensors in ways memform does not model: set (not empty / false), they stop
 #: the import with the reason

@@ -12,6 +12,8 @@ mamba_hybrid_layer_allocation.py`` Symbols: ``M`` Mamba-2, ``*`` attention, ``-`
   GraniteMoeHybridDecoderLayer is a Mamba-2 or attention mixer after ``input_layernorm``, then the MoE block
   (router, gated experts) plus the always-on ``shared_mlp`` after ``post_attention_layernorm``: two memform
   sublayers, ``ME`` or ``*E`` (``M-`` / ``*-`` with the shared MLP alone when num_local_experts is 0).
+- ``bamba`` (transformers ``BambaConfig``; IBM Bamba): a Mamba-2 or (at ``attn_layer_indices``) attention
+  mixer, then a gated MLP, per BambaDecoderLayer: ``M-`` / ``*-``.
 - ``falcon_h1`` (transformers ``FalconH1Config``; TII Falcon-H1): every FalconH1DecoderLayer runs the Mamba-2
   mixer and the attention side by side after ``input_layernorm`` (mamba.mf's ``P``), then the gated MLP
   after ``pre_ff_layernorm`` (``-``): ``P-`` per layer.
@@ -29,7 +31,7 @@ from ..errors import MemformError
 from .draft import Draft, Fields, describe
 
 #: the model types this module imports (hf.convert hands them over)
-MODEL_TYPES = frozenset({"nemotron_h", "granitemoehybrid", "falcon_h1"})
+MODEL_TYPES = frozenset({"nemotron_h", "granitemoehybrid", "falcon_h1", "bamba"})
 
 #: NemotronHConfig._list_to_pattern: the layer-type names of layers_block_type and their symbols
 NEMOTRON_KINDS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*",
@@ -70,6 +72,8 @@ def convert(cfg: Fields, draft: Draft, given, model_type: str, hf) -> None:  # n
         _granite(cfg, draft, given, hf)
     elif model_type == "falcon_h1":
         _falcon_h1(cfg, draft, given, hf)
+    elif model_type == "bamba":
+        _bamba(cfg, draft, given, hf)
     neutral = set(hf.NEUTRAL) | set(NEUTRAL) | {k for k in cfg.data if isinstance(k, str) and k.endswith("_token_id")}
     neutral |= {k for k, v in cfg.data.items() if v is None}
     draft.refuse_unused(cfg, neutral)
@@ -284,6 +288,14 @@ def _granite(cfg: Fields, draft: Draft, given, hf) -> None:  # noqa: ANN001
         draft.set("model.ffn_hidden_size", shared, "shared_intermediate_size: the shared_mlp is the layer's MLP")
         cfg.used.add("intermediate_size")
     cfg.used.update(("num_local_experts", "num_experts_per_tok", "intermediate_size", "shared_intermediate_size"))
+    _mamba2_ibm(cfg, draft, h)
+    for key in ("num_hidden_layers", "max_position_embeddings", "model_type"):
+        cfg.used.add(key)
+
+
+def _mamba2_ibm(cfg: Fields, draft: Draft, h: int) -> None:
+    """The Mamba-2 fields of IBM's hybrids (GraniteMoeHybridMambaLayer, BambaMixer: d_inner = mamba_expand ×
+    hidden_size over mamba_n_heads heads of mamba_d_head, "auto" = d_inner / heads)."""
     heads = cfg.integer("mamba_n_heads", 128)
     expand = cfg.integer("mamba_expand", 2)
     d_inner = expand * h
@@ -307,8 +319,6 @@ def _granite(cfg: Fields, draft: Draft, given, hf) -> None:  # noqa: ANN001
     draft.set("model.mamba_proj_bias", cfg.boolean("mamba_proj_bias", False), "mamba_proj_bias")
     if heads % groups:
         raise cfg.error("mamba_n_groups", f"{groups} does not divide mamba_n_heads {heads}")
-    for key in ("num_hidden_layers", "max_position_embeddings", "model_type"):
-        cfg.used.add(key)
 
 
 _MUP = "a muP multiplier: scales a tensor (transformers FalconH1 makes a scaled copy where one is kept, counted)"
@@ -385,4 +395,47 @@ def _falcon_h1(cfg: Fields, draft: Draft, given, hf) -> None:  # noqa: ANN001
     draft.set("model.mamba_gated_norm", cfg.boolean("mamba_rms_norm", False), "mamba_rms_norm")
     draft.set("model.mamba_mup_vector", True, "FalconH1Mixer: in_proj's output × mup_vector (an fp32 buffer)")
     for key in ("num_hidden_layers", "max_position_embeddings", "model_type", "head_dim"):
+        cfg.used.add(key)
+
+
+def _bamba(cfg: Fields, draft: Draft, given, hf) -> None:  # noqa: ANN001
+    """transformers BambaConfig / modeling_bamba.py (IBM Bamba): BambaDecoderLayer = input_layernorm, a BambaMixer
+    or (layer index in attn_layer_indices) BambaAttention, then pre_ff_layernorm and a gated BambaMLP."""
+    layers = cfg.integer("num_hidden_layers")
+    attn = cfg.raw("attn_layer_indices") or []
+    if not isinstance(attn, list) or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers
+                                         for i in attn):
+        raise cfg.error("attn_layer_indices", f"must list layer indices below num_hidden_layers {layers}")
+    cfg.used.add("attn_layer_indices")
+    if cfg.number("z_loss_coefficient", 0):
+        raise cfg.error("z_loss_coefficient", "is set: the z-loss's logsumexp over the logits is not modelled")
+    cfg.used.add("z_loss_coefficient")
+    h = cfg.integer("hidden_size")
+    a = cfg.integer("num_attention_heads")
+    if h % a:
+        raise MemformError(f"{cfg.file}: hidden_size {h} is not a multiple of num_attention_heads {a}")
+    draft.set("model.hidden_size", h)
+    draft.set("model.num_heads", a, "num_attention_heads")
+    draft.set("model.num_kv_heads", cfg.integer("num_key_value_heads", a), "num_key_value_heads")
+    draft.set("model.num_layers", 2 * layers, f"{layers} BambaDecoderLayers, two sublayers each (mixer, then MLP)")
+    draft.set("model.hybrid_pattern", "".join(("*" if i in attn else "M") + "-" for i in range(layers)),
+              "attn_layer_indices: * there, M elsewhere, each followed by its MLP (-)")
+    draft.set("model.hybrid_ffn_paired", True, "the MLP runs in the mixer's BambaDecoderLayer (one checkpoint)")
+    draft.set("model.ffn_hidden_size", cfg.integer("intermediate_size", 14336), "intermediate_size")
+    draft.set("model.vocab_size", cfg.integer("vocab_size"))
+    hf._seq_length(cfg, draft, "bamba", given)
+    act = cfg.string("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise cfg.error("hidden_act", f"is {act!r}: Bamba's gated MLP is mapped with SiLU only")
+    draft.set("model.activation", "swiglu", f"hidden_act {act}: BambaMLP gate_proj, up_proj, down_proj")
+    draft.set("model.norm", "rmsnorm", "BambaRMSNorm")
+    draft.set("model.position_embedding", "rope", "rotary: no position parameters")
+    biases = {k: cfg.boolean(k, False) for k in ("attention_bias", "mlp_bias")}
+    if biases["attention_bias"] != biases["mlp_bias"]:
+        raise cfg.error("attention_bias", "differs from mlp_bias: memform's model.bias covers both together")
+    draft.set("model.bias", biases["attention_bias"], "attention_bias / mlp_bias")
+    draft.set("model.dropout", bool(cfg.number("attention_dropout", 0)), "attention_dropout")
+    draft.set("model.tied_embeddings", cfg.boolean("tie_word_embeddings", False), "tie_word_embeddings")
+    _mamba2_ibm(cfg, draft, h)
+    for key in ("max_position_embeddings", "model_type"):
         cfg.used.add(key)
