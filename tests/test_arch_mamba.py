@@ -1,6 +1,8 @@
-"""Hybrid Mamba-2 stacks (formulas/mamba.mf, issue 34): published parameter totals through the hf importer,
-the mixer's parameters and activations by hand, TP sharding, the pattern's checks, and one real transformers
-NemotronH training step on the CPU against the formulas (memform.validation.frameworks.hf_hybrid)."""
+"""Hybrid Mamba-2 stacks (formulas/mamba.mf, issue 34): published parameter totals through the hf importer
+(Nemotron-Nano-9B-v2, Nemotron-H-8B, Granite-4.0-H-Small; Falcon-H1 and Bamba against transformers' own modules),
+the mixer's parameters and activations by hand, TP sharding, the pattern's checks, Megatron-LM's hybrid flags,
+and real transformers training steps on the CPU against the formulas, whole and layer by layer
+(memform.validation.frameworks.hf_hybrid: NemotronH, GraniteMoeHybrid, FalconH1)."""
 
 from __future__ import annotations
 
