@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from ..errors import MemformError
-from . import hf_linear, hf_nas
+from . import hf_hybrid, hf_linear, hf_nas
 from .draft import Draft, Fields, describe, read_json
 
 TITLE = "Hugging Face config.json"
@@ -229,8 +229,6 @@ UNSUPPORTED_TYPES = {
     "RefinedWebModel": "Falcon-7B's original RefinedWebModel decoder (parallel attention and MLP) is not modelled",
     "olmo": "OLMo-1's non-parametric LayerNorms (transformers OlmoLayerNorm: no weight, no bias) are not "
             "modelled",
-    "nemotron_h": "hybrid Mamba-2 / attention layers (hybrid_override_pattern) are not modelled",
-    "granitemoehybrid": "hybrid Mamba-2 / attention layers (layer_types) are not modelled",
     "mamba": "state-space (Mamba) layers are not modelled", "mamba2": "state-space (Mamba-2) layers are not modelled",
     "rwkv": "RWKV recurrent layers are not modelled",
     "minimax": "MiniMax-Text-01's lightning (linear) attention layers are not modelled",
@@ -238,9 +236,7 @@ UNSUPPORTED_TYPES = {
     "gemma3n": "Gemma-3n's AltUp / LAuReL blocks and per-layer input embeddings are not modelled",
     "glm_moe_dsa": "DeepSeek sparse attention's indexer (index_n_heads, index_head_dim) is not modelled",
     "deepseek_v32": "DeepSeek-V3.2's sparse-attention indexer (index_n_heads, index_head_dim) is not modelled",
-    "jamba": "hybrid Mamba / attention layers are not modelled", "bamba": "hybrid Mamba-2 / attention layers are "
-                                                                         "not modelled",
-    "falcon_h1": "hybrid Mamba-2 / attention layers are not modelled",
+    "jamba": "Jamba's Mamba-1 mixers (x_proj, dt_proj, A of d_inner × N) are not modelled (mamba.mf models Mamba-2)",
 }
 #: fields that change the model's tensors in ways memform does not model: set (not empty / false), they stop
 #: the import with the reason
@@ -292,6 +288,9 @@ def convert(path: Path, draft: Draft, given: set[str]) -> None:
     draft.header.append(f"model_type: {model_type or 'not stated'}")
     if name:
         draft.set("name", name.rstrip("/").split("/")[-1], "from _name_or_path")
+    if model_type in hf_hybrid.MODEL_TYPES:  # hybrid Mamba-2 stacks: mamba.mf (issue 34)
+        import sys
+        return hf_hybrid.convert(cfg, draft, given, model_type, sys.modules[__name__])
 
     _unsupported(cfg, model_type)
     if cfg is not top:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import MemformError, read_text
-from . import megatron_linear
+from . import megatron_hybrid, megatron_linear
 from .draft import Draft, Fields, divide, pad_vocab
 from .shell import Command, Ref, Shell, ShellParseError, Word, list_expression
 
@@ -227,17 +227,7 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
     "full-attention-interval": ("linear (gated delta net) attention layers are not read by this importer", ()),
     "use-triton-gdn": ("linear (gated delta net) attention layers are not read by this importer", ()),
     "linear-attention-type": ("linear attention layers are not read by this importer", ()),
-    "mamba-num-groups": ("Mamba layers are not read by this importer", ()),
-    "mamba-state-dim": ("Mamba layers are not read by this importer", ()),
-    "mamba-head-dim": ("Mamba layers are not read by this importer", ()),
-    "mamba-expand": ("Mamba layers are not read by this importer", ()),
-    "mamba-d-conv": ("Mamba layers are not read by this importer", ()),
-    "mamba-chunk-size": ("Mamba layers are not read by this importer", ()),
     "post-norm": ("post-norm layers (Gemma-2's extra norms) are not read by this importer", ()),
-    "is-hybrid-model": ("Mamba / hybrid layers are not read by this importer", ()),
-    "hybrid-override-pattern": ("Mamba / hybrid layers are not read by this importer", ()),
-    "hybrid-attention-ratio": ("Mamba / hybrid layers are not read by this importer", ("0", "0.0")),
-    "hybrid-mlp-ratio": ("Mamba / hybrid layers are not read by this importer", ("0", "0.0")),
     "heterogeneous-layers-config-path": ("per-layer block configs are not read by this importer", ()),
     "heterogeneous-layers-config-encoded-json": ("per-layer block configs are not read by this importer", ()),
     "pipeline-model-parallel-layout": ("a custom pipeline layout is not read by this importer", ()),
@@ -282,8 +272,7 @@ NEUTRAL_PREFIXES = ("log-", "tensorboard-", "wandb-", "ckpt-", "dist-ckpt-", "no
 
 #: Megatron-LM launchers of other model families, whose layers the GPT arguments here do not describe
 OTHER_MODELS = {"pretrain_bert.py": "BERT (encoder with a pooler and a binary head)",
-                "pretrain_t5.py": "T5 (encoder-decoder)", "pretrain_mamba.py": "Mamba / hybrid models",
-                "pretrain_hybrid.py": "Mamba / hybrid models", "pretrain_retro.py": "RETRO",
+                "pretrain_t5.py": "T5 (encoder-decoder)", "pretrain_retro.py": "RETRO",
                 "pretrain_ict.py": "ICT retriever", "pretrain_vlm.py": "vision-language models",
                 "pretrain_vision_classify.py": "vision models", "pretrain_vision_dino.py": "vision models",
                 "pretrain_vision_inpaint.py": "vision models"}
@@ -433,6 +422,8 @@ def _read_one(path: Path, shell: Shell) -> tuple[dict[str, Any], int | None, lis
         words = [w for c in script.commands if c.words[0].known and c.words[0].text.startswith("-")
                  for w in c.words]
     args, strays, lines = _options(words)
+    if launcher is not None and name in megatron_hybrid.LAUNCHERS:
+        args.setdefault("is-hybrid-model", True)   # pretrain_mamba.py builds a MambaModel (issue 34)
     for w in strays:
         if w.known:
             warnings.append(f"stray token {w.text!r} ignored (not after an --option)")
@@ -682,6 +673,8 @@ def convert(path: Path | list[Path], draft: Draft, given: set[str] | Mapping[str
     _moe(f, draft)
     _mla(f, draft)
     megatron_linear.convert(f, draft, L)   # Gated DeltaNet hybrids (deltanet.mf)
+    if megatron_hybrid.is_hybrid(f):   # hybrid Mamba-2 stacks: mamba.mf (issue 34)
+        megatron_hybrid.apply(f, draft, L, h)
     mtp = f.integer("mtp-num-layers", 0, minimum=0)
     if mtp:
         draft.set("model.mtp_layers", mtp, "--mtp-num-layers")

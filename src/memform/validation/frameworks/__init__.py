@@ -40,6 +40,7 @@ RESERVE_FROM = 2 ** 30
 FRAMEWORKS: dict[str, tuple[str, str]] = {"hf": ("hf", "transformers"), "hf-nas": ("hf_nas", "transformers"),
                                           "hf_vision": ("hf_vision", "transformers"),
                                           "hf_linear": ("hf_linear", "transformers"),
+                                          "hf_hybrid": ("hf_hybrid", "transformers"),
                                           "titan": ("titan", "torchtitan"),
                                           "deepspeed": ("deepspeed", "deepspeed"), "mcore": ("mcore", "megatron.core")}
 

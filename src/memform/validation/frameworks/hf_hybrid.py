@@ -1,0 +1,176 @@
+"""Hugging Face transformers' hybrid Mamba-2 models as the ground truth (issue 34): NemotronH (Mamba-2,
+attention and MLP layers, one symbol of ``hybrid_override_pattern`` each), GraniteMoeHybrid (Granite-4.0-H:
+a Mamba-2 or attention mixer, then a MoE block with a shared MLP, per decoder layer) and FalconH1 (Mamba-2 and
+attention side by side, then an MLP, per decoder layer) trained one step on the CPU.
+
+The step is :mod:`.hf`'s (``Trainer.training_step`` as transformers 5 writes it, traced per category);
+the model is transformers' own ``NemotronHForCausalLM`` built from a config of ``NemotronHConfig``, and
+memform reads the same ``config.json`` through ``memform import hf`` (the hybrid importer,
+``memform.importers.hf_hybrid``). On the CPU transformers runs the Mamba-2 mixer through its PyTorch
+reference (``causal_conv1d_fn``, ``mamba2_chunk_scan``: mamba_ssm's kernels need CUDA), which the case
+tells memform with ``model.mamba_impl: torch``; the CUDA kernels keep far less (``formulas/mamba.mf``:
+``combined``, ``split``), which a CPU step cannot show.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from . import hf
+from .hf import Step
+
+#: transformers' config class keywords of each model type the harness builds
+MODEL_TYPES = ("nemotron_h", "granitemoehybrid", "falcon_h1")
+
+
+@dataclass(frozen=True)
+class HybridCase(hf.HFCase):
+    """One NemotronH training step: :class:`hf.HFCase` plus the layer pattern and the Mamba-2 shape."""
+
+    model: str = "nemotron_h"
+    pattern: str = "M*M-"
+    mamba_heads: int = 8
+    mamba_head_dim: int = 16
+    groups: int = 2
+    state: int = 16
+    chunk: int = 64
+
+    def label(self) -> str:
+        return (f"hf {self.model} {self.pattern} h{self.h} a{self.heads}/{self.kv_heads} "
+                f"ssm{self.mamba_heads}x{self.mamba_head_dim}/g{self.groups}/n{self.state}/q{self.chunk} "
+                f"{f'moe{self.experts}x{self.top_k} ' if self.model == 'granitemoehybrid' else ''}"
+                f"{('gated-norm ' if self.experts == 1 else '') if self.model == 'falcon_h1' else ''}"
+                f"b{self.b} s{self.s} {self.attn}{' gc' if self.gc else ''} {self.dtype}")
+
+    def hf_config(self) -> Any:
+        from transformers import AutoConfig
+
+        if self.model == "falcon_h1":
+            # FalconH1DecoderLayer: Mamba-2 and attention side by side, then the MLP (pattern: one P per layer)
+            return AutoConfig.for_model(
+                self.model, hidden_size=self.h, num_hidden_layers=len(self.pattern), num_attention_heads=self.heads,
+                num_key_value_heads=self.kv_heads, head_dim=self.head_dim or self.h // self.heads,
+                intermediate_size=self.ffn, vocab_size=self.vocab, max_position_embeddings=self.s,
+                tie_word_embeddings=False, use_cache=False, mamba_n_heads=self.mamba_heads,
+                mamba_d_ssm=self.mamba_heads * self.mamba_head_dim, mamba_d_head=self.mamba_head_dim,
+                mamba_n_groups=self.groups, mamba_d_state=self.state, mamba_chunk_size=self.chunk,
+                mamba_rms_norm=self.experts == 1)
+        if self.model == "granitemoehybrid":
+            # GraniteMoeHybridDecoderLayer: a Mamba-2 or attention mixer, then the MoE block + shared MLP
+            return AutoConfig.for_model(
+                self.model, hidden_size=self.h, layer_types=["mamba" if c == "M" else "attention" for c in self.pattern],
+                num_hidden_layers=len(self.pattern), num_attention_heads=self.heads,
+                num_key_value_heads=self.kv_heads, intermediate_size=self.ffn, shared_intermediate_size=2 * self.ffn,
+                num_local_experts=self.experts, num_experts_per_tok=self.top_k, vocab_size=self.vocab,
+                max_position_embeddings=self.s, tie_word_embeddings=False, use_cache=False,
+                mamba_n_heads=self.mamba_heads, mamba_d_head=self.mamba_head_dim, mamba_n_groups=self.groups,
+                mamba_d_state=self.state, mamba_chunk_size=self.chunk, mamba_expand=self.mamba_heads
+                * self.mamba_head_dim // self.h)
+
+        # use_cache False: a training step keeps no generation cache (NemotronHModel builds one otherwise)
+        return AutoConfig.for_model(
+            self.model, hidden_size=self.h, hybrid_override_pattern=self.pattern,
+            num_hidden_layers=len(self.pattern), num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
+            head_dim=self.head_dim or self.h // self.heads, intermediate_size=self.ffn, vocab_size=self.vocab,
+            max_position_embeddings=self.s, tie_word_embeddings=False, use_cache=False,
+            mamba_num_heads=self.mamba_heads, mamba_head_dim=self.mamba_head_dim, n_groups=self.groups,
+            ssm_state_size=self.state, chunk_size=self.chunk)
+
+    def overrides(self) -> dict[str, Any]:
+        # on the CPU transformers trains the mixer through its PyTorch reference scan
+        return {**super().overrides(), "model.mamba_impl": "torch"}
+
+
+def measure(case: HybridCase, seed: int = 0) -> Step:
+    """:func:`hf.measure`: the warm-up step, then the traced one."""
+    return hf.measure(case, seed)
+
+
+# ---- what each layer's forward saves ---------------------------------------------------------------
+def per_layer(case: HybridCase, seed: int = 0) -> list[int]:
+    """Bytes autograd saves for backward during each decoder layer's forward (distinct storages first saved
+    inside that layer, parameters left out; the layer's input, saved by its norm, is the previous layer's
+    output and counts here, as mamba.mf's norm.act counts it). Without checkpointing. One entry per
+    transformers decoder layer: a NemotronHBlock (one symbol), a GraniteMoeHybridDecoderLayer (two)."""
+    import contextlib
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float32
+    model = AutoModelForCausalLM.from_config(case.hf_config(), attn_implementation=case.attn, dtype=dtype)
+    model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    current = [-1]
+    seen: set[int] = set()
+    saved = [0] * len(model.model.layers)
+
+    def pack(t: Any) -> Any:
+        st = t.untyped_storage()
+        key = st.data_ptr() or id(st)
+        if current[0] >= 0 and key not in seen and key not in params:
+            seen.add(key)
+            saved[current[0]] += st.nbytes()
+        return t
+
+    for i, layer in enumerate(model.model.layers):
+        layer.register_forward_pre_hook(lambda _m, _a, i=i: current.__setitem__(0, i))
+        layer.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, -1))
+    ids = torch.randint(0, case.vocab, (case.b, case.s))
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if case.dtype == "amp-bf16"
+                else contextlib.nullcontext())
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        model(input_ids=ids, labels=ids).loss
+    return saved
+
+
+def estimated_per_layer(case: HybridCase) -> list[int]:
+    """mamba.mf's ``act`` (no recompute) of each transformers decoder layer of ``case`` (Granite: the sum of
+    its mixer and MoE sublayers)."""
+    from ...engine.model import load_model, stack_items
+
+    model = load_model(case.memform_config(), {"training.recompute": "none"})
+    ev = model.evaluator(keep=frozenset())
+    out: list[int] = []
+    for item in stack_items(model, ev):
+        if item.block in ("embedding", "output") or item.count_value == 0:
+            continue
+        q = model.program.pick(item.block, "act", "none")
+        value = ev.number(ev.as_expr(ev.quantity(item.block, "act", "none", overrides=item.bindings), q.loc),
+                          q.loc, f"{item.block}.act")
+        out += [int(value)] * item.count_value
+    if case.model in ("granitemoehybrid", "falcon_h1"):
+        out = [out[i] + out[i + 1] for i in range(0, len(out), 2)]
+    return out
+
+
+BASE = HybridCase(h=64, heads=4, kv_heads=2, ffn=128, vocab=512, b=2, s=256)
+#: Falcon-H1's decoder layer (Mamba-2 and attention side by side, then the MLP); experts=1 turns the mixer's
+#: gated RMSNorm on (mamba_rms_norm), off by default as in Falcon-H1's configs
+FALCON = replace(BASE, model="falcon_h1", pattern="PP", experts=0)
+#: Granite-4.0-H's decoder layer (a Mamba-2 or attention mixer, then the MoE block with the shared MLP)
+GRANITE = replace(BASE, model="granitemoehybrid", pattern="M*M", ffn=32, experts=4, top_k=2)
+
+
+def sweep() -> list[HybridCase]:
+    """Every NemotronH case of ``bench/validate.py --frameworks``: the pattern of Nemotron-H's blocks
+    (M, *, -), each dtype set-up, checkpointing, eager attention, a sequence that does not fill its
+    last chunk, other SSM shapes."""
+    cases = [replace(BASE, dtype=dtype) for dtype in hf.DTYPES]
+    cases += [replace(BASE, gc=True), replace(BASE, gc=True, dtype="amp-bf16"), replace(BASE, attn="eager"),
+              replace(BASE, pattern="MM-M*-", s=200),
+              replace(BASE, pattern="M-M*", mamba_heads=16, mamba_head_dim=8, groups=4, state=32, chunk=32),
+              replace(BASE, pattern="M", b=1, s=512, chunk=128)]
+    cases += [replace(GRANITE, dtype=dtype) for dtype in hf.DTYPES]
+    cases += [replace(GRANITE, gc=True), replace(GRANITE, gc=True, dtype="amp-bf16"), replace(GRANITE, experts=0)]
+    cases += [replace(FALCON, dtype=dtype) for dtype in hf.DTYPES]
+    cases += [replace(FALCON, experts=1), replace(FALCON, gc=True), replace(FALCON, gc=True, dtype="amp-bf16"),
+              replace(FALCON, attn="eager")]
+    return cases
+
+
+def quick_sweep() -> list[HybridCase]:
+    """The subset the test suite runs."""
+    return [BASE, replace(BASE, gc=True, dtype="amp-bf16"), replace(GRANITE, gc=True), replace(FALCON, dtype="amp-bf16")]
