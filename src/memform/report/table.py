@@ -80,6 +80,24 @@ def _setup_lines(line: str, width: int) -> list[str]:
             for x in textwrap.wrap(part, width, break_on_hyphens=False)]
 
 
+#: a stage with more layer groups than this (a hybrid pattern alternates kinds layer by layer: 52 groups for
+#: Nemotron-H-8B) is labelled with each block's count, in first-appearance order (``--wide``: every group)
+MAX_GROUPS = 4
+
+
+def _summarised(label: str) -> str:
+    """``1xembedding 1xmamba_layer 1xmlp_layer 1xmamba_layer ...`` as ``1xembedding 24xmamba_layer
+    24xmlp_layer 4xattn_layer, interleaved`` where there are more than :data:`MAX_GROUPS` groups."""
+    groups = label.split()
+    if len(groups) <= MAX_GROUPS:
+        return label
+    counts: dict[str, int] = {}
+    for g in groups:
+        n, _, block = g.partition("x")
+        counts[block] = counts.get(block, 0) + int(n)
+    return " ".join(f"{n}x{block}" for block, n in counts.items()) + ", interleaved"
+
+
 def narrow_context(est: Any) -> dict[str, Any]:
     """What ``estimate_narrow.txt.j2`` reads: the table within :data:`WIDTH` columns. Figures share one unit
     named above the table, categories get short titles, layer groups and long lines wrap."""
@@ -96,7 +114,7 @@ def narrow_context(est: Any) -> dict[str, Any]:
     unit, size = common_unit([v for row in figures for v in row])
     cells = [[_cell(v, size) for v in row] for row in figures]
     widths = [max(7, len(title), *(len(row[i]) for row in cells)) for i, (title, _) in enumerate(spec)]
-    labels = [est.terminal_label(s.stage) for s in stages]
+    labels = [_summarised(est.terminal_label(s.stage)) for s in stages]
     fixed = 5 + 2 + sum(w + 1 for w in widths) + len("  fits")
     label_width = max(MIN_LABEL, min(WIDTH - fixed, max([len("layers")] + [len(x) for x in labels])))
     rows, released = [], []
