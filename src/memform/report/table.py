@@ -87,7 +87,7 @@ MAX_GROUPS = 4
 
 def _summarised(label: str) -> str:
     """``1xembedding 1xmamba_layer 1xmlp_layer 1xmamba_layer ...`` as ``1xembedding 24xmamba_layer
-    24xmlp_layer 4xattn_layer, interleaved`` where there are more than :data:`MAX_GROUPS` groups."""
+    24xmlp_layer 4xattn_layer 1xoutput (54 groups)`` where there are more than :data:`MAX_GROUPS` groups."""
     groups = label.split()
     if len(groups) <= MAX_GROUPS:
         return label
@@ -95,7 +95,7 @@ def _summarised(label: str) -> str:
     for g in groups:
         n, _, block = g.partition("x")
         counts[block] = counts.get(block, 0) + int(n)
-    return " ".join(f"{n}x{block}" for block, n in counts.items()) + ", interleaved"
+    return " ".join(f"{n}x{block}" for block, n in counts.items()) + f" ({len(groups)} groups)"
 
 
 def narrow_context(est: Any) -> dict[str, Any]:
