@@ -205,6 +205,16 @@ def test_torch_path_keeps_the_states():
     assert acts["torch"] > 12 * D * N * S * 2 > 10 * acts["combined"]
 
 
+def test_a_mamba1_stack_without_its_kind_says_so(tmp_path):
+    # toy's h 64 gives mamba.mf's default Mamba-2 shape 2 heads, 8 groups: the message names the key to set
+    cfg = toy()
+    del cfg["model"]["mamba_kind"]
+    path = tmp_path / "kind.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([sys.executable, "-m", "memform", "estimate", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "model.mamba_kind: mamba1" in proc.stderr
+
+
 def test_bad_values_name_the_key(tmp_path):
     cfg = toy(mamba1_d_inner=130)
     cfg["parallel"] = {"tp": 4}
@@ -222,6 +232,8 @@ def test_bad_values_name_the_key(tmp_path):
     ({**JAMBA_V01, "some_new_field": 1}, "some_new_field"),
     ({**MAMBA_2_8B, "intermediate_size": 4096}, "intermediate_size"),
     ({**MAMBA2_2_7B, "num_heads": 64}, "num_heads"),
+    # tiiuae/falcon-mamba-7b: weightless RMSNorms on B, C, dt inside the mixer (FalconMambaMixer)
+    ({**MAMBA_2_8B, "model_type": "falcon_mamba", "mixer_rms_eps": 1e-6}, "FalconMambaMixer"),
 ])
 def test_importer_refuses_what_it_cannot_size(tmp_path, data, words):
     with pytest.raises(memform.MemformError, match=words):

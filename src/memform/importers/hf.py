@@ -230,6 +230,8 @@ UNSUPPORTED_TYPES = {
     "olmo": "OLMo-1's non-parametric LayerNorms (transformers OlmoLayerNorm: no weight, no bias) are not "
             "modelled",
     "rwkv": "RWKV recurrent layers are not modelled",
+    "falcon_mamba": "Falcon-Mamba's Mamba-1 mixers normalise B, C and dt with weightless RMSNorms (transformers "
+                    "FalconMambaMixer rms_forward), which mamba1.mf does not model (it models Mamba's and Jamba's)",
     "minimax": "MiniMax-Text-01's lightning (linear) attention layers are not modelled",
     "minimax_m1": "MiniMax-M1's lightning (linear) attention layers (attn_type_list) are not modelled",
     "gemma3n": "Gemma-3n's AltUp / LAuReL blocks and per-layer input embeddings are not modelled",
