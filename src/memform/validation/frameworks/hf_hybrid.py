@@ -1,7 +1,10 @@
 """Hugging Face transformers' hybrid Mamba-2 models as the ground truth (issue 34): NemotronH (Mamba-2,
 attention and MLP layers, one symbol of ``hybrid_override_pattern`` each), GraniteMoeHybrid (Granite-4.0-H:
 a Mamba-2 or attention mixer, then a MoE block with a shared MLP, per decoder layer) and FalconH1 (Mamba-2 and
-attention side by side, then an MLP, per decoder layer) trained one step on the CPU.
+attention side by side, then an MLP, per decoder layer) trained one step on the CPU; and (ssm_sweep) AI21's Jamba
+(a Mamba-1 or attention mixer, then an MLP or MoE block, per decoder layer), state-spaces' Mamba (Mamba-1 blocks)
+and Mamba-2 (Mamba-2 blocks), whose Mamba-1 mixers transformers runs on the CPU through its sequential PyTorch
+selective scan (formulas/mamba1.mf, model.mamba_impl: torch).
 
 The step is :mod:`.hf`'s (``Trainer.training_step`` as transformers 5 writes it, traced per category);
 the model is transformers' own ``NemotronHForCausalLM`` built from a config of ``NemotronHConfig``, and
