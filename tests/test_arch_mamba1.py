@@ -112,7 +112,7 @@ def test_jamba_pattern(tmp_path, extra, pattern):
     draft = import_hf(write_json(tmp_path, {**JAMBA_V01, **extra}))
     model = draft.config()["model"]
     assert model["hybrid_pattern"][:20] == pattern and model["num_layers"] == 64
-    assert model["mamba1_dt_rank"] == 256 and model["mamba1_d_inner"] == 8192 and model["mamba_kind"] == "mamba1"
+    assert model["mamba1_dt_rank"] == 256 and model["mamba1_d_inner"] == 8192 and "mamba_kind" not in model
 
 
 @pytest.mark.parametrize("extra", [
@@ -145,7 +145,7 @@ def test_pure_ssm_counts_as_transformers_builds_it(tmp_path, data):
 def toy(**model) -> dict:
     """One Mamba-1 layer: h 64, d_inner 128, N 16, R 4, K 4."""
     base = {"hidden_size": 64, "num_heads": 4, "num_layers": 1, "vocab_size": 512, "seq_length": 256,
-            "hybrid_pattern": "S", "mamba_kind": "mamba1", "mamba1_state_dim": 16, "norm": "rmsnorm",
+            "hybrid_pattern": "S", "mamba1_state_dim": 16, "norm": "rmsnorm",
             "bias": False, "dropout": False, "position_embedding": "rope"}
     base.update(model)
     return {"name": "toy", "formulas": ["mamba.mf"], "model": base, "training": {"micro_batch_size": 2}}
@@ -205,14 +205,16 @@ def test_torch_path_keeps_the_states():
     assert acts["torch"] > 12 * D * N * S * 2 > 10 * acts["combined"]
 
 
-def test_a_mamba1_stack_without_its_kind_says_so(tmp_path):
-    # toy's h 64 gives mamba.mf's default Mamba-2 shape 2 heads, 8 groups: the message names the key to set
-    cfg = toy()
-    del cfg["model"]["mamba_kind"]
+def test_the_mamba2_shape_is_checked_only_where_the_pattern_has_mamba2_layers(tmp_path):
+    # toy's h 64 gives mamba.mf's default Mamba-2 shape 2 heads, 8 groups (8 does not divide 2): a pattern of
+    # S layers alone loads (has(pattern, "M") is false); one M layer in it brings the check back, exit 2
+    assert memform.estimate(toy()).stages[0].param_count > 0
+    cfg = toy(hybrid_pattern="SM", num_layers=2)
     path = tmp_path / "kind.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = subprocess.run([sys.executable, "-m", "memform", "estimate", str(path)], capture_output=True, text=True)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "model.mamba_kind: mamba1" in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "model.mamba_num_groups must divide model.mamba_num_heads" in proc.stderr
 
 
 def test_bad_values_name_the_key(tmp_path):

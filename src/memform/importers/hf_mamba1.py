@@ -94,7 +94,6 @@ def _mamba(cfg: Fields, draft: Draft, given, hf) -> None:  # noqa: ANN001
     draft.set("model.num_layers", layers, "num_hidden_layers: one MambaBlock (norm + Mamba-1 mixer) each")
     draft.set("model.num_heads", 1, "no attention (a placeholder: no attention layer in the pattern)")
     draft.set("model.hybrid_pattern", "S" * layers, "every layer a Mamba-1 mixer after its norm (MambaBlock)")
-    draft.set("model.mamba_kind", "mamba1", "Mamba-1 mixers (formulas/mamba1.mf)")
     expand = cfg.integer("expand", 2)
     d_inner = cfg.integer("intermediate_size", expand * h)
     if d_inner != expand * h and cfg.has("expand"):
@@ -175,7 +174,6 @@ def _jamba(cfg: Fields, draft: Draft, given, hf) -> None:  # noqa: ANN001
     draft.set("model.hybrid_pattern", pattern, "attn_layer_period / offset (* attention, S Mamba-1), "
                                                "expert_layer_period / offset (E MoE, - MLP)")
     draft.set("model.hybrid_ffn_paired", True, "the FFN runs in the mixer's decoder layer (one checkpoint per pair)")
-    draft.set("model.mamba_kind", "mamba1", "Mamba-1 mixers (formulas/mamba1.mf)")
     f = cfg.integer("intermediate_size", 14336)
     draft.set("model.ffn_hidden_size", f, "intermediate_size (JambaMLP gate_proj, up_proj, down_proj)")
     draft.set("model.activation", "swiglu", "hidden_act silu: gated MLP and experts")
