@@ -33,7 +33,6 @@ names it, as for every ``hf`` import.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from ..errors import MemformError
 from .draft import Draft, Fields, describe
@@ -91,14 +90,9 @@ def convert(cfg: Fields, draft: Draft, given, model_type: str, hf) -> None:  # n
 
 
 def _agree(cfg: Fields, keys: tuple[str, ...], default=None, *, minimum: int = 1):  # noqa: ANN001, ANN202
-    """The value of the first of ``keys`` present, every other spelling present agreeing with it."""
-    key, value = cfg.first(keys, lambda k: cfg.integer(k, minimum=minimum))
-    for other in keys:
-        if other != key and cfg.has(other):
-            if cfg.raw(other) != value:
-                raise cfg.error(other, f"is {cfg.raw(other)!r} but '{cfg.name(key)}' is {value!r}: the file "
-                                       f"disagrees with itself")
-            cfg.used.add(other)
+    """The value of the first of ``keys`` present, every other spelling present agreeing with it
+    (:meth:`Fields.alias`); ``default`` where none is present."""
+    key, value = cfg.alias(keys, lambda k: cfg.integer(k, minimum=minimum))
     return (key, value) if key is not None else (None, default)
 
 

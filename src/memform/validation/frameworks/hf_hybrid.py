@@ -134,38 +134,16 @@ def per_layer(case: HybridCase, seed: int = 0) -> list[int]:
     inside that layer, parameters left out; the layer's input, saved by its norm, is the previous layer's
     output and counts here, as mamba.mf's norm.act counts it). Without checkpointing. One entry per
     transformers decoder layer: a NemotronHBlock (one symbol), a GraniteMoeHybridDecoderLayer (two)."""
-    import contextlib
-
     import torch
-    from transformers import AutoModelForCausalLM
 
+    from .hf import saved_per_layer
     torch.manual_seed(seed)
     dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float32
     model = case.build_model(dtype)
     model.train()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    current = [-1]
-    seen: set[int] = set()
     layers = model.backbone.layers if hasattr(model, "backbone") else model.model.layers   # Mamba / Mamba2: backbone
-    saved = [0] * len(layers)
-
-    def pack(t: Any) -> Any:
-        st = t.untyped_storage()
-        key = st.data_ptr() or id(st)
-        if current[0] >= 0 and key not in seen and key not in params:
-            seen.add(key)
-            saved[current[0]] += st.nbytes()
-        return t
-
-    for i, layer in enumerate(layers):
-        layer.register_forward_pre_hook(lambda _m, _a, i=i: current.__setitem__(0, i))
-        layer.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, -1))
     ids = torch.randint(0, case.vocab, (case.b, case.s))
-    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if case.dtype == "amp-bf16"
-                else contextlib.nullcontext())
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-        model(input_ids=ids, labels=ids).loss
-    return saved
+    return saved_per_layer(model, layers, ids, autocast=case.dtype == "amp-bf16")
 
 
 def estimated_per_layer(case: HybridCase) -> list[int]:
