@@ -321,9 +321,3 @@ def test_bamba_counts_as_transformers_builds_it(tmp_path):
     draft = import_hf(tmp_path / "config.json")
     assert draft.config()["model"]["hybrid_pattern"] == "M-M-*-M-M-*-"
     assert total_params(draft.config()) == built == 18_392_256
-
-
-def test_jamba_is_refused_with_the_reason(tmp_path):
-    with pytest.raises(memform.MemformError, match="Mamba-1"):
-        import_hf(write_json(tmp_path, {"model_type": "jamba", "hidden_size": 64, "num_attention_heads": 4,
-                                        "num_hidden_layers": 2, "vocab_size": 100}))

@@ -148,11 +148,9 @@ REFUSED_FIXTURES: dict[str, str] = {}
 
 # Real configs of architectures memform cannot size: the import stops and names what is missing
 # (Qwen3-Next is read since issue 34: test_arch_deltanet.py; nvidia/NVIDIA-Nemotron-Nano-9B-v2 and Granite-4.0-H
-# by the hybrid importer: test_arch_mamba.py; no released config of a still-refused architecture is stored,
+# by the hybrid importer: test_arch_mamba.py, Jamba and pure Mamba / Mamba-2: test_arch_mamba1.py; no released config of a still-refused architecture is stored,
 # so these are the refused model types with the fields their released configs carry)
 @pytest.mark.parametrize("fixture, words", [
-    ({"model_type": "jamba", "attn_layer_period": 8, "attn_layer_offset": 4, "expert_layer_period": 2,
-      "mamba_d_state": 16, "mamba_dt_rank": 256}, "Mamba-1"),
     ({"model_type": "rwkv"}, "RWKV"),
 ])
 def test_unsupported_released_configs_fail_with_the_reason(fixture, words, tmp_path):

@@ -412,6 +412,22 @@ def test_stack_bindings_are_held_to_every_require(tmp_path):
                                     "ffn_hidden_size": 4}})
 
 
+@pytest.mark.parametrize("pattern, params", [
+    # has(kinds, "*"): whether the list holds the name at least once
+    ("M-M", 8 + 5 + 8), ("M*-", 8 + 24 + 5 + 100), ("**", 24 + 24 + 100),
+])
+def test_has_asks_whether_a_list_option_holds_a_name(tmp_path, pattern, params):
+    # one more layer (an extra block) in the stack where the pattern has an attention layer
+    body = HYBRID.replace("stack { ", 'block extra extends layer { params = 100 }\nstack { last extra * (if has(kinds, "*") then 1 else 0)  ')
+    est = model(tmp_path, body, hybrid_pattern=pattern, ffn_hidden_size=5)
+    assert est.parameters["total"] == params
+
+
+def test_has_mistakes_on_list_options(tmp_path):
+    expect_error(tmp_path, HEADER + HYBRID.replace("stack {", 'let x = has(kinds, "Q")\nstack {'),
+                 "'Q' is not a member of list option 'kinds'")
+
+
 def test_empty_string_is_an_empty_name_list_whatever_the_names(tmp_path):
     body = ('option kinds : list {"attention", "linear"} = model.kinds default "" "x"\n'
             'block dense extends layer { params = h }\nstack { dense * (n + len(kinds)) }\n')
@@ -516,7 +532,7 @@ def test_has_checks_its_arguments_when_the_file_loads(tmp_path):
                        "'mpl' is not a member of set option 'parts'")
     assert "did you mean 'mlp'" in str(err) and err.loc.line > 1
     expect_error(tmp_path, HEADER + SET_BODY.replace('has(parts, "mlp")', 'has(h, "mlp")'),
-                 "has() takes a set option")
+                 "has() takes a set or list option")
 
 
 def test_set_option_default_must_be_members(tmp_path):

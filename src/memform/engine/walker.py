@@ -485,7 +485,7 @@ class Walker:
             return isinstance(x, tuple)
         if node.func == "has":
             if not isinstance(x, tuple) or not isinstance(args[1], str):
-                raise MemformError("has(x, \"name\") needs a set option and a name in quotes", node.loc)
+                raise MemformError("has(x, \"name\") needs a set or list option and a name in quotes", node.loc)
             return args[1] in x
         if not isinstance(x, tuple):
             raise MemformError(f"{node.func}() needs a list (an 'int | list' option given a list), got {x}; "

@@ -229,14 +229,14 @@ UNSUPPORTED_TYPES = {
     "RefinedWebModel": "Falcon-7B's original RefinedWebModel decoder (parallel attention and MLP) is not modelled",
     "olmo": "OLMo-1's non-parametric LayerNorms (transformers OlmoLayerNorm: no weight, no bias) are not "
             "modelled",
-    "mamba": "state-space (Mamba) layers are not modelled", "mamba2": "state-space (Mamba-2) layers are not modelled",
     "rwkv": "RWKV recurrent layers are not modelled",
+    "falcon_mamba": "Falcon-Mamba's Mamba-1 mixers normalise B, C and dt with weightless RMSNorms (transformers "
+                    "FalconMambaMixer rms_forward), which mamba1.mf does not model (it models Mamba's and Jamba's)",
     "minimax": "MiniMax-Text-01's lightning (linear) attention layers are not modelled",
     "minimax_m1": "MiniMax-M1's lightning (linear) attention layers (attn_type_list) are not modelled",
     "gemma3n": "Gemma-3n's AltUp / LAuReL blocks and per-layer input embeddings are not modelled",
     "glm_moe_dsa": "DeepSeek sparse attention's indexer (index_n_heads, index_head_dim) is not modelled",
     "deepseek_v32": "DeepSeek-V3.2's sparse-attention indexer (index_n_heads, index_head_dim) is not modelled",
-    "jamba": "Jamba's Mamba-1 mixers (x_proj, dt_proj, A of d_inner × N) are not modelled (mamba.mf models Mamba-2)",
 }
 #: fields that change the model's tensors in ways memform does not model: set (not empty / false), they stop
 #: the import with the reason

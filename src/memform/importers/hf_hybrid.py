@@ -17,6 +17,14 @@ mamba_hybrid_layer_allocation.py`` Symbols: ``M`` Mamba-2, ``*`` attention, ``-`
 - ``falcon_h1`` (transformers ``FalconH1Config``; TII Falcon-H1): every FalconH1DecoderLayer runs the Mamba-2
   mixer and the attention side by side after ``input_layernorm`` (mamba.mf's ``P``), then the gated MLP
   after ``pre_ff_layernorm`` (``-``): ``P-`` per layer.
+- ``mamba2`` (transformers ``Mamba2Config``; state-spaces Mamba-2): every Mamba2Block is a norm and a Mamba-2
+  mixer, no MLP: ``M`` per layer.
+- ``mamba`` (transformers ``MambaConfig``; state-spaces Mamba): every MambaBlock is a norm and a Mamba-1 mixer
+  (formulas/mamba1.mf's ``S``), no MLP: ``S`` per layer.
+- ``jamba`` (transformers ``JambaConfig``; AI21 Jamba): every JambaMambaDecoderLayer / JambaAttentionDecoderLayer
+  is a Mamba-1 mixer (with Jamba's dt / B / C norms) or attention after ``input_layernorm``, then a gated MLP or
+  (every ``expert_layer_period`` from ``expert_layer_offset``) a MoE block after ``pre_ff_layernorm``: ``S-``,
+  ``SE``, ``*-`` or ``*E`` per layer, attention every ``attn_layer_period`` from ``attn_layer_offset``.
 
 Every field is read, listed in :data:`NEUTRAL` (or :data:`hf.NEUTRAL`) with the reason it cannot change
 device memory, or refused with the reason; an unknown field is refused at the end unless ``--accept``
@@ -25,13 +33,12 @@ names it, as for every ``hf`` import.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from ..errors import MemformError
 from .draft import Draft, Fields, describe
 
 #: the model types this module imports (hf.convert hands them over)
-MODEL_TYPES = frozenset({"nemotron_h", "granitemoehybrid", "falcon_h1", "bamba"})
+MODEL_TYPES = frozenset({"nemotron_h", "granitemoehybrid", "falcon_h1", "bamba", "mamba", "mamba2", "jamba"})
 
 #: NemotronHConfig._list_to_pattern: the layer-type names of layers_block_type and their symbols
 NEMOTRON_KINDS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*",
@@ -74,20 +81,18 @@ def convert(cfg: Fields, draft: Draft, given, model_type: str, hf) -> None:  # n
         _falcon_h1(cfg, draft, given, hf)
     elif model_type == "bamba":
         _bamba(cfg, draft, given, hf)
+    elif model_type in ("mamba", "mamba2", "jamba"):
+        from .hf_mamba1 import convert as convert_ssm   # pure Mamba / Mamba-2 and Jamba (formulas/mamba1.mf)
+        convert_ssm(cfg, draft, given, model_type, hf)
     neutral = set(hf.NEUTRAL) | set(NEUTRAL) | {k for k in cfg.data if isinstance(k, str) and k.endswith("_token_id")}
     neutral |= {k for k, v in cfg.data.items() if v is None}
     draft.refuse_unused(cfg, neutral)
 
 
 def _agree(cfg: Fields, keys: tuple[str, ...], default=None, *, minimum: int = 1):  # noqa: ANN001, ANN202
-    """The value of the first of ``keys`` present, every other spelling present agreeing with it."""
-    key, value = cfg.first(keys, lambda k: cfg.integer(k, minimum=minimum))
-    for other in keys:
-        if other != key and cfg.has(other):
-            if cfg.raw(other) != value:
-                raise cfg.error(other, f"is {cfg.raw(other)!r} but '{cfg.name(key)}' is {value!r}: the file "
-                                       f"disagrees with itself")
-            cfg.used.add(other)
+    """The value of the first of ``keys`` present, every other spelling present agreeing with it
+    (:meth:`Fields.alias`); ``default`` where none is present."""
+    key, value = cfg.alias(keys, lambda k: cfg.integer(k, minimum=minimum))
     return (key, value) if key is not None else (None, default)
 
 

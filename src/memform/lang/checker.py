@@ -175,15 +175,17 @@ class _Checker:
                     self._check_has(node)
 
     def _check_has(self, node: ast.Call) -> None:
-        """``has(x, "name")``: x a ``set`` option, the name one of its choices (a typo would read false)."""
+        """``has(x, "name")``: x a ``set`` or ``list`` option, the name one of its choices (a typo would read
+        false): whether the set holds the name, or the list holds it at least once."""
         x, name = node.args
         decl = self.prog.bindings.get(x.name) if isinstance(x, ast.Ref) and x.attr is None else None
-        if decl is None or decl.type.kind != "set":
-            raise MemformError("has() takes a set option as its first argument (option x : set {...})", x.loc)
+        if decl is None or decl.type.kind not in ("set", "names"):
+            raise MemformError("has() takes a set or list option as its first argument (option x : set {...} or "
+                               "list {...})", x.loc)
         if not isinstance(name, ast.Str):
             raise MemformError("has() takes a name in quotes as its second argument", name.loc)
         if name.value not in decl.type.choices:
-            raise MemformError(f"'{name.value}' is not a member of set option '{x.name}' "
+            raise MemformError(f"'{name.value}' is not a member of {decl.type.kind.replace('names', 'list')} option '{x.name}' "
                                f"({decl.type.describe()}){did_you_mean(name.value, decl.type.choices)}", name.loc)
 
     def layer_quantity_names(self) -> set[str]:

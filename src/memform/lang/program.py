@@ -24,7 +24,7 @@ BUILTIN_FUNCS = {"ceil": 1, "floor": 1, "min": None, "max": None, "log2": 1, "ab
                  "layers_sum": 1, "layers_max": 1, "layers_last": 1, "layers_after": 1,
                  "is_list": 1, "len": 1, "at": 2, "has": 2}
 #: functions on the list values of ``int | list`` options: whether a value is a list, its length,
-#: and its element at a 0-based index; and whether a ``set`` option holds a name: has(x, "name")
+#: and its element at a 0-based index; and whether a ``set`` or ``list`` option holds a name: has(x, "name")
 LIST_FUNCS = ("is_list", "len", "at", "has")
 #: reductions over the layers of the stage being evaluated (schedule blocks only): the argument
 #: is evaluated once per layer group, in that layer's block with its recompute mode and chunk

@@ -225,6 +225,38 @@ def _step(case: HFCase, seed: int) -> Step:
     return Step({**measured, "activations_peak": peak}, trace.by_op(where, act, 10), loss, allocator, replayed)
 
 
+def saved_per_layer(model: Any, layers: Any, ids: Any, autocast: bool = False) -> list[int]:
+    """Bytes autograd saves for backward during each of ``layers``' forward (a transformers model's decoder
+    layers; distinct storages first saved inside that layer, parameters left out; the layer's input, saved
+    by its first norm, is the previous layer's output and counts here, as the formula files' ``act`` counts
+    it), one training forward of ``model`` on ``ids`` (``autocast``: under CPU bf16 autocast). A layer-by-
+    layer check points at one formula line where a step's total only says that something is off."""
+    import contextlib
+
+    import torch
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    current = [-1]
+    seen: set[int] = set()
+    saved = [0] * len(layers)
+
+    def pack(t: Any) -> Any:
+        st = t.untyped_storage()
+        key = st.data_ptr() or id(st)
+        if current[0] >= 0 and key not in seen and key not in params:
+            seen.add(key)
+            saved[current[0]] += st.nbytes()
+        return t
+
+    for i, layer in enumerate(layers):
+        layer.register_forward_pre_hook(lambda _m, _a, i=i: current.__setitem__(0, i))
+        layer.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, -1))
+    cast = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), cast:
+        model(input_ids=ids, labels=ids).loss
+    return saved
+
+
 def _bytes(tensors) -> int:  # noqa: ANN001
     seen: dict[int, int] = {}
     for t in tensors:

@@ -1,7 +1,10 @@
 """Hugging Face transformers' hybrid Mamba-2 models as the ground truth (issue 34): NemotronH (Mamba-2,
 attention and MLP layers, one symbol of ``hybrid_override_pattern`` each), GraniteMoeHybrid (Granite-4.0-H:
 a Mamba-2 or attention mixer, then a MoE block with a shared MLP, per decoder layer) and FalconH1 (Mamba-2 and
-attention side by side, then an MLP, per decoder layer) trained one step on the CPU.
+attention side by side, then an MLP, per decoder layer) trained one step on the CPU; and (ssm_sweep) AI21's Jamba
+(a Mamba-1 or attention mixer, then an MLP or MoE block, per decoder layer), state-spaces' Mamba (Mamba-1 blocks)
+and Mamba-2 (Mamba-2 blocks), whose Mamba-1 mixers transformers runs on the CPU through its sequential PyTorch
+selective scan (formulas/mamba1.mf, model.mamba_impl: torch).
 
 The step is :mod:`.hf`'s (``Trainer.training_step`` as transformers 5 writes it, traced per category);
 the model is transformers' own ``NemotronHForCausalLM`` built from a config of ``NemotronHConfig``, and
@@ -21,7 +24,9 @@ from . import hf
 from .hf import Step
 
 #: transformers' config class keywords of each model type the harness builds
-MODEL_TYPES = ("nemotron_h", "granitemoehybrid", "falcon_h1")
+MODEL_TYPES = ("nemotron_h", "granitemoehybrid", "falcon_h1", "jamba", "mamba", "mamba2")
+#: the model types whose decoder layer holds two memform sublayers (a mixer, then its MLP / MoE)
+PAIRED = ("granitemoehybrid", "falcon_h1", "jamba")
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,11 @@ class HybridCase(hf.HFCase):
     chunk: int = 64
 
     def label(self) -> str:
+        if self.model in ("jamba", "mamba"):
+            # the Mamba-1 mixer (mamba1.mf): d_inner = 2·h, N = state, R = ceil(h / 16)
+            return (f"hf {self.model} {self.pattern} h{self.h} a{self.heads}/{self.kv_heads} "
+                    f"ssm1 d{2 * self.h}/n{self.state} {f'moe{self.experts}x{self.top_k} ' if self.experts else ''}"
+                    f"b{self.b} s{self.s} {self.attn}{' gc' if self.gc else ''} {self.dtype}")
         return (f"hf {self.model} {self.pattern} h{self.h} a{self.heads}/{self.kv_heads} "
                 f"ssm{self.mamba_heads}x{self.mamba_head_dim}/g{self.groups}/n{self.state}/q{self.chunk} "
                 f"{f'moe{self.experts}x{self.top_k} ' if self.model == 'granitemoehybrid' else ''}"
@@ -56,6 +66,27 @@ class HybridCase(hf.HFCase):
                 mamba_d_ssm=self.mamba_heads * self.mamba_head_dim, mamba_d_head=self.mamba_head_dim,
                 mamba_n_groups=self.groups, mamba_d_state=self.state, mamba_chunk_size=self.chunk,
                 mamba_rms_norm=self.experts == 1)
+        if self.model == "jamba":
+            # JambaConfig places attention by period / offset: the pattern's one * (or none) gives them; the
+            # FFN of every second layer (from layer 1) is the MoE block when experts > 1
+            star = self.pattern.find("*")
+            period, offset = (len(self.pattern), star) if star >= 0 else (len(self.pattern) + 1, len(self.pattern))
+            return AutoConfig.for_model(
+                self.model, hidden_size=self.h, num_hidden_layers=len(self.pattern), num_attention_heads=self.heads,
+                num_key_value_heads=self.kv_heads, intermediate_size=self.ffn, vocab_size=self.vocab,
+                max_position_embeddings=self.s, tie_word_embeddings=False, use_cache=False,
+                attn_layer_period=period, attn_layer_offset=offset, expert_layer_period=2, expert_layer_offset=1,
+                num_experts=max(self.experts, 1), num_experts_per_tok=self.top_k, mamba_d_state=self.state)
+        if self.model == "mamba":
+            return AutoConfig.for_model(
+                self.model, hidden_size=self.h, num_hidden_layers=len(self.pattern), vocab_size=self.vocab,
+                state_size=self.state, tie_word_embeddings=False, use_cache=False)
+        if self.model == "mamba2":
+            return AutoConfig.for_model(
+                self.model, hidden_size=self.h, num_hidden_layers=len(self.pattern), vocab_size=self.vocab,
+                num_heads=self.mamba_heads, head_dim=self.mamba_head_dim, n_groups=self.groups,
+                expand=self.mamba_heads * self.mamba_head_dim // self.h, state_size=self.state, chunk_size=self.chunk,
+                tie_word_embeddings=False, use_cache=False)
         if self.model == "granitemoehybrid":
             # GraniteMoeHybridDecoderLayer: a Mamba-2 or attention mixer, then the MoE block + shared MLP
             return AutoConfig.for_model(
@@ -77,6 +108,16 @@ class HybridCase(hf.HFCase):
             mamba_num_heads=self.mamba_heads, mamba_head_dim=self.mamba_head_dim, n_groups=self.groups,
             ssm_state_size=self.state, chunk_size=self.chunk)
 
+    def build_model(self, dtype: Any) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_config(self.hf_config(), attn_implementation=self.attn_impl(), dtype=dtype)
+
+    def attn_impl(self) -> str:
+        """transformers' attention implementation: Mamba / Mamba2 have no attention and accept only "eager",
+        which builds no mask for them (memform's side keeps the case's sdpa: no eager 4-D mask to count)."""
+        return "eager" if self.model in ("mamba", "mamba2") else self.attn
+
     def overrides(self) -> dict[str, Any]:
         # on the CPU transformers trains the mixer through its PyTorch reference scan
         return {**super().overrides(), "model.mamba_impl": "torch"}
@@ -93,37 +134,16 @@ def per_layer(case: HybridCase, seed: int = 0) -> list[int]:
     inside that layer, parameters left out; the layer's input, saved by its norm, is the previous layer's
     output and counts here, as mamba.mf's norm.act counts it). Without checkpointing. One entry per
     transformers decoder layer: a NemotronHBlock (one symbol), a GraniteMoeHybridDecoderLayer (two)."""
-    import contextlib
-
     import torch
-    from transformers import AutoModelForCausalLM
 
+    from .hf import saved_per_layer
     torch.manual_seed(seed)
     dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float32
-    model = AutoModelForCausalLM.from_config(case.hf_config(), attn_implementation=case.attn, dtype=dtype)
+    model = case.build_model(dtype)
     model.train()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    current = [-1]
-    seen: set[int] = set()
-    saved = [0] * len(model.model.layers)
-
-    def pack(t: Any) -> Any:
-        st = t.untyped_storage()
-        key = st.data_ptr() or id(st)
-        if current[0] >= 0 and key not in seen and key not in params:
-            seen.add(key)
-            saved[current[0]] += st.nbytes()
-        return t
-
-    for i, layer in enumerate(model.model.layers):
-        layer.register_forward_pre_hook(lambda _m, _a, i=i: current.__setitem__(0, i))
-        layer.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, -1))
+    layers = model.backbone.layers if hasattr(model, "backbone") else model.model.layers   # Mamba / Mamba2: backbone
     ids = torch.randint(0, case.vocab, (case.b, case.s))
-    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if case.dtype == "amp-bf16"
-                else contextlib.nullcontext())
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-        model(input_ids=ids, labels=ids).loss
-    return saved
+    return saved_per_layer(model, layers, ids, autocast=case.dtype == "amp-bf16")
 
 
 def estimated_per_layer(case: HybridCase) -> list[int]:
@@ -141,7 +161,7 @@ def estimated_per_layer(case: HybridCase) -> list[int]:
         value = ev.number(ev.as_expr(ev.quantity(item.block, "act", "none", overrides=item.bindings), q.loc),
                           q.loc, f"{item.block}.act")
         out += [int(value)] * item.count_value
-    if case.model in ("granitemoehybrid", "falcon_h1"):
+    if case.model in PAIRED:
         out = [out[i] + out[i + 1] for i in range(0, len(out), 2)]
     return out
 
@@ -152,6 +172,24 @@ BASE = HybridCase(h=64, heads=4, kv_heads=2, ffn=128, vocab=512, b=2, s=256)
 FALCON = replace(BASE, model="falcon_h1", pattern="PP", experts=0)
 #: Granite-4.0-H's decoder layer (a Mamba-2 or attention mixer, then the MoE block with the shared MLP)
 GRANITE = replace(BASE, model="granitemoehybrid", pattern="M*M", ffn=32, experts=4, top_k=2)
+
+
+#: AI21 Jamba's decoder layers (Mamba-1 with dt / B / C norms, or attention; then a gated MLP, or a MoE block in
+#: every second layer): S-, *E, S-, SE
+JAMBA = replace(BASE, model="jamba", pattern="S*SS", ffn=96, experts=4, top_k=2, s=128)
+#: state-spaces Mamba (Mamba-1 blocks only) and Mamba-2 (Mamba-2 blocks only), no MLP
+MAMBA = replace(BASE, model="mamba", pattern="SS", experts=0, s=128)
+MAMBA2 = replace(BASE, model="mamba2", pattern="MM", experts=0)
+
+
+def ssm_sweep() -> list[HybridCase]:
+    """The Jamba, Mamba and Mamba-2 cases (issue 34): each dtype set-up, checkpointing, eager attention."""
+    cases = [replace(JAMBA, dtype=dtype) for dtype in hf.DTYPES]
+    cases += [replace(JAMBA, gc=True), replace(JAMBA, gc=True, dtype="amp-bf16"), replace(JAMBA, attn="eager"),
+              replace(JAMBA, experts=0)]
+    cases += [replace(MAMBA, dtype=dtype) for dtype in hf.DTYPES] + [replace(MAMBA, gc=True)]
+    cases += [replace(MAMBA2, dtype=dtype) for dtype in hf.DTYPES] + [replace(MAMBA2, gc=True)]
+    return cases
 
 
 def sweep() -> list[HybridCase]:
@@ -168,7 +206,7 @@ def sweep() -> list[HybridCase]:
     cases += [replace(FALCON, dtype=dtype) for dtype in hf.DTYPES]
     cases += [replace(FALCON, experts=1), replace(FALCON, gc=True), replace(FALCON, gc=True, dtype="amp-bf16"),
               replace(FALCON, attn="eager")]
-    return cases
+    return cases + ssm_sweep()
 
 
 def quick_sweep() -> list[HybridCase]:

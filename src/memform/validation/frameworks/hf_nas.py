@@ -179,37 +179,15 @@ def per_layer(case: NASCase, seed: int = 0) -> list[int]:
     """Bytes autograd saves for backward during each decoder layer's forward (distinct storages first saved
     inside that layer; the layer's input, saved by its first norm, is the previous layer's output and
     counts here, as nas.mf's act counts it). Without checkpointing."""
-    import contextlib
-
     import torch
 
+    from .hf import saved_per_layer
     torch.manual_seed(seed)
     dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float32
     model = case.build_model(dtype)
     model.train()
-    current = [-1]
-    seen: set[int] = set()
-    saved = [0] * case.L
-
-    def pack(t: Any) -> Any:
-        st = t.untyped_storage()
-        key = st.data_ptr() if st.data_ptr() else id(st)
-        if current[0] >= 0 and key not in seen and not isinstance(t, torch.nn.Parameter) \
-                and not any(t.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
-                            for p in model.parameters()):
-            seen.add(key)
-            saved[current[0]] += st.nbytes()
-        return t
-
-    for i, layer in enumerate(model.model.layers):
-        layer.register_forward_pre_hook(lambda _m, _a, i=i: current.__setitem__(0, i))
-        layer.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, -1))
     ids = torch.randint(0, case.vocab, (case.b, case.s))
-    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if case.dtype == "amp-bf16"
-                else contextlib.nullcontext())
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-        model(input_ids=ids, labels=ids).loss
-    return saved
+    return saved_per_layer(model, model.model.layers, ids, autocast=case.dtype == "amp-bf16")
 
 
 # ---- the cases --------------------------------------------------------------------------------------
