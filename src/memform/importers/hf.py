@@ -659,7 +659,19 @@ def _moe_pattern(cfg: Fields, draft: Draft, model_type: str, layers: int) -> Non
     only = cfg.raw("mlp_only_layers", [])
     if not isinstance(only, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in only):
         raise cfg.error("mlp_only_layers", f"must be a list of layer indices, got {describe(only)}")
-    if cfg.has("moe_layers") and isinstance(cfg.raw("moe_layers"), list):
+    if cfg.has("mlp_layer_types"):
+        # transformers 5's per-layer list (Glm4MoeLiteDecoderLayer and kin: MoE where mlp_layer_types[i] ==
+        # "sparse", a dense MLP where "dense")
+        kinds = cfg.raw("mlp_layer_types")
+        if not isinstance(kinds, list) or len(kinds) != layers:
+            raise cfg.error("mlp_layer_types", f"must list one MLP kind per layer ({layers}), got {describe(kinds)}")
+        odd = sorted({k for k in kinds if k not in ("dense", "sparse")}, key=str)
+        if odd:
+            raise cfg.error("mlp_layer_types", f"has {', '.join(map(str, odd))} layers: memform reads dense and "
+                                               f"sparse (MoE) MLP layers")
+        moe = {i for i, k in enumerate(kinds) if k == "sparse"}
+        source = "mlp_layer_types (sparse: MoE)"
+    elif cfg.has("moe_layers") and isinstance(cfg.raw("moe_layers"), list):
         moe = set(cfg.raw("moe_layers"))  # Llama-4: the MoE layer indices themselves
         source = "moe_layers"
     elif cfg.has("decoder_sparse_step") or cfg.has("interleave_moe_layer_step"):
@@ -689,11 +701,14 @@ def _moe_pattern(cfg: Fields, draft: Draft, model_type: str, layers: int) -> Non
 
 def _moe(cfg: Fields, draft: Draft, model_type: str = "") -> None:
     key, experts = cfg.first(EXPERT_FIELDS, lambda k: cfg.integer(k, minimum=0))
-    for other in ("moe_intermediate_size", "num_experts_per_tok", "n_shared_experts",
+    for other in ("moe_intermediate_size", "num_experts_per_tok", "n_shared_experts", "num_shared_experts",
                   "shared_expert_intermediate_size", "first_k_dense_replace", "moe_layer_freq",
-                  "decoder_sparse_step", "mlp_only_layers", "intermediate_size_mlp"):
+                  "decoder_sparse_step", "mlp_only_layers", "intermediate_size_mlp", "mlp_layer_types"):
         cfg.used.add(other)
     if not experts or experts <= 1:
+        if "sparse" in (cfg.raw("mlp_layer_types") or []):
+            raise cfg.error("mlp_layer_types", "has sparse (MoE) layers but the file names no experts "
+                                               f"({', '.join(EXPERT_FIELDS)})")
         return
     draft.set("model.num_experts", experts, key)
     if model_type in ROUTER_BIAS:
@@ -709,9 +724,10 @@ def _moe(cfg: Fields, draft: Draft, model_type: str = "") -> None:
         draft.set("model.moe_ffn_hidden_size", expert_ffn, "no moe_intermediate_size: intermediate_size")
     else:
         draft.set("model.moe_ffn_hidden_size", expert_ffn, "moe_intermediate_size")
-    shared = cfg.integer("n_shared_experts", None, minimum=0)
+    # ExaoneMoe spells it num_shared_experts (shared MLP moe_intermediate_size × count wide, as DeepSeek's)
+    shared_key, shared = cfg.alias(("n_shared_experts", "num_shared_experts"), lambda k: cfg.integer(k, minimum=0))
     if shared is not None:
-        draft.set("model.num_shared_experts", shared, "n_shared_experts")
+        draft.set("model.num_shared_experts", shared, shared_key)
     elif cfg.has("shared_expert_intermediate_size") and cfg.integer("shared_expert_intermediate_size", minimum=0):
         # transformers Qwen2MoeSparseMoeBlock: one shared expert of this width, scaled by
         # sigmoid(shared_expert_gate(x)), shared_expert_gate = Linear(hidden_size, 1, bias=False)
