@@ -41,7 +41,8 @@ ISSUE_TOLERANCE = 0.20
 
 def runs() -> list[dict[str, Any]]:
     import yaml
-    return [r for r in yaml.safe_load(DATA.read_text(encoding="utf-8"))["runs"] if "published" in r and "model" in r]
+    return [r for r in yaml.safe_load(DATA.read_text(encoding="utf-8"))["runs"]
+            if "published" in r and ("model" in r or "config" in r)]
 
 
 def published_mfu(run: dict[str, Any], predicted: Any = None) -> float | None:
@@ -61,7 +62,17 @@ def published_mfu(run: dict[str, Any], predicted: Any = None) -> float | None:
 
 
 def config_of(run: dict[str, Any]) -> dict[str, Any]:
-    """The memform config of one published run (GPT-3-style or Llama-style, per its activation)."""
+    """The memform config of one published run (GPT-3-style or Llama-style, per its activation), or the
+    run's own ``config``: a memform config file (path from the repository root) or mapping, for
+    architectures the two styles do not cover (MoE, MLA), with the run's device count."""
+    if run.get("config") is not None:
+        import copy
+        from memform.engine.config import parse_yaml   # as memform reads a config file (1.6e11 a number)
+        src = run["config"]
+        cfg = copy.deepcopy(src) if isinstance(src, dict) else parse_yaml((ROOT / src).read_text(encoding="utf-8"))
+        cfg["name"] = run["id"]
+        cfg.setdefault("parallel", {})["devices"] = run["cluster"]["devices"]
+        return cfg
     m, par, tr, cl = run["model"], run["parallel"], run["training"], run["cluster"]
     llama = m.get("activation") == "swiglu"
     model = {k: m[k] for k in ("hidden_size", "num_heads", "num_kv_heads", "num_layers", "ffn_hidden_size",

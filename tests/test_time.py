@@ -11,6 +11,7 @@ all-reduces per layer in forward and backward) with the ring all-reduce's 2(n-1)
 from __future__ import annotations
 
 import json
+import math
 from fractions import Fraction
 
 import pytest
@@ -150,7 +151,10 @@ def test_one_f_one_b_bubble_is_p_minus_one_over_m_vp():
 
 
 def test_zero_bubble_schedules_have_no_bubble_and_gpipe_has_p_minus_one():
-    for schedule, slots in (("zero-bubble-v", 0), ("dualpipev", 0), ("gpipe", 3)):
+    # DualPipeV (deepseek-ai/DualPipe README): (PP/2 - 1)(F&B + B - 3W) on PP/2 = p ranks, B the full
+    # backward (2F), W = F, F&B = F + B: (p - 1)·2F per rank, in slots of its two chunks' 2(F + B) = 6F:
+    # (p - 1)/3 = 1 slot at p = 4 (issue 33; it was 0 with B read as the input gradient alone)
+    for schedule, slots in (("zero-bubble-v", 0), ("dualpipev", 1), ("gpipe", 3)):
         cfg = gpt(L=8, m=8, pp=4, pp_schedule=schedule, vpp=1 if schedule == "gpipe" else 2)
         st = memform.estimate(cfg).stages[0]
         busy = sum(v for k, v in st.time_ps.items() if k not in ("bubble", "dp", "optimizer"))
@@ -690,9 +694,19 @@ def test_shapes_that_fill_whole_waves_pay_nothing():
     assert memform.estimate(quantized).stages[0].time_ps == memform.estimate(base).stages[0].time_ps
 
 
-def test_moe_layers_pad_their_attention_not_the_dense_mlp_they_replace():
-    # an MoE layer's FFN is the router (skinny) and grouped experts (uneven token counts): neither padded,
-    # and the dense MLP's fc1/fc2 (ffn_hidden_size, not a tile multiple here) are not in the layer at all
+def _grouped_idle(E, M, N, K, S):
+    """time.mf gpad over a grouped GEMM's forward, dX and dW: E experts of M rows, each padded to whole
+    256-row tiles (DeepGEMM README, contiguous layout), the group's tiles over shared waves of S."""
+    def one(E, M, N, K):
+        tiles = E * math.ceil(M / 256) * math.ceil(N / 128)
+        return 2 * K * (math.ceil(tiles / S) * S * 256 * 128 - E * M * N)
+    return one(E, M, N, K) + one(E, M, K, N) + one(E, K, N, M)
+
+
+def test_moe_layers_pad_their_attention_and_grouped_experts_not_the_dense_mlp_they_replace():
+    # an MoE layer's FFN is the router (skinny: no pad) and the grouped experts (issue 33: their rows padded
+    # per expert, time.mf gpad); the dense MLP's fc1/fc2 (ffn_hidden_size 1000, not a tile multiple) are
+    # not in the layer at all. Attention and head shapes here are whole tiles on one SM: the experts' alone
     h, a, L, s, v, b = 1024, 8, 2, 1024, 32768, 1
     cfg = {"name": "moe", "formulas": ["moe.mf"],
            "model": {"hidden_size": h, "num_heads": a, "num_layers": L, "vocab_size": v, "seq_length": s,
@@ -703,7 +717,11 @@ def test_moe_layers_pad_their_attention_not_the_dense_mlp_they_replace():
            "device": {**UNIT_DEVICE, "sm_count": 1}}
     plain = json.loads(json.dumps(cfg))
     del plain["device"]["sm_count"]
-    assert memform.estimate(cfg).stages[0].time_ps == memform.estimate(plain).stages[0].time_ps
+    tiled, flat = memform.estimate(cfg).stages[0].time_ps, memform.estimate(plain).stages[0].time_ps
+    Me = 2 * s * b // 4   # top-2 of 4 experts, balanced
+    experts = _grouped_idle(4, Me, 2 * 1000, h, 1) + _grouped_idle(4, Me, h, 1000, 1)
+    assert tiled["compute"] - flat["compute"] == L * experts
+    assert {k: v for k, v in tiled.items() if k != "compute"} == {k: v for k, v in flat.items() if k != "compute"}
 
 
 def test_nvidia_presets_name_their_sm_counts():
@@ -771,8 +789,10 @@ def test_shared_experts_and_mtp_pad_their_gemms(mtp):
     attention = sum(_gemm_idle(tok, 3 * h, h, S)) + sum(_gemm_idle(tok, h, h, S))
     shared = sum(_gemm_idle(tok, 2 * n_sh * f, h, S)) + sum(_gemm_idle(tok, h, n_sh * f, S))
     head = sum(_gemm_idle(tok, v, h, S))
-    module = sum(_gemm_idle(tok, h, 2 * h, S)) + head + attention + shared   # the MTP block is an MoE layer too
-    assert compute(S) - compute(0) == L * (attention + shared) + head + mtp * module
+    # the routed experts' grouped GEMMs (issue 33, time.mf gpad): top-2 of 4, 500 rows each
+    experts = _grouped_idle(4, Fraction(2 * tok, 4), 2 * f, h, S) + _grouped_idle(4, Fraction(2 * tok, 4), h, f, S)
+    module = sum(_gemm_idle(tok, h, 2 * h, S)) + head + attention + shared + experts   # the MTP block is an MoE layer too
+    assert compute(S) - compute(0) == L * (attention + shared + experts) + head + mtp * module
 
 
 def test_data_parallel_overlap_windows_include_the_idle_tile_slots():

@@ -367,7 +367,7 @@ def _table(name: str, devices: int, result: Any, shown: list[dict[str, Any]], to
         prose.append("ranked by estimated step time (formulas/time.mf; memory breaks ties); rows with the same "
                      "memory and time merged; plans slower and bigger than another, or more than "
                      f"{FAR_FROM_BEST:g}× slower than the fastest, dropped (--all keeps them); plans within "
-                     f"{TIE_TOLERANCE:.0%} of the fastest step ranked simplest first")
+                     f"{TIE_TOLERANCE:.0%} of the fastest step ranked simplest first; MFU of the dense BF16 peak")
     if shown and shown[0].get("why"):
         prose.append(f"first row: {shown[0]['why']}")
     wrap = (lambda t: [t]) if wide else \

@@ -209,7 +209,8 @@ class EstimateNumbers:
 
     def time_dict(self) -> dict[str, Any]:
         """The step-time part of ``--json``: step seconds, MFU, tokens/s and the slowest stage."""
-        return {"step_seconds": self.step_seconds, "mfu": self.mfu, "tokens_per_second": self.tokens_per_second,
+        return {"step_seconds": self.step_seconds, "mfu": self.mfu, "mfu_peak": "dense BF16 (device.peak_flops_bf16)",
+                "tokens_per_second": self.tokens_per_second,
                 "slowest_stage": self.time_stage,
                 "parts": {k: v / PS_PER_SECOND for k, v in self.stages[self.time_stage].time_ps.items()}}
 

@@ -168,7 +168,7 @@ def time_line(est: Any) -> str:
     parts = ", ".join(f"{k} {v:.3g}" for k, v in sorted(d["parts"].items(), key=lambda kv: -kv[1]) if v > 0)
     line = f"step ≈ {d['step_seconds']:.3g} s ({parts}; slowest stage {d['slowest_stage']})"
     if d["mfu"] is not None:
-        line += f", MFU {100 * d['mfu']:.1f} %"
+        line += f", MFU {100 * d['mfu']:.1f} % of the dense BF16 peak"   # time.mf: one peak, FP8 recipes too
     if d["tokens_per_second"] is not None:
         line += f", {d['tokens_per_second']:,.0f} tokens/s"
     return line
