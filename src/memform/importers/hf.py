@@ -214,6 +214,11 @@ UNSUPPORTED_FLAGS = {
                                 "attention and MLP, fused grouped QKV) is not mapped",
 }
 UNSUPPORTED_TYPES = {
+    # attention output gates that no config.json field announces (the model class builds them)
+    "minicpm5_moe": "MiniCPM5-MoE's attention output gate (MiniCPM5MoeAttention q_gate_proj: the query projection "
+                    "twice as wide, a sigmoid gate on the attention output) is not mapped",
+    "beam": "Beam's gated attention (BeamAttention gate_proj and a per-head gate_bias) and its four norms per "
+            "layer (pre/post feed-forward layernorms) are not mapped",
     "phi": "Phi-1/2 (transformers PhiDecoderLayer: a one-norm parallel block, and a biased lm_head memform "
            "does not count) is not mapped",
     "gptj": "GPT-J (transformers GPTJBlock: a one-norm parallel block, and a biased lm_head memform does not "
