@@ -167,6 +167,9 @@ def test_bad_values_name_the_key(tmp_path):
     ({**LFM2_2_6B, "layer_types": ["conv"] * 29 + ["linear_attention"]}, "layer_types"),
     ({**LFM2_1_2B, "block_use_swiglu": False}, "block_use_swiglu"),
     ({**LFM2_1_2B, "some_new_field": 1}, "some_new_field"),
+    # LFM2-VL: the language model alone is read (as lfm2); its vision tower is not sized, so the whole is refused
+    ({"model_type": "lfm2_vl", "text_config": LFM2_1_2B, "vision_config": {"model_type": "siglip2_vision_model"}},
+     "LFM2-VL"),
 ])
 def test_importer_refuses_what_it_cannot_size(tmp_path, data, words):
     with pytest.raises(memform.MemformError, match=words):

@@ -214,6 +214,8 @@ UNSUPPORTED_FLAGS = {
                                 "attention and MLP, fused grouped QKV) is not mapped",
 }
 UNSUPPORTED_TYPES = {
+    "lfm2_vl": "LFM2-VL's SigLIP2 tower and pixel-unshuffle projector are not sized (its LFM2 language model is: "
+               "import the text_config alone, model_type lfm2)",
     "phi": "Phi-1/2 (transformers PhiDecoderLayer: a one-norm parallel block, and a biased lm_head memform "
            "does not count) is not mapped",
     "gptj": "GPT-J (transformers GPTJBlock: a one-norm parallel block, and a biased lm_head memform does not "
