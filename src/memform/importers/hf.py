@@ -219,6 +219,8 @@ UNSUPPORTED_TYPES = {
                     "twice as wide, a sigmoid gate on the attention output) is not mapped",
     "beam": "Beam's gated attention (BeamAttention gate_proj and a per-head gate_bias) and its four norms per "
             "layer (pre/post feed-forward layernorms) are not mapped",
+    "lfm2_vl": "LFM2-VL's SigLIP2 tower and pixel-unshuffle projector are not sized (its LFM2 language model is: "
+               "import the text_config alone, model_type lfm2)",
     "phi": "Phi-1/2 (transformers PhiDecoderLayer: a one-norm parallel block, and a biased lm_head memform "
            "does not count) is not mapped",
     "gptj": "GPT-J (transformers GPTJBlock: a one-norm parallel block, and a biased lm_head memform does not "

@@ -38,7 +38,8 @@ from ..errors import MemformError
 from .draft import Draft, Fields, describe
 
 #: the model types this module imports (hf.convert hands them over)
-MODEL_TYPES = frozenset({"nemotron_h", "granitemoehybrid", "falcon_h1", "bamba", "mamba", "mamba2", "jamba"})
+MODEL_TYPES = frozenset({"nemotron_h", "granitemoehybrid", "falcon_h1", "bamba", "mamba", "mamba2", "jamba",
+                         "lfm2", "lfm2_moe"})
 
 #: NemotronHConfig._list_to_pattern: the layer-type names of layers_block_type and their symbols
 NEMOTRON_KINDS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*",
@@ -84,6 +85,9 @@ def convert(cfg: Fields, draft: Draft, given, model_type: str, hf) -> None:  # n
     elif model_type in ("mamba", "mamba2", "jamba"):
         from .hf_mamba1 import convert as convert_ssm   # pure Mamba / Mamba-2 and Jamba (formulas/mamba1.mf)
         convert_ssm(cfg, draft, given, model_type, hf)
+    elif model_type in ("lfm2", "lfm2_moe"):
+        from .hf_lfm2 import convert as convert_lfm2   # LFM2 short-conv hybrids (formulas/lfm2.mf)
+        convert_lfm2(cfg, draft, given, model_type, hf)
     neutral = set(hf.NEUTRAL) | set(NEUTRAL) | {k for k in cfg.data if isinstance(k, str) and k.endswith("_token_id")}
     neutral |= {k for k, v in cfg.data.items() if v is None}
     draft.refuse_unused(cfg, neutral)

@@ -41,6 +41,7 @@ FRAMEWORKS: dict[str, tuple[str, str]] = {"hf": ("hf", "transformers"), "hf-nas"
                                           "hf_vision": ("hf_vision", "transformers"),
                                           "hf_linear": ("hf_linear", "transformers"),
                                           "hf_hybrid": ("hf_hybrid", "transformers"),
+                                          "hf_lfm2": ("hf_lfm2", "transformers"),
                                           "titan": ("titan", "torchtitan"),
                                           "deepspeed": ("deepspeed", "deepspeed"), "mcore": ("mcore", "megatron.core")}
 
