@@ -166,9 +166,32 @@ NEUTRAL_AT: dict[str, tuple[tuple, str]] = {
     "attention_out_bias": ((False,), "an o_proj bias apart from the q/k/v ones is not mapped"),
     "use_qkv_bias": ((False,), "StableLM's q/k/v biases are not mapped (write model.qkv_bias with --set)"),
 }
+#: model types whose import memform has checked against the model class itself: the totals of the real
+#: config.json fixtures (tests/data/importers/hf, published counts), and the types whose configuration
+#: defaults import to exactly the parameters transformers' own model has on the meta device
+#: (``python bench/hf_coverage.py``, transformers 5.25: within 0.01 %, a bias or norm at most). Any other
+#: model type is read from its fields like a Llama-style decoder, with a warning: a tensor its class builds
+#: that no config field announces (an attention output gate, an extra norm) would be missed.
+CHECKED_TYPES = frozenset({
+    # real config.json fixtures with published totals
+    "chatglm", "deepseek_v2", "deepseek_v3", "gemma2", "gemma3", "gemma3_text", "glm4_moe", "gpt2", "gpt_neox",
+    "gpt_oss", "granite", "kimi_k2", "llama", "llama4", "llama4_text", "mistral", "mixtral", "olmo2", "olmoe",
+    "phi3", "qwen2", "qwen2_vl", "qwen2_5_vl", "qwen3", "qwen3_moe", "qwen3_vl", "qwen3_vl_moe",
+    # configuration defaults equal to transformers' model (bench/hf_coverage.py)
+    "apertus", "apertus1p5_text", "arcee", "axk1", "codegen", "cwm", "emu3", "ernie4_5", "exaone", "exaone4",
+    "exaone_moe", "flex_olmo", "flint", "gemma", "glm", "glm4", "glm4_moe_lite", "gpt-sw3", "granitemoe",
+    "granitemoeshared", "helium", "internlm3", "iquestcoder", "jais2", "kolibri1", "mellum", "minicpm3",
+    "minimax_m2", "ministral3", "nanochat", "olmo3", "phimoe", "qwen2_moe", "qwen3_5_moe_text", "qwen3_5_text",
+    "sarvam_mla", "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2", "vaultgemma",
+    # hybrid and linear-attention stacks read by their own modules (tests/test_arch_*.py; bench/hf_coverage.py)
+    "bamba", "falcon_h1", "granitemoehybrid", "jamba", "lfm2", "lfm2_moe", "mamba", "mamba2", "nemotron_h",
+    "qwen3_next",
+})
+#: remote-code model classes checked the same way (their config.json names no model_type)
+CHECKED_CLASSES = frozenset({"ChatGLMModel", "ChatGLMForConditionalGeneration"})
 #: transformers model types whose MLP is gated even though the activation is GeLU (GeGLU keeps
 #: the same tensors as SwiGLU: gate, up, down)
-GATED_GELU = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"})
+GATED_GELU = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "vaultgemma"})
 #: model types whose configuration class ties the output head to the embedding by default
 TIED_BY_DEFAULT = frozenset({"gpt2", "gpt_bigcode", "opt", "gemma", "gemma2", "gemma3", "gemma3_text"})
 #: model types whose linear layers carry biases when the config has no bias field
@@ -300,6 +323,15 @@ def convert(path: Path, draft: Draft, given: set[str]) -> None:
         return hf_hybrid.convert(cfg, draft, given, model_type, sys.modules[__name__])
 
     _unsupported(cfg, model_type)
+    # a multimodal wrapper (llava) is checked by its language model's type; ChatGLM's remote-code config.json
+    # names no model_type, its class in architectures
+    checked = CHECKED_TYPES | hf_nas.MODEL_TYPES | hf_linear.MODEL_TYPES
+    text_type = cfg.string("model_type", "") if cfg is not top else model_type
+    arches = top.raw("architectures") if isinstance(top.raw("architectures"), list) else []
+    if model_type not in checked and text_type not in checked and not set(arches) & CHECKED_CLASSES:
+        draft.warn(f"model_type {model_type or 'not stated'!r} is read from its fields as a Llama-style decoder; "
+                   f"memform has not checked it against the model class (bench/hf_coverage.py), so a tensor the "
+                   f"class builds that no field announces (an attention output gate, an extra norm) is missed")
     if cfg is not top:
         _neutral_at(top, model_type)
     ints = cfg.integer
