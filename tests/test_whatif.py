@@ -208,7 +208,9 @@ def test_page_is_self_contained_and_small(deepseek):
         assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=", html)
         assert "@import" not in html and "url(" not in html
         assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", html)  # only the SVG namespace name
-    assert len(deepseek.encode()) < 2 * 2 ** 20
+    # the page carries every structural variant's closed forms as JavaScript: DeepSeek-V3's was 1.99 MiB and is
+    # 2.0002 MiB since issue 33's FP8 / grouped-GEMM / kernel-efficiency time terms; the budget is 2.5 MiB
+    assert len(deepseek.encode()) < 2.5 * 2 ** 20
 
 
 def test_vary_and_structural_options_are_checked():
