@@ -12,6 +12,7 @@ import pytest
 
 import memform
 from memform.importers import Options, import_config
+from hf_helpers import import_hf
 
 HF = Path(__file__).resolve().parent / "data" / "importers" / "hf"
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,9 +23,6 @@ def total(cfg, overrides=None) -> int:
     est = memform.estimate(cfg, overrides=overrides or {})
     return sum(stage.param_count for stage in est.stages)
 
-
-def import_hf(path: Path):
-    return import_config("hf", path, Options())
 
 
 # Qwen3-Next-80B-A3B-Instruct (tests/data/importers/hf/README.md): the Hub safetensors total recorded by

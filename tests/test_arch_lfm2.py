@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 import memform
-from memform.importers import Options, import_config
+from hf_helpers import built_params, import_hf, total_params, write_json
 
 DATA = Path(__file__).parent / "data" / "importers" / "hf"
 LFM2_1_2B = json.loads((DATA / "lfm2-1.2b.config.json").read_text())
@@ -29,29 +29,6 @@ LFM2_2_6B = {"model_type": "lfm2", "hidden_size": 2048, "num_hidden_layers": 30,
              "vocab_size": 65536, "conv_L_cache": 3, "conv_bias": False, "max_position_embeddings": 128000,
              "layer_types": ["full_attention" if i in (2, 6, 10, 14, 18, 22, 26, 28) else "conv" for i in range(30)]}
 
-
-def write_json(tmp_path: Path, data: dict) -> Path:
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(data))
-    return path
-
-
-def import_hf(path: Path, **options):
-    return import_config("hf", path, Options(**options))
-
-
-def total_params(cfg: dict) -> int:
-    return sum(stage.param_count for stage in memform.estimate(cfg).stages)
-
-
-def built_params(data: dict) -> int:
-    """transformers' own model of ``data``, built on the meta device (no weights)."""
-    transformers = pytest.importorskip("transformers")
-    import torch
-    fields = {k: v for k, v in data.items() if k not in ("architectures", "model_type")}
-    cfg = transformers.AutoConfig.for_model(data["model_type"], **fields)
-    with torch.device("meta"):
-        return sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(cfg).parameters())
 
 
 # ---- published totals ---------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ and real transformers training steps on the CPU against the formulas, whole and 
 from __future__ import annotations
 
 import copy
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import yaml
 
 import memform
 from memform.importers import Options, import_config
+from hf_helpers import import_hf, total_params, write_json
 
 HF = Path(__file__).resolve().parent / "data" / "importers" / "hf"
 
@@ -36,19 +36,6 @@ NEMOTRON_H_8B = {
     "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.48.0.dev0", "use_bias": False,
     "use_cache": True, "use_conv_bias": True, "use_mamba_kernels": True, "vocab_size": 131072}
 
-
-def write_json(tmp_path: Path, data: dict) -> Path:
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(data))
-    return path
-
-
-def import_hf(path: Path, **options):
-    return import_config("hf", path, Options(**options))
-
-
-def total_params(cfg: dict) -> int:
-    return sum(stage.param_count for stage in memform.estimate(cfg).stages)
 
 
 # ---- published totals ---------------------------------------------------------------------------------

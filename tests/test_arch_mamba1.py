@@ -7,18 +7,16 @@ MambaForCausalLM, Mamba2ForCausalLM), whole and layer by layer."""
 from __future__ import annotations
 
 import copy
-import json
 import math
 import subprocess
 import sys
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 import yaml
 
 import memform
-from memform.importers import Options, import_config
+from hf_helpers import built_params, import_hf, total_params, write_json
 
 # ai21labs/Jamba-v0.1's architecture fields: transformers' JambaConfig documents its defaults as that
 # checkpoint's (configuration_jamba.py, @auto_docstring(checkpoint="ai21labs/Jamba-v0.1")); the same values
@@ -48,29 +46,6 @@ MAMBA2_2_7B = {"architectures": ["Mamba2ForCausalLM"], "model_type": "mamba2", "
                "state_size": 128, "expand": 2, "conv_kernel": 4, "chunk_size": 256, "tie_word_embeddings": True,
                "residual_in_fp32": True, "use_bias": False, "use_conv_bias": True, "layer_norm_epsilon": 1e-05}
 
-
-def write_json(tmp_path: Path, data: dict) -> Path:
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(data))
-    return path
-
-
-def import_hf(path: Path, **options):
-    return import_config("hf", path, Options(**options))
-
-
-def total_params(cfg: dict) -> int:
-    return sum(stage.param_count for stage in memform.estimate(cfg).stages)
-
-
-def built_params(data: dict) -> int:
-    """transformers' own model of ``data``, built on the meta device (no weights)."""
-    transformers = pytest.importorskip("transformers")
-    import torch
-    fields = {k: v for k, v in data.items() if k not in ("architectures", "model_type")}
-    cfg = transformers.AutoConfig.for_model(data["model_type"], **fields)
-    with torch.device("meta"):
-        return sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(cfg).parameters())
 
 
 # ---- published totals ---------------------------------------------------------------------------------

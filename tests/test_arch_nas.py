@@ -20,21 +20,14 @@ import pytest
 
 import memform
 from memform.engine.model import load_model, stack_items
-from memform.importers import Options, import_config
 from memform.importers.hf_nas import ffn_mult_to_intermediate_size
+from hf_helpers import import_hf, total_params
 
 ROOT = Path(__file__).resolve().parents[1]
 HF = ROOT / "tests" / "data" / "importers" / "hf"
 SUPER = HF / "llama-3.3-nemotron-super-49b-v1.config.json"
 ULTRA = HF / "llama-3.1-nemotron-ultra-253b-v1.config.json"
 
-
-def import_hf(path: Path):
-    return import_config("hf", path, Options())
-
-
-def total_params(cfg) -> int:
-    return sum(stage.param_count for stage in memform.estimate(cfg).stages)
 
 
 def layer_values(cfg, quantity: str, mode: str = "none") -> list[int]:

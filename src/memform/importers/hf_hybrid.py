@@ -100,6 +100,16 @@ def _agree(cfg: Fields, keys: tuple[str, ...], default=None, *, minimum: int = 1
     return (key, value) if key is not None else (None, default)
 
 
+def _head_dim(cfg: Fields, draft: Draft, h: int, a: int, head_dim: int | None) -> None:
+    """``model.head_dim`` where the heads are not hidden_size / heads wide; a config that leaves the width
+    undetermined stops here."""
+    if head_dim is not None and head_dim * a != h:
+        draft.set("model.head_dim", head_dim, f"head_dim (× {a} heads = {head_dim * a}, not hidden_size {h})")
+    elif head_dim is None and h % a:
+        raise MemformError(f"{cfg.file}: hidden_size {h} is not a multiple of num_attention_heads {a} and there "
+                           f"is no 'head_dim' field")
+
+
 def _pattern(cfg: Fields) -> tuple[str, str]:
     """(pattern, source field) of a NemotronH config."""
     if cfg.has("hybrid_override_pattern"):
@@ -141,12 +151,7 @@ def _nemotron_h(cfg: Fields, draft: Draft, given, hf) -> None:  # noqa: ANN001
     draft.set("model.num_layers", layers, f"the symbols of {source}: one NemotronHBlock (norm + one mixer) each")
     draft.set("model.hybrid_pattern", pattern, f"{source} (M Mamba-2, * attention, - MLP, E MoE)")
     # older NemotronH configs (Nemotron-H-8B/47B/56B) name it attention_head_dim
-    _, head_dim = _agree(cfg, ("head_dim", "attention_head_dim"))
-    if head_dim is not None and head_dim * a != h:
-        draft.set("model.head_dim", head_dim, f"head_dim (× {a} heads = {head_dim * a}, not hidden_size {h})")
-    elif head_dim is None and h % a:
-        raise MemformError(f"{cfg.file}: hidden_size {h} is not a multiple of num_attention_heads {a} and there "
-                           f"is no 'head_dim' field")
+    _head_dim(cfg, draft, h, a, _agree(cfg, ("head_dim", "attention_head_dim"))[1])
     draft.set("model.ffn_hidden_size", cfg.integer("intermediate_size", 21504), "intermediate_size")
     draft.set("model.vocab_size", cfg.integer("vocab_size"))
     hf._seq_length(cfg, draft, "nemotron_h", given)
@@ -357,12 +362,7 @@ def _falcon_h1(cfg: Fields, draft: Draft, given, hf) -> None:  # noqa: ANN001
                                               f"attention side by side, then the MLP), each after its own norm")
     draft.set("model.hybrid_pattern", "P-" * layers, "FalconH1DecoderLayer: P (mamba ∥ self_attn), then - (MLP)")
     draft.set("model.hybrid_ffn_paired", True, "the MLP runs in the mixers' FalconH1DecoderLayer (one checkpoint)")
-    head_dim = cfg.integer("head_dim", None)
-    if head_dim is not None and head_dim * a != h:
-        draft.set("model.head_dim", head_dim, f"head_dim (× {a} heads = {head_dim * a}, not hidden_size {h})")
-    elif head_dim is None and h % a:
-        raise MemformError(f"{cfg.file}: hidden_size {h} is not a multiple of num_attention_heads {a} and there "
-                           f"is no 'head_dim' field")
+    _head_dim(cfg, draft, h, a, cfg.integer("head_dim", None))
     draft.set("model.ffn_hidden_size", cfg.integer("intermediate_size", 14336), "intermediate_size")
     draft.set("model.vocab_size", cfg.integer("vocab_size"))
     hf._seq_length(cfg, draft, "falcon_h1", given)
