@@ -110,6 +110,18 @@ def _head_dim(cfg: Fields, draft: Draft, h: int, a: int, head_dim: int | None) -
                            f"is no 'head_dim' field")
 
 
+def _rope_bias_dropout_tying(cfg: Fields, draft: Draft) -> None:
+    """The fields Falcon-H1 and Bamba spell alike: rotary positions (no parameters), one bias switch for
+    attention and MLP together, attention dropout, embedding tying."""
+    draft.set("model.position_embedding", "rope", "rotary: no position parameters")
+    biases = {k: cfg.boolean(k, False) for k in ("attention_bias", "mlp_bias")}
+    if biases["attention_bias"] != biases["mlp_bias"]:
+        raise cfg.error("attention_bias", "differs from mlp_bias: memform's model.bias covers both together")
+    draft.set("model.bias", biases["attention_bias"], "attention_bias / mlp_bias")
+    draft.set("model.dropout", bool(cfg.number("attention_dropout", 0)), "attention_dropout")
+    draft.set("model.tied_embeddings", cfg.boolean("tie_word_embeddings", False), "tie_word_embeddings")
+
+
 def _pattern(cfg: Fields) -> tuple[str, str]:
     """(pattern, source field) of a NemotronH config."""
     if cfg.has("hybrid_override_pattern"):
@@ -372,13 +384,7 @@ def _falcon_h1(cfg: Fields, draft: Draft, given, hf) -> None:  # noqa: ANN001
                                       f"SiLU only")
     draft.set("model.activation", "swiglu", f"hidden_act {act}: FalconH1MLP gate_proj, up_proj, down_proj")
     draft.set("model.norm", "rmsnorm", "FalconH1RMSNorm")
-    draft.set("model.position_embedding", "rope", "rotary: no position parameters")
-    biases = {k: cfg.boolean(k, False) for k in ("attention_bias", "mlp_bias")}
-    if biases["attention_bias"] != biases["mlp_bias"]:
-        raise cfg.error("attention_bias", "differs from mlp_bias: memform's model.bias covers both together")
-    draft.set("model.bias", biases["attention_bias"], "attention_bias / mlp_bias")
-    draft.set("model.dropout", bool(cfg.number("attention_dropout", 0)), "attention_dropout")
-    draft.set("model.tied_embeddings", cfg.boolean("tie_word_embeddings", False), "tie_word_embeddings")
+    _rope_bias_dropout_tying(cfg, draft)
     heads = cfg.integer("mamba_n_heads", 128)
     d_ssm = cfg.integer("mamba_d_ssm", None)
     d_inner = d_ssm if d_ssm is not None else cfg.integer("mamba_expand", 2) * h
@@ -438,13 +444,7 @@ def _bamba(cfg: Fields, draft: Draft, given, hf) -> None:  # noqa: ANN001
         raise cfg.error("hidden_act", f"is {act!r}: Bamba's gated MLP is mapped with SiLU only")
     draft.set("model.activation", "swiglu", f"hidden_act {act}: BambaMLP gate_proj, up_proj, down_proj")
     draft.set("model.norm", "rmsnorm", "BambaRMSNorm")
-    draft.set("model.position_embedding", "rope", "rotary: no position parameters")
-    biases = {k: cfg.boolean(k, False) for k in ("attention_bias", "mlp_bias")}
-    if biases["attention_bias"] != biases["mlp_bias"]:
-        raise cfg.error("attention_bias", "differs from mlp_bias: memform's model.bias covers both together")
-    draft.set("model.bias", biases["attention_bias"], "attention_bias / mlp_bias")
-    draft.set("model.dropout", bool(cfg.number("attention_dropout", 0)), "attention_dropout")
-    draft.set("model.tied_embeddings", cfg.boolean("tie_word_embeddings", False), "tie_word_embeddings")
+    _rope_bias_dropout_tying(cfg, draft)
     _mamba2_ibm(cfg, draft, h)
     for key in ("max_position_embeddings", "model_type"):
         cfg.used.add(key)

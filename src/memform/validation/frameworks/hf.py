@@ -225,6 +225,19 @@ def _step(case: HFCase, seed: int) -> Step:
     return Step({**measured, "activations_peak": peak}, trace.by_op(where, act, 10), loss, allocator, replayed)
 
 
+def case_per_layer(case: Any, seed: int = 0, layers_of: Any = lambda model: model.model.layers) -> list[int]:
+    """:func:`saved_per_layer` of a harness case's own model (``case.build_model``, seeded, in the case's
+    dtype; ``layers_of`` finds its decoder layers) on random token ids of the case's batch, without
+    checkpointing: the per-layer check of the architecture harnesses."""
+    import torch
+
+    torch.manual_seed(seed)
+    model = case.build_model(torch.bfloat16 if case.dtype == "bf16" else torch.float32)
+    model.train()
+    ids = torch.randint(0, case.vocab, (case.b, case.s))
+    return saved_per_layer(model, layers_of(model), ids, autocast=case.dtype == "amp-bf16")
+
+
 def saved_per_layer(model: Any, layers: Any, ids: Any, autocast: bool = False) -> list[int]:
     """Bytes autograd saves for backward during each of ``layers``' forward (a transformers model's decoder
     layers; distinct storages first saved inside that layer, parameters left out; the layer's input, saved

@@ -134,16 +134,9 @@ def per_layer(case: HybridCase, seed: int = 0) -> list[int]:
     inside that layer, parameters left out; the layer's input, saved by its norm, is the previous layer's
     output and counts here, as mamba.mf's norm.act counts it). Without checkpointing. One entry per
     transformers decoder layer: a NemotronHBlock (one symbol), a GraniteMoeHybridDecoderLayer (two)."""
-    import torch
-
-    from .hf import saved_per_layer
-    torch.manual_seed(seed)
-    dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float32
-    model = case.build_model(dtype)
-    model.train()
-    layers = model.backbone.layers if hasattr(model, "backbone") else model.model.layers   # Mamba / Mamba2: backbone
-    ids = torch.randint(0, case.vocab, (case.b, case.s))
-    return saved_per_layer(model, layers, ids, autocast=case.dtype == "amp-bf16")
+    from .hf import case_per_layer
+    # Mamba / Mamba2 keep their layers in a backbone
+    return case_per_layer(case, seed, lambda m: m.backbone.layers if hasattr(m, "backbone") else m.model.layers)
 
 
 def estimated_per_layer(case: HybridCase) -> list[int]:

@@ -71,15 +71,8 @@ def measure(case: Lfm2Case, seed: int = 0) -> Step:
 
 def per_layer(case: Lfm2Case, seed: int = 0) -> list[int]:
     """Bytes autograd saves during each decoder layer's forward (:func:`hf.saved_per_layer`), no checkpointing."""
-    import torch
-
-    from .hf import saved_per_layer
-    torch.manual_seed(seed)
-    dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float32
-    model = case.build_model(dtype)
-    model.train()
-    ids = torch.randint(0, case.vocab, (case.b, case.s))
-    return saved_per_layer(model, model.model.layers, ids, autocast=case.dtype == "amp-bf16")
+    from .hf import case_per_layer
+    return case_per_layer(case, seed)
 
 
 def estimated_per_layer(case: Lfm2Case) -> list[int]:

@@ -179,15 +179,8 @@ def per_layer(case: NASCase, seed: int = 0) -> list[int]:
     """Bytes autograd saves for backward during each decoder layer's forward (distinct storages first saved
     inside that layer; the layer's input, saved by its first norm, is the previous layer's output and
     counts here, as nas.mf's act counts it). Without checkpointing."""
-    import torch
-
-    from .hf import saved_per_layer
-    torch.manual_seed(seed)
-    dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float32
-    model = case.build_model(dtype)
-    model.train()
-    ids = torch.randint(0, case.vocab, (case.b, case.s))
-    return saved_per_layer(model, model.model.layers, ids, autocast=case.dtype == "amp-bf16")
+    from .hf import case_per_layer
+    return case_per_layer(case, seed)
 
 
 # ---- the cases --------------------------------------------------------------------------------------
