@@ -395,6 +395,9 @@ STRATEGY_CASES = [
     ("PP=4\nPER=2\nA=( --pipeline-model-parallel-size $PP --num-layers-per-virtual-pipeline-stage $PER )",
      {"parallel.pp": 4, "parallel.vpp": 2}),
     ("A=( --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank $((8/4)) )", {"parallel.vpp": 2}),
+    # model_parallel_config.py microbatch_group_size_per_vp_stage: the interleaved warm-up's group (schedules.mf)
+    ("A=( --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
+     "--microbatch-group-size-per-virtual-pipeline-stage 4 )", {"parallel.vpp": 2, "parallel.vpp_microbatch_group": 4}),
     ("F=${FIRST:-3}\nA=( --pipeline-model-parallel-size 3 --decoder-first-pipeline-num-layers $F "
      "--decoder-last-pipeline-num-layers $((16 - F - 10)) )", {"parallel.stage_layers": [3, 10, 3]}),
     ("CP=2\nA=( --context-parallel-size $CP --cp-comm-type a2a )", {"parallel.cp": 2, "parallel.cp_algo": "ulysses"}),

@@ -91,6 +91,69 @@ def test_vpp_per_chunk_counts_follow_the_interleaved_schedule():
     assert e.stages[0].peak_moment == "backward"
 
 
+def _megatron_held(p: int, v: int, m: int, g: int, i: int) -> dict[int, int]:
+    """Per-chunk passes stage i holds at its first backward, read off Megatron-Core's own schedule:
+    pipeline_parallel/schedules.py get_schedule_table (groups of g micro-batches, every chunk in turn, the
+    last group taking what is left) and get_pp_rank_microbatches (2(p - i - 1) + (v - 1)g warm-up forwards,
+    capped at m·v), plus the one forward before the first backward."""
+    table = []
+    for start in range(0, m, g):
+        stop = m if start + g >= m else start + g
+        table += [(mb, c) for c in range(v) for mb in range(start, stop)]
+    n = min(m * v, 2 * (p - i - 1) + (v - 1) * g + 1)
+    return {c: sum(1 for _, cc in table[:n] if cc == c) for c in range(v)}
+
+
+@pytest.mark.parametrize("p,v,m,g", [(4, 2, 16, 4), (4, 2, 16, 8), (4, 2, 10, 5), (4, 3, 12, 6), (2, 2, 6, 3),
+                                     (4, 2, 9, 5), (4, 2, 8, 8), (2, 4, 8, 4)])
+def test_vpp_microbatch_group_follows_megatron_schedule_table(p, v, m, g):
+    """--microbatch-group-size-per-virtual-pipeline-stage g (model_parallel_config.py; Llama 3 §3.3.2 tunes
+    it): each stage holds, per chunk, what Megatron-Core's schedule table runs before the first backward."""
+    e = est(parallel__pp=p, parallel__vpp=v, parallel__vpp_microbatch_group=g, training__num_micro_batches=m)
+    for i in range(p):
+        assert inflight(e, i) == _megatron_held(p, v, m, g, i), (i, inflight(e, i))
+    if g == p:   # the flag at Megatron's default is the default
+        assert e.peak_bytes == est(parallel__pp=p, parallel__vpp=v, training__num_micro_batches=m).peak_bytes
+
+
+def test_vpp_default_group_is_p():
+    for p, v, m in [(4, 2, 16), (4, 2, 4), (2, 4, 8), (8, 2, 24)]:
+        e = est(parallel__pp=p, parallel__vpp=v, training__num_micro_batches=m)
+        assert [inflight(e, i) for i in range(p)] == [_megatron_held(p, v, m, p, i) for i in range(p)]
+
+
+@pytest.mark.parametrize("g,m,fragment", [
+    (3, 16, "between parallel.pp"),      # g < p: schedules.py refuses
+    (20, 16, "between parallel.pp"),     # g > m
+    (6, 16, "last group"),               # 16 % 6 = 4 ... >= p = 4 is allowed; see below
+])
+def test_vpp_microbatch_group_is_checked(g, m, fragment):
+    cfg = dict(parallel__pp=4, parallel__vpp=2, parallel__vpp_microbatch_group=g, training__num_micro_batches=m)
+    if fragment == "last group":   # 16 = 2·6 + 4: a last group of 4 = p is what Megatron accepts
+        est(**cfg)
+        with pytest.raises(MemformError, match="last group"):   # 14 = 2·6 + 2: a last group of 2 < p
+            est(**{**cfg, "training__num_micro_batches": 14})
+        return
+    with pytest.raises(MemformError, match=fragment):
+        est(**cfg)
+
+
+def test_torch_interleaved_uses_its_own_rounds():
+    """torch ScheduleInterleaved1F1B.__init__: number_of_rounds = max(1, m // p), microbatches_per_round =
+    m / rounds, warm-up (v - 1)·g + 2(p - 1 - i) (_get_warmup_ops) and one more forward; p = 4, v = 2."""
+    def held(m):
+        e = est(parallel__pp=4, parallel__vpp=2, training__num_micro_batches=m,
+                training__framework="torch", parallel__pp_schedule="torch-interleaved")
+        return [inflight(e, i) for i in range(4)]
+    # m = 16: 4 rounds of g = 4, Megatron's default; m = 6: 1 round of g = 6, every stage 2(3 - i) + 6 + 1,
+    # capped at 12: chunk 0 takes the first 6 forwards, chunk 1 the rest
+    assert held(16) == [_megatron_held(4, 2, 16, 4, i) for i in range(4)]
+    assert held(6) == [{0: 6, 1: 6}, {0: 6, 1: 5}, {0: 6, 1: 3}, {0: 6, 1: 1}]
+    with pytest.raises(MemformError, match="vpp_microbatch_group is Megatron's"):
+        est(parallel__pp=4, parallel__vpp=2, parallel__vpp_microbatch_group=4, training__framework="torch",
+            parallel__pp_schedule="torch-interleaved")
+
+
 def test_memest_interleaved_variants():
     """MemEst evaluators/utils.py micro factors (memest-formulas.md §2.2), p = 4, m = 16, v = 2:
     big memory: chunk 0 = B + extra (- 1 on stage 0), last chunk = B - i (+1 borrowed);

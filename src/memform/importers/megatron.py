@@ -141,7 +141,7 @@ NEUTRAL: dict[str, str] = {
              "no-overlap-p2p-communication overlap-p2p-communication overlap-p2p-communication-warmup-flush "
              "no-delay-grad-reduce delay-grad-reduce no-scatter-gather-tensors-in-pipeline "
              "scatter-gather-tensors-in-pipeline use-ring-exchange-p2p batch-p2p-comm no-batch-p2p-comm "
-             "microbatch-group-size-per-virtual-pipeline-stage use-cp-send-recv-overlap "
+             "use-cp-send-recv-overlap "
              "moe-permutation-async-comm moe-alltoall-overlap-comm use-ascend-coc coc-fused-kernel "
              "coc-parallel-num coc-mode use-ascend-mc2"),
     **_names("a fused kernel computing the same result from the same saved tensors",
@@ -1101,6 +1101,11 @@ def _strategy(f: Fields, draft: Draft, layers: int, tp: int) -> None:
     elif f.has("num-virtual-stages-per-pipeline-rank"):
         draft.set("parallel.vpp", f.integer("num-virtual-stages-per-pipeline-rank"),
                   "--num-virtual-stages-per-pipeline-rank")
+    if f.has("microbatch-group-size-per-virtual-pipeline-stage"):
+        # the micro-batches a chunk runs back to back: the interleaved warm-up depth (schedules.mf g_vp)
+        draft.set("parallel.vpp_microbatch_group", f.integer("microbatch-group-size-per-virtual-pipeline-stage",
+                                                             minimum=1),
+                  "--microbatch-group-size-per-virtual-pipeline-stage")
     first = f.integer("decoder-first-pipeline-num-layers", None, minimum=0)
     last = f.integer("decoder-last-pipeline-num-layers", None, minimum=0)
     if (first is not None or last is not None) and pp > 1:
