@@ -96,7 +96,8 @@ def config_of(run: dict[str, Any]) -> dict[str, Any]:
     cfg = {"name": run["id"], "formulas": ["dense.mf"], "model": model, "parallel": parallel,
            "training": training, "device": {"preset": cl["device"]}}
     if tr.get("fp8"):   # Transformer Engine fp8 GEMMs (frameworks/megatron/megatron-core.mf)
-        cfg["megatron"] = {"fp8": tr["fp8"]["format"], "fp8_recipe": tr["fp8"]["recipe"]}
+        cfg["megatron"] = {"fp8": tr["fp8"]["format"], "fp8_recipe": tr["fp8"]["recipe"],
+                           "fp8_param_gather": bool(tr["fp8"].get("param_gather"))}
     return cfg
 
 

@@ -57,6 +57,29 @@ def test_predicted_mfu_is_within_a_quarter_of_the_published(run):
     assert abs(row["relative_error"]) <= throughput.TOLERANCE, row
 
 
+#: run id -> why memform says a run that trained on its devices does not fit there (strict xfails)
+DOES_NOT_FIT: dict[str, str] = {
+    # rebuilt for its step time only: Table 4 gives TP/CP/PP/DP, not §3.3.2's memory mechanisms (FSDP without
+    # resharding, SP); configs/llama3-405b-8k.yaml is the memory rebuild (tests/test_published_runs.py)
+    "dubey2024-table4-row1": "rebuilt without §3.3.2's sharding: 302 GiB",
+    "dubey2024-table4-row2": "rebuilt without §3.3.2's sharding: 231 GiB",
+    "dubey2024-table4-row3": "rebuilt without §3.3.2's sharding: 231 GiB",
+    # 77.1 GiB allocated, over 80 GiB with the caching allocator's reserve; the 25.11 recipe's other memory
+    # settings (CUDA graphs, dispatcher buffers) are not in the entry
+    "megatron-bridge-25.11-h100-qwen3-30b-a3b": "77.1 GiB allocated, over 80 GiB reserved",
+}
+
+
+@pytest.mark.parametrize("run", [pytest.param(r, id=r["id"], marks=pytest.mark.xfail(
+    strict=True, reason=DOES_NOT_FIT[r["id"]])) if r["id"] in DOES_NOT_FIT else pytest.param(r, id=r["id"])
+    for r in RUNS])
+def test_every_published_run_fits_on_its_devices(run):
+    # each run trained on its devices: with its recipe's stated precision (FP8 runs: the precision config's
+    # fp8_param_gather, Megatron-Bridge / NeMo mixed_precision.py) memform must say it fits; numeric path
+    import memform
+    assert memform.estimate(throughput.config_of(run)).fits, run["id"]
+
+
 def test_every_run_is_rebuilt_with_its_stated_strategy():
     for run in RUNS:
         cfg = throughput.config_of(run)
