@@ -349,22 +349,36 @@ def test_vocab_emb_dp_replicates_table_head_and_head_input(tiny):
 # MindFormers' CrossEntropyLoss (mindformers/core/loss/loss.py at mindspore-lab/mindformers a545e32c5):
 # _LogSoftmax casts the logits to fp32 and returns the fp32 log-softmax, OneHot builds fp32 labels; both
 # are what _NLLLoss.bprop reads, over (dp, mp): 2 · 4 · s·b·v/tp (model_parallel divides the vocabulary:
-# dense.mf requires it). The backward moment
-# adds the logits' gradient cast to bf16 in the head's layout (v/tp without vocab_emb_dp, v with it)
-# and one fp32 s·b·v/tl (exp(log-softmax) - one-hot), not a second copy of the saved activations.
-@pytest.mark.parametrize("vocab, vocab_dp", [(32000, True), (32000, False), (48000, True)])
-def test_loss_keeps_fp32_log_softmax_and_one_hot_over_model_parallel(tiny, vocab, vocab_dp):
+# dense.mf requires it). The backward moment adds, instead of a second copy of the saved activations,
+# the logits' gradient re-laid out to the head's layout (v/tp without vocab_emb_dp, v with it) in the
+# dtype the loss read -- fp32 where the model casts the head's output first (models/llama/llama.py
+# LlamaForCausalLM.construct: cast(logits, float32) before self.loss), then its bf16 cast back; bf16
+# where it does not (research/deepseek3 DeepseekV3ForCausalLM) -- and one fp32 s·b·v/tp of
+# _NLLLoss.bprop (exp(log-softmax) - one-hot).
+@pytest.mark.parametrize("vocab, vocab_dp, logits, grad_bytes", [
+    (32000, True, "fp32", 4 + 2), (32000, False, "fp32", 4 + 2), (48000, True, "fp32", 4 + 2),
+    (32000, True, "bf16", 2), (32000, False, "bf16", 2),
+])
+def test_loss_keeps_fp32_log_softmax_and_one_hot_over_model_parallel(tiny, vocab, vocab_dp, logits, grad_bytes):
     s = 1024
     est = memform.estimate(tiny(), {"mindspore.parallel_optimizer": False, "model.vocab_size": vocab,
-                                    "mindspore.vocab_emb_dp": vocab_dp})
+                                    "mindspore.vocab_emb_dp": vocab_dp, "mindspore.loss_logits_dtype": logits})
     out = next(e for e in est.stages[0].layers if e.block == "output")
-    tl = tp
     head_in = 2 * s * h // (1 if vocab_dp else tp)     # bf16, the norm's output gathered or SP-split
     norm_in = 2 * s * h // tp                          # fused RmsNorm, SP-split input
-    assert int(out.per_layer_values["activations"]) == norm_in + head_in + 2 * 4 * s * vocab // tl
+    assert int(out.per_layer_values["activations"]) == norm_in + head_in + 2 * 4 * s * vocab // tp
     stage = est.stages[0]
     extra = stage.moments["backward"] - stage.moments["warmup"]
-    assert extra == pytest.approx(2 * s * vocab / (1 if vocab_dp else tp) + 4 * s * vocab / tl, rel=1e-12)
+    assert extra == pytest.approx(grad_bytes * s * vocab / (1 if vocab_dp else tp) + 4 * s * vocab / tp, rel=1e-12)
+
+
+@pytest.mark.parametrize("fixture, want", [
+    ("deepseek3-mindformers.yaml", "bf16"),    # arch DeepseekV3ForCausalLM (research/deepseek3): no cast
+    ("llama2-7b-mindformers.yaml", None),      # LlamaForCausalLM casts to fp32: the profile's default
+])
+def test_import_sets_the_logits_dtype_the_loss_reads(fixture, want):
+    draft = import_config("mindformers", ROOT / "tests" / "data" / "importers" / fixture, Options())
+    assert draft.get("mindspore.loss_logits_dtype") == want
 
 
 def test_recomputed_layer_keeps_its_sp_all_gathers_without_mp_comm_recompute(tiny):
@@ -439,6 +453,7 @@ def test_selective_recompute_counts_per_stage(tiny, tmp_path):
     (["--set", "mindspore.optimizer_level=level4"], "mindspore.optimizer_level"),
     (["--set", "mindspore.vocab_emb_dp=maybe"], "mindspore.vocab_emb_dp"),
     (["--set", "mindspore.layernorm_compute_type=int4"], "mindspore.layernorm_compute_type"),
+    (["--set", "mindspore.loss_logits_dtype=int4"], "mindspore.loss_logits_dtype"),
     (["--set", "training.selective_recompute_num_layers=[1, 2, 3]"], "training.selective_recompute_num_layers"),
     (["--set", "training.selective_recompute_num_layers=-1"], "training.selective_recompute_num_layers"),
     (["--set", "mindspore.parallel_optimiser=true"], "mindspore.parallel_optimiser"),
