@@ -11,7 +11,8 @@ profile's formulas:
   unless gradient_accumulation_shard (frontend/parallel/step_parallel.cc, ACCU_GRADS); level1/2 keep the
   forward all-gather until backward (docs features/parallel/optimizer_parallel.md, optimizer_level);
 * MindFormers' tensor layouts: research/deepseek3/deepseek2_model.py (DeepSeekV2Attention shards,
-  lm_head, MTPHiddenFuser, MTP embedding = tok_embeddings.embedding_weight), models/llama/llama_layer.py
+  lm_head, MTPHiddenFuser, MTP embedding = tok_embeddings.embedding_weight, which the last stage receives
+  from stage 0: pipeline_transformer.cc HandleSharedParameter), models/llama/llama_layer.py
   (LlamaEmbedding with vocab_emb_dp, LlamaRMSNorm parallel_optimizer=False, LlamaFeedForwardWithMoE:
   shared experts replicated with SP, routed experts split over ep x expert_model_parallel), AdamW's
   fp32 moments (core/optim/adamw.py), accu_grads cloned from the weights (wrapper/wrapper.py);
@@ -71,8 +72,10 @@ def moe_ffn() -> list[tuple[int, int]]:
 
 
 EMBEDDING = [tensor(V * H, V * H, V, R_REP, whole=True)]     # vocab_emb_dp, stage-shared with the MTP
-MTP = [tensor(H, H, H, R_REP, whole=True)] * 2 + [tensor(2 * H * H, 2 * H * H, H, R_REP)] + \
-    [tensor(V * H, V * H, V, R_REP, whole=True)]             # norm, norm_emb, dense 2h -> h, the shared table
+MTP = [tensor(H, H, H, R_REP, whole=True)] * 2 + [tensor(2 * H * H, 2 * H * H, H, R_REP)]   # norm, norm_emb, dense
+# the shared table on the last stage: stage 0's slice received each step (pipeline_transformer.cc
+# HandleSharedParameter: Send / Receive of a stage-shared parameter), held in fp32, not trained there
+RECEIVED = {15: V * H}
 HEAD = [tensor(V * H, V * H, V, R_REP), tensor(H, H, H, R_REP, whole=True)]   # lm_head (vocab_emb_dp), norm_out
 
 
@@ -86,12 +89,13 @@ def stage_tensors(stage: int) -> list[tuple[int, int]]:
     return out
 
 
-def mindspore_static(tensors: list[tuple[int, int]]) -> dict[str, float]:
+def mindspore_static(tensors: list[tuple[int, int]], received: int = 0) -> dict[str, float]:
     """Weights left after the shard + their all-gathered bf16 copies kept for backward; AdamW's fp32
-    m and v of the shard; accu_grads at the unsharded slice (gradient_accumulation_shard False)."""
+    m and v of the shard; accu_grads at the unsharded slice (gradient_accumulation_shard False); a
+    received stage-shared table (`received` elements) in its fp32 dtype, without gradients or moments."""
     held = sum(n / sh for n, sh in tensors)
     gathered = sum(n for n, sh in tensors if sh > 1)
-    return {"params": held * BP + gathered * BA, "optimizer": held * 2 * BOS,
+    return {"params": held * BP + gathered * BA + received * BP, "optimizer": held * 2 * BOS,
             "grads": sum(n for n, _ in tensors) * BG}
 
 
@@ -104,7 +108,7 @@ def ds3(tmp_path_factory):
 
 @pytest.mark.parametrize("stage", range(16))
 def test_deepseek3_static_matches_mindspore_tensor_by_tensor(ds3, stage):
-    expected = mindspore_static(stage_tensors(stage))
+    expected = mindspore_static(stage_tensors(stage), RECEIVED.get(stage, 0))
     got = ds3.stages[stage].values
     for cat, value in expected.items():
         assert got[cat] == pytest.approx(value, rel=1e-12), cat
@@ -160,15 +164,15 @@ def gathered_copies(stage: int) -> float:
 # Where memform deliberately differs from MemEst, each difference replaced by what MindSpore does:
 #  - the bf16 all-gathered copies kept from forward to backward count as params (MemEst: per-layer DP comm
 #    in dynamic memory, §1.4, §2.3);
-#  - vocab_emb_dp and the MTP make the table stage-shared: whole on stage 0 and on the last stage
-#    (MemEst: /t); one lm_head, replicated over TP and sharded 8 ways with unsharded gradients (MemEst:
+#  - vocab_emb_dp and the MTP make the table stage-shared: whole on stage 0 (MemEst: /t), received
+#    untrained on the last stage (MemEst: a trained copy /t); one lm_head, replicated over TP and sharded 8 ways with unsharded gradients (MemEst:
 #    two head copies, /32 and gradients /t); the MTP's dense is replicated and sharded, its two norms whole.
 def memest_with_mindspore_vocab(stage: int) -> dict[str, float]:
     base = memest_stage(stage)
     if stage in (0, 15):
         for c, value in memest_stage_vocab(stage).items():
             base[c] -= value
-        for c, value in mindspore_static(EMBEDDING if stage == 0 else MTP + HEAD).items():
+        for c, value in mindspore_static(EMBEDDING if stage == 0 else MTP + HEAD, RECEIVED.get(stage, 0)).items():
             base[c] += value
         base["params"] -= sum(n for n, sh in (EMBEDDING if stage == 0 else MTP + HEAD) if sh > 1) * BA
     base["params"] += gathered_copies(stage)
@@ -328,9 +332,10 @@ def test_gradient_accumulation_shard(tiny, m, accum_shard, sharded):
     assert est.stages[0].values["grads"] == pytest.approx(want, rel=1e-12)
 
 
-def test_vocab_emb_dp_replicates_table_head_and_logits(tiny):
+def test_vocab_emb_dp_replicates_table_head_and_head_input(tiny):
     """vocab_emb_dp: the table and head are whole per TP rank (v·h instead of v·h/tp) and the head's
-    logits (fp32, s·b·v) and its input (the whole sequence, s·b·h) are not split over tp."""
+    input (the whole sequence, s·b·h) is not split over tp; the loss's saved tensors are laid out over
+    (dp, mp) either way (mindformers/core/loss/loss.py CrossEntropyLoss: add shard ((dp, mp), ()))."""
     on = memform.estimate(tiny(), {"mindspore.parallel_optimizer": False})
     off = memform.estimate(tiny(), {"mindspore.parallel_optimizer": False, "mindspore.vocab_emb_dp": False})
     grad = {e.block: e for e in on.stages[0].layers}, {e.block: e for e in off.stages[0].layers}
@@ -338,7 +343,42 @@ def test_vocab_emb_dp_replicates_table_head_and_logits(tiny):
         diff = grad[0][block].per_layer_values["grads"] - grad[1][block].per_layer_values["grads"]
         assert int(diff) == v * h * 4 * (tp - 1) // tp
     act = grad[0]["output"].per_layer_values["activations"] - grad[1]["output"].per_layer_values["activations"]
-    assert int(act) == (4 * 1024 * v + 2 * 1024 * h) * (tp - 1) // tp
+    assert int(act) == 2 * 1024 * h * (tp - 1) // tp
+
+
+# MindFormers' CrossEntropyLoss (mindformers/core/loss/loss.py at mindspore-lab/mindformers a545e32c5):
+# _LogSoftmax casts the logits to fp32 and returns the fp32 log-softmax, OneHot builds fp32 labels; both
+# are what _NLLLoss.bprop reads, over (dp, mp): 2 · 4 · s·b·v/tp (model_parallel divides the vocabulary:
+# dense.mf requires it). The backward moment adds, instead of a second copy of the saved activations,
+# the logits' gradient re-laid out to the head's layout (v/tp without vocab_emb_dp, v with it) in the
+# dtype the loss read -- fp32 where the model casts the head's output first (models/llama/llama.py
+# LlamaForCausalLM.construct: cast(logits, float32) before self.loss), then its bf16 cast back; bf16
+# where it does not (research/deepseek3 DeepseekV3ForCausalLM) -- and one fp32 s·b·v/tp of
+# _NLLLoss.bprop (exp(log-softmax) - one-hot).
+@pytest.mark.parametrize("vocab, vocab_dp, logits, grad_bytes", [
+    (32000, True, "fp32", 4 + 2), (32000, False, "fp32", 4 + 2), (48000, True, "fp32", 4 + 2),
+    (32000, True, "bf16", 2), (32000, False, "bf16", 2),
+])
+def test_loss_keeps_fp32_log_softmax_and_one_hot_over_model_parallel(tiny, vocab, vocab_dp, logits, grad_bytes):
+    s = 1024
+    est = memform.estimate(tiny(), {"mindspore.parallel_optimizer": False, "model.vocab_size": vocab,
+                                    "mindspore.vocab_emb_dp": vocab_dp, "mindspore.loss_logits_dtype": logits})
+    out = next(e for e in est.stages[0].layers if e.block == "output")
+    head_in = 2 * s * h // (1 if vocab_dp else tp)     # bf16, the norm's output gathered or SP-split
+    norm_in = 2 * s * h // tp                          # fused RmsNorm, SP-split input
+    assert int(out.per_layer_values["activations"]) == norm_in + head_in + 2 * 4 * s * vocab // tp
+    stage = est.stages[0]
+    extra = stage.moments["backward"] - stage.moments["warmup"]
+    assert extra == pytest.approx(grad_bytes * s * vocab / (1 if vocab_dp else tp) + 4 * s * vocab / tp, rel=1e-12)
+
+
+@pytest.mark.parametrize("fixture, want", [
+    ("deepseek3-mindformers.yaml", "bf16"),    # arch DeepseekV3ForCausalLM (research/deepseek3): no cast
+    ("llama2-7b-mindformers.yaml", None),      # LlamaForCausalLM casts to fp32: the profile's default
+])
+def test_import_sets_the_logits_dtype_the_loss_reads(fixture, want):
+    draft = import_config("mindformers", ROOT / "tests" / "data" / "importers" / fixture, Options())
+    assert draft.get("mindspore.loss_logits_dtype") == want
 
 
 def test_recomputed_layer_keeps_its_sp_all_gathers_without_mp_comm_recompute(tiny):
@@ -413,6 +453,7 @@ def test_selective_recompute_counts_per_stage(tiny, tmp_path):
     (["--set", "mindspore.optimizer_level=level4"], "mindspore.optimizer_level"),
     (["--set", "mindspore.vocab_emb_dp=maybe"], "mindspore.vocab_emb_dp"),
     (["--set", "mindspore.layernorm_compute_type=int4"], "mindspore.layernorm_compute_type"),
+    (["--set", "mindspore.loss_logits_dtype=int4"], "mindspore.loss_logits_dtype"),
     (["--set", "training.selective_recompute_num_layers=[1, 2, 3]"], "training.selective_recompute_num_layers"),
     (["--set", "training.selective_recompute_num_layers=-1"], "training.selective_recompute_num_layers"),
     (["--set", "mindspore.parallel_optimiser=true"], "mindspore.parallel_optimiser"),

@@ -309,7 +309,8 @@ def test_moe_under_model_parallelism_without_sequence_parallelism_loads_under_mi
     assert draft.load_error is None and draft.get("training.framework") == "mindspore"
     est = memform.estimate(draft.config())
     sp = memform.estimate(draft.config(), {"parallel.sequence_parallel": True})
-    assert est.peak_bytes > sp.peak_bytes   # without SP each rank keeps the whole sequence's activations
+    # without SP each rank keeps the whole sequence's activations (the peak also holds SP's all-gather buffers)
+    assert all(a.values["activations"] > b.values["activations"] for a, b in zip(est.stages, sp.stages))
     mixtral = Path(__file__).resolve().parents[1] / "configs" / "mixtral-8x7b.yaml"   # no MindSpore profile
     with pytest.raises(MemformError, match="needs parallel.sequence_parallel"):
         memform.estimate(mixtral, {"parallel.tp": 2, "parallel.sequence_parallel": False})

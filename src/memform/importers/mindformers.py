@@ -283,6 +283,10 @@ def convert(path: Path, draft: Draft, given: set[str]) -> int | None:
                         f"({'legacy' if legacy else 'current, use_legacy: False'} MindFormers layout)")
     # MindSpore's allocation (parallel optimizer, replicated vocabulary, dtypes): frameworks/mindspore.mf
     draft.set("training.framework", "mindspore", "MindFormers trains on MindSpore")
+    if legacy and arch == "DeepseekV3ForCausalLM":
+        # research/deepseek3: lm_head's bf16 logits split per loss term, no fp32 cast before the loss
+        draft.set("mindspore.loss_logits_dtype", "bf16", "arch DeepseekV3ForCausalLM: the loss reads the head's "
+                  "compute-dtype logits (research/deepseek3 DeepseekV3ForCausalLM.construct)")
     moe = top.section("moe_config")
     _model(mc, draft, legacy, kind)
     _moe(moe, mc, draft, legacy)
