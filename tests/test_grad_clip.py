@@ -1,7 +1,7 @@
 """Gradient clipping (issue 30; MemEst's ``has_clip``): what PyTorch's ``clip_grad_norm_`` allocates --
 measured, one scalar per gradient, nothing gradient-sized -- and ``training.grad_clip`` (finetune.mf), which
 counts MemEst's buffer (the parameters at the optimizer's width, instead of the activations when larger)
-only under a profile that says its clipping copies the gradients (``clip_copy``).
+only with ``frameworks/clip-copy.mf`` (a framework whose clipping copies the gradients).
 """
 
 from __future__ import annotations
@@ -35,19 +35,18 @@ def test_torch_clip_grad_norm_allocates_scalars_only(foreach):
     assert peak == 48
 
 
-def test_grad_clip_costs_nothing_in_place_and_memest_buffer_with_clip_copy(tmp_path):
+def test_grad_clip_costs_nothing_in_place_and_memest_buffer_with_clip_copy_mf(tmp_path):
     cfg = ROOT / "configs" / "llama3-8b.yaml"
     over = {**ONE, "training.recompute": "full"}
     base = memform.estimate(cfg, over).stages[0]
     clip = memform.estimate(cfg, {**over, "training.grad_clip": True}).stages[0]
     assert clip.values == base.values
-    # a profile whose clipping copies the gradients: MemEst's buffer, params · bytes_os (fp32), replaces the
+    # clipping that copies the gradients (frameworks/clip-copy.mf): MemEst's buffer, params · bytes_os (fp32), replaces the
     # activations and buffers of the forward/backward moment when larger
     import yaml
 
     data = yaml.safe_load(cfg.read_text())
-    (tmp_path / "clip.mf").write_text("let clip_copy = true\n")
-    data["formulas"] = [*data.get("formulas", ["dense.mf"]), str(tmp_path / "clip.mf")]
+    data["formulas"] = [*data.get("formulas", ["dense.mf"]), "frameworks/clip-copy.mf"]
     data.setdefault("training", {})["grad_clip"] = True
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
     est = memform.estimate(tmp_path / "c.yaml", over).stages[0]
