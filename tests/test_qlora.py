@@ -123,3 +123,9 @@ def test_qlora_step_matches_bitsandbytes_and_peft():
             case.label(), row.peak_by_op)
     # the last case's peak is the dequantized 512×2048 bf16 weight in a projection's backward
     assert row.peak_by_op.get(":dequantize_4bit", 0) == 2 * 512 * 2048
+
+
+def test_a_4bit_base_under_routed_experts_is_refused():
+    over = {**ONE, "parallel.ep": 1, "training.framework": "megatron", "training.precision.params": "bf16"}
+    with pytest.raises(MemformError, match="modelled for dense decoders only"):
+        memform.estimate(ROOT / "configs" / "mixtral-8x7b.yaml", overrides={**over, "lora.base_quant": "nf4"})
