@@ -12,9 +12,12 @@ parameters (uint8, two codes per byte); their block constants live in each weigh
 ``config.json``, whose ``quantization_config`` the importer maps (importers/quant.py), with PEFT's
 ``adapter_config.json`` (``--adapter``).
 
-Not modelled here: ``prepare_model_for_kbit_training`` (PEFT), which also casts the embeddings, norms and
-head to fp32 and turns on gradient checkpointing -- a script that calls it is sized with those keys set
-(``training.precision.params: fp32`` is not what it does to the 4-bit weights, so memform cannot say it yet).
+``kbit_prep``: the script calls PEFT's ``prepare_model_for_kbit_training`` first (as QLoRA's own scripts
+do): every parameter that is not 4-bit -- embeddings, norms, head -- is cast to fp32 (peft/utils/other.py),
+so the residual stream and every saved activation are fp32 (Linear4bit casts its input to the compute dtype
+and its output back, bitsandbytes nn/modules.py Linear4bit.forward), and with checkpointing on it makes the
+embedding's output require a gradient (enable_input_require_grads). memform's side: the same import with
+``training.precision.params: fp32`` (the 4-bit weights stay 4-bit: finetune.mf counts them apart).
 """
 
 from __future__ import annotations
@@ -38,11 +41,18 @@ class QLoRACase(HFCase):
     lora_r: int = 8
     quant_type: str = "nf4"
     double_quant: bool = True
+    kbit_prep: bool = False       # PEFT prepare_model_for_kbit_training before get_peft_model
 
     def label(self) -> str:
         # "qlora" marks every case (bench/validate.py --frameworks --only qlora)
         kind = f" qlora-{self.quant_type}{'-dq' if self.double_quant else ''} lora"
-        return super().label().replace(" lora", kind, 1)
+        return super().label().replace(" lora", kind, 1) + (" kbit-prep" if self.kbit_prep else "")
+
+    def overrides(self) -> dict[str, Any]:
+        over = super().overrides()
+        if self.kbit_prep:     # every parameter but the 4-bit ones upcast to fp32; the 4-bit GEMMs in bf16
+            over.update({"training.precision.params": "fp32", "lora.compute_dtype": "bf16"})
+        return over
 
     def quantization_config(self) -> dict[str, Any]:
         """``BitsAndBytesConfig.to_dict()``'s fields that a quantized checkpoint's config.json keeps."""
@@ -64,9 +74,13 @@ class QLoRACase(HFCase):
                                      bnb_4bit_compute_dtype=dtype)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                return AutoModelForCausalLM.from_pretrained(tmp, quantization_config=bnb, dtype=dtype,
-                                                            device_map=self.device,
-                                                            attn_implementation=self.attn)
+                model = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=bnb, dtype=dtype,
+                                                             device_map=self.device, attn_implementation=self.attn)
+        if self.kbit_prep:
+            from peft import prepare_model_for_kbit_training
+
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=self.gc)
+        return model
 
     def kept_tensors(self, model: Any) -> list[Any]:
         import torch
@@ -103,7 +117,9 @@ CASES = [replace(Q, lora_targets=ALL_LINEAR), replace(Q, lora_targets=ALL_LINEAR
          replace(Q, lora_targets=ALL_LINEAR, h=256, ffn=1024, heads=8, kv_heads=8, s=128, lora_r=16),
          # a short sequence under wide projections: the dequantized h×f weight (2 MiB) is the backward's
          # largest tensor (finetune.mf decoder.bwd_extra)
-         replace(Q, lora_targets=ALL_LINEAR, h=512, ffn=2048, heads=8, kv_heads=8, s=16, b=1, vocab=256)]
+         replace(Q, lora_targets=ALL_LINEAR, h=512, ffn=2048, heads=8, kv_heads=8, s=16, b=1, vocab=256),
+         # QLoRA's scripts: prepare_model_for_kbit_training (fp32 embeddings, norms, head), with checkpointing
+         replace(Q, lora_targets=ALL_LINEAR, kbit_prep=True, gc=True), replace(Q, lora_targets=ALL_LINEAR, kbit_prep=True)]
 
 
 def sweep() -> list[QLoRACase]:
