@@ -83,8 +83,8 @@ NEUTRAL: dict[str, str] = {
     "summary_use_proj": "GPT-2 classification head", "summary_activation": "GPT-2 classification head",
     "summary_proj_to_labels": "GPT-2 classification head", "summary_first_dropout": "GPT-2 classification head",
     "scale_attn_weights": _SCALE, "reorder_and_upcast_attn": _KERNEL, "scale_attn_by_inverse_layer_idx": _SCALE,
-    "quantization_config": "the released checkpoint's storage format (warned): training sizes the profile's "
-                           "dtypes",
+    "quantization_config": "read (importers/quant.py): bitsandbytes 4-bit -> lora.base_quant; other formats "
+                           "warned (training sizes the profile's dtypes)",
     "n_ctx": "GPT-2's context length, = n_positions (read)",
     "attn_implementation": _KERNEL, "_attn_implementation": _KERNEL,
     "attention_softmax_in_fp32": _KERNEL + " (FlashAttention assumed: no s×s probabilities kept)",
@@ -409,10 +409,8 @@ def convert(path: Path, draft: Draft, given: set[str]) -> None:
     draft.refuse_unused(cfg, neutral)
     if cfg is not top:
         draft.refuse_unused(top, neutral)
-    quant = cfg.raw("quantization_config", None)
-    if isinstance(quant, dict) and quant.get("quant_method"):
-        draft.warn(f"field 'quantization_config': the checkpoint is stored as {quant.get('quant_method')}; memform "
-                   f"sizes training with the profile's parameter dtype (its scales are not counted)")
+    from . import quant   # bitsandbytes 4-bit -> lora.base_quant (QLoRA); other formats warned
+    quant.convert(cfg if cfg.has("quantization_config") else top, draft)
 
 
 def _neutral_at(fields: Fields, model_type: str) -> None:

@@ -173,7 +173,13 @@ def optimizers(cfg: Mapping[str, Any], names: list[str], tensors: list[torch.Ten
         hidden = [t for n, t in zip(names, tensors) if n.startswith("blocks.") and t.ndim == 2]
         rest = [t for n, t in zip(names, tensors) if not (n.startswith("blocks.") and t.ndim == 2)]
         return [torch.optim.Muon(hidden, lr=1e-3), torch.optim.AdamW(rest, lr=1e-3, foreach=False)]
-    raise ValueError(f"the PyTorch harness runs training.optimizer adam, sgd or muon, not {kind!r}")
+    if kind == "adafactor":   # torch.optim.Adafactor: factored second moment, no first (finetune.mf)
+        return [torch.optim.Adafactor(tensors, lr=1e-3, foreach=False)]
+    if kind == "adamw8bit":   # bitsandbytes' block-wise 8-bit AdamW (runs on the CPU from 0.45 on)
+        import bitsandbytes as bnb
+
+        return [bnb.optim.AdamW8bit(tensors, lr=1e-3)]
+    raise ValueError(f"the PyTorch harness runs training.optimizer adam, sgd, muon, adafactor or adamw8bit, not {kind!r}")
 
 
 def _accumulate_main_grad(p: torch.Tensor) -> None:

@@ -42,6 +42,8 @@ FRAMEWORKS: dict[str, tuple[str, str]] = {"hf": ("hf", "transformers"), "hf-nas"
                                           "hf_linear": ("hf_linear", "transformers"),
                                           "hf_hybrid": ("hf_hybrid", "transformers"),
                                           "hf_lfm2": ("hf_lfm2", "transformers"),
+                                          "hf_qlora": ("hf_qlora", "bitsandbytes"),
+                                          "hf_frozen": ("hf_frozen", "transformers"),
                                           "titan": ("titan", "torchtitan"),
                                           "deepspeed": ("deepspeed", "deepspeed"), "mcore": ("mcore", "megatron.core")}
 

@@ -106,6 +106,17 @@ class HFCase:
             over.update({"hf_trainer.amp": "bf16", "hf_trainer.autocast_device": self.device})
         return over
 
+    def kept_tensors(self, model: Any) -> list[Any]:
+        """Tensors the model keeps that are neither parameters nor buffers (hf_qlora: a 4-bit base's
+        quant_state constants), measured with the parameters."""
+        return []
+
+    def optimizer(self, trained: list[Any]) -> Any:
+        """The Trainer's optimizer over the trained parameters (hf_optim: other TrainingArguments optim)."""
+        import torch
+
+        return torch.optim.AdamW(trained, lr=1e-4)
+
     def lora_config(self) -> Any:
         """PEFT's ``LoraConfig`` of the case (what ``adapter_config.json`` holds)."""
         from peft import LoraConfig
@@ -174,9 +185,10 @@ def _step(case: HFCase, seed: int) -> Step:
         # get_peft_model's autocast_adapter_dtype default)
         model = get_peft_model(model, case.lora_config())
     params = list(model.parameters())
+    kept = case.kept_tensors(model)
     # the Trainer's optimizer takes the parameters that require gradients (trainer.py
     # get_decay_parameter_names / create_optimizer)
-    opt = torch.optim.AdamW([p for p in params if p.requires_grad], lr=1e-4)
+    opt = case.optimizer([p for p in params if p.requires_grad])
     ids = torch.randint(0, case.vocab, (case.b, case.s), device=case.device)
     autocast = (torch.autocast(case.device, dtype=torch.bfloat16) if case.dtype == "amp-bf16"
                 else contextlib.nullcontext())
@@ -195,7 +207,7 @@ def _step(case: HFCase, seed: int) -> Step:
     opt.step()
     opt.zero_grad(set_to_none=True)
     states = [t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
-    static = [t.untyped_storage() for t in [*params, *model.buffers(), *states, ids]]
+    static = [t.untyped_storage() for t in [*params, *kept, *model.buffers(), *states, ids]]
     cuda = case.device.startswith("cuda") and not case.fake
     if cuda:
         torch.cuda.synchronize()
@@ -210,14 +222,14 @@ def _step(case: HFCase, seed: int) -> Step:
                      "max_reserved": torch.cuda.max_memory_reserved()}
     grads = trace.serials(p.grad for p in params)
     measured = {
-        "params": _bytes(params),
+        "params": _bytes([*params, *kept]),
         "grads": _bytes(p.grad for p in params),
         "optimizer": _bytes(states),
     }
     act = lambda serial: serial not in grads   # noqa: E731 - the activation side of the trace
     measured["activations"] = trace.at(trace.marks["forward"], act)
     measured["comm"] = 0   # one process: no communication buffers
-    replayed = replay_reserved(trace, [*params, *model.buffers(), ids], states)
+    replayed = replay_reserved(trace, [*params, *kept, *model.buffers(), ids], states)
     measured.update(replayed_figures(replayed))
     peak, where = trace.peak(act)
     opt.step()
