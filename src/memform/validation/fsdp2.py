@@ -251,9 +251,13 @@ def _fsdp_params(model):  # noqa: ANN001, ANN202
     out = []
     for m in model.modules():
         if isinstance(m, FSDPModule):
-            group = m._get_fsdp_state()._fsdp_param_group
-            if group is not None:
-                out += [fp for fp in group.fsdp_params if fp not in out]
+            # one unit may hold several groups: torchtitan's MoE blocks shard the experts over the efsdp
+            # mesh and the rest over fsdp (FSDPState._fsdp_param_groups, per-param meshes)
+            state = m._get_fsdp_state()
+            groups = getattr(state, "_fsdp_param_groups", None)
+            for group in groups if groups is not None else [state._fsdp_param_group]:
+                if group is not None:
+                    out += [fp for fp in group.fsdp_params if fp not in out]
     return out
 
 

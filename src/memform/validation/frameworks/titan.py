@@ -49,8 +49,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-#: the recipes of torchtitan/models/llama3/config_registry.py this harness runs
-RECIPES = ("llama3_debugmodel", "llama3_8b", "llama3_70b")
+#: the recipes of torchtitan/models/{llama3,deepseek_v3}/config_registry.py this harness runs
+RECIPES = ("llama3_debugmodel", "llama3_8b", "llama3_70b", "llama3_405b", "deepseek_v3_16b", "deepseek_v3_671b")
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,12 @@ class TitanCase:
     world: int = 8
     layers: int = 0           # > 0: keep only the first n blocks (a quicker trace of the same layer)
     tp: int = 1
+    ac: str = ""              # "" the recipe's activation checkpointing, else "full" or "op" (SelectiveAC)
+
+    @property
+    def family(self) -> str:
+        """torchtitan's model package of the recipe: llama3 or deepseek_v3."""
+        return "deepseek_v3" if self.recipe.startswith("deepseek_v3") else "llama3"
 
     @property
     def reserve_checked(self) -> bool:
@@ -71,24 +77,40 @@ class TitanCase:
 
     def label(self) -> str:
         cut = f" L{self.layers}" if self.layers else ""
-        return f"titan {self.recipe}{cut} fsdp{self.world // self.tp}" + (f" tp{self.tp}" if self.tp > 1 else "") + " fake"
+        ep = self.job().parallelism.expert_parallel_degree if self.family == "deepseek_v3" else 1
+        return (f"titan {self.recipe}{cut} fsdp{self.world // self.tp}" + (f" tp{self.tp}" if self.tp > 1 else "")
+                + (f" ep{ep}" if ep > 1 else "") + (f" {self.ac}-ac" if self.ac else "") + " fake")
 
     def job(self):  # noqa: ANN201 - torchtitan's Trainer.Config
         _shim()
-        from torchtitan.models.llama3 import config_registry, model_registry
+        import importlib
 
+        config_registry = importlib.import_module(f"torchtitan.models.{self.family}.config_registry")
+        model_registry = importlib.import_module(f"torchtitan.models.{self.family}").model_registry
         config = getattr(config_registry, self.recipe)()
         flavor = config.model_spec.flavor
+        # the recipe's Float8 converters (llama3_405b: Float8LinearConverter) need torchao, whose float8
+        # GEMM (torch._scaled_mm) has no CPU kernel: without `float8` the recipe runs in bf16
         config.model_spec = model_registry(flavor, attn_backend="sdpa")
         config.parallelism.spmd_backend = "partial_dtensor"
         config.parallelism.tensor_parallel_degree = self.tp
+        # the deepseek_v3 recipes compile the loss (compile.components ["loss"]): inductor's CPU code runs
+        # real kernels on the fake tensors' absent data (a segfault); the loss runs eagerly, as memform's
+        # cross_entropy: eager says
+        config.compile.enable = False
         if self.layers:
             config.model_spec.model.layers = config.model_spec.model.layers[: self.layers]
+        if self.ac:
+            from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+            config.activation_checkpoint = FullAC.Config() if self.ac == "full" else SelectiveAC.Config()
         return config
 
     def memform_config(self) -> dict[str, Any]:
         """The same job in memform's keys (the fsdp2 profile), read off torchtitan's config objects."""
         config = self.job()
+        if self.family == "deepseek_v3":
+            return self._deepseek_config(config)
         mc = config.model_spec.model
         block = mc.layers[0]
         attn, ffn = block.attention, block.feed_forward
@@ -122,6 +144,59 @@ class TitanCase:
                       "fused_qkv": type(qkv).__qualname__.startswith("FusedQKVLinear")},
         }
 
+    def _common(self, config) -> tuple[dict[str, Any], dict[str, Any]]:  # noqa: ANN001
+        """The parallel and training sections every recipe shares, read off torchtitan's config objects."""
+        ac = type(config.activation_checkpoint).__qualname__   # "SelectiveAC.Config", "FullAC.Config"
+        recompute = {"SelectiveAC": "selective", "FullAC": "full"}.get(ac.split(".")[0], "none")
+        tr = config.training
+        parallel = {"dp": self.world // self.tp, "tp": self.tp, "pp": 1,
+                    "sequence_parallel": bool(config.parallelism.enable_sequence_parallel) and self.tp > 1}
+        training = {
+            "framework": "fsdp2", "micro_batch_size": tr.local_batch_size, "num_micro_batches": 1,
+            "loss_chunks": getattr(config.loss, "num_chunks", 1), "recompute": recompute,
+            # torchtitan builds the model in training.dtype (float32) and trains it through
+            # MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)
+            "precision": {"params": "bf16", "grads": "fp32", "optimizer": "fp32", "activations": "bf16",
+                          "master_weights": tr.dtype == "float32"},
+        }
+        return parallel, training
+
+    def _deepseek_config(self, config) -> dict[str, Any]:  # noqa: ANN001
+        """A deepseek_v3 recipe in memform's keys: moe.mf + mla.mf (torchtitan models/deepseek_v3:
+        MLA attention, the first n_dense_layers blocks with a dense FeedForward, then MoE blocks of
+        GroupedExperts run through torch._grouped_mm and shared experts as one FeedForward)."""
+        mc = config.model_spec.model
+        attn = mc.layers[0].attention
+        dense = [blk.feed_forward for blk in mc.layers if blk.moe is None]
+        moes = [blk.moe for blk in mc.layers if blk.moe is not None]
+        full = config_of(self.recipe).model_spec.model     # the whole recipe's dense FFN width (a cut may have none)
+        f = next(blk.feed_forward for blk in full.layers if blk.moe is None).w1.out_features
+        moe = (moes or [next(blk.moe for blk in full.layers if blk.moe is not None)])[0]
+        router = moe.router
+        experts = moe.routed_experts.inner_experts
+        parallel, training = self._common(config)
+        parallel.update({"ep": config.parallelism.expert_parallel_degree, "expert_tp": 1})
+        model = {
+            "attention": "mla", "hidden_size": mc.dim, "num_layers": len(mc.layers), "num_heads": attn.n_heads,
+            "ffn_hidden_size": f, "vocab_size": mc.vocab_size, "seq_length": config.training.seq_len,
+            "activation": "swiglu", "norm": "rmsnorm", "bias": False, "dropout": False, "flash_attention": True,
+            "tied_embeddings": False, "position_embedding": "rope", "swiglu_impl": "eager", "cross_entropy": "eager",
+            "q_lora_rank": attn.q_lora_rank, "kv_lora_rank": attn.kv_lora_rank,
+            "qk_rope_head_dim": attn.qk_rope_head_dim, "qk_nope_head_dim": attn.qk_nope_head_dim,
+            "v_head_dim": attn.v_head_dim,
+            "num_experts": moe.num_experts, "moe_top_k": router.top_k, "moe_ffn_hidden_size": experts.hidden_dim,
+            "num_shared_experts": moe.shared_experts.w1.out_features // experts.hidden_dim if moe.shared_experts else 0,
+            "first_k_dense": len(dense) if moes else len(mc.layers), "moe_grouped_gemm": True,
+        }
+        return {"name": self.label().replace(" ", "-"), "formulas": ["moe.mf", "mla.mf"], "model": model,
+                "parallel": parallel, "training": training,
+                "fsdp2": {"param_dtype": "bf16", "reduce_dtype": "fp32", "selective_ac": "op"}}
+
+
+def config_of(recipe: str):  # noqa: ANN201 - torchtitan's Trainer.Config
+    """torchtitan's recipe ``recipe`` as its config registry builds it."""
+    return TitanCase(recipe).job()
+
 
 @dataclass
 class Step:
@@ -154,10 +229,52 @@ def _shim() -> None:
     import torchtitan.distributed.activation_checkpoint as ac
 
     default_save = ac._get_default_save_ops
-    ac._get_default_save_ops = lambda: default_save() | {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
-    routed = llama3.get_attention_config
-    llama3.get_attention_config = (
-        lambda backend: ScaledDotProductAttention.Config() if backend == "sdpa" else routed(backend))
+    ac._get_default_save_ops = lambda: default_save() | {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+                                                          _flex_like_op().default}
+    import torchtitan.models.deepseek_v3 as deepseek_v3
+
+    for family in (llama3, deepseek_v3):
+        routed = family.get_attention_config
+        family.get_attention_config = (
+            lambda backend, routed=routed: ScaledDotProductAttention.Config() if backend == "sdpa" else routed(backend))
+    # MLA's queries and keys are d_h + d_h^R wide, its values d_h (deepseek_v3/model.py Attention): no SDPA
+    # kernel of the CPU takes that (its math fallback would keep the a·s² probabilities); flex attention,
+    # which the recipes run, does: FlexAttentionAutogradOp saves q, k, v, the output (v wide) and the fp32
+    # log-sum-exp (torch/_higher_order_ops/flex_attention.py), and SAC saves flex_attention's outputs
+    # (activation_checkpoint.py compute_ops). The shim op below is that, on fake tensors
+    sdpa_forward = ScaledDotProductAttention.forward
+    flex = _flex_like_op()
+
+    # (the argument names are torchtitan's: its TP / EP local_map names them, decoder_sharding.py)
+    def forward(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks=None, scale=None, enable_gqa=False,  # noqa: ANN001, ANN202
+                is_causal=True, **kw):
+        if q_BLNH.size(-1) == v_BLNH.size(-1):
+            return sdpa_forward(self, q_BLNH, k_BLNH, v_BLNH, attention_masks=attention_masks, scale=scale,
+                                enable_gqa=enable_gqa, is_causal=is_causal, **kw)
+        out, _ = flex(q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2),
+                      scale or q_BLNH.size(-1) ** -0.5)
+        return out.transpose(1, 2)
+
+    ScaledDotProductAttention.forward = forward
+    # expert parallelism: torchtitan's AllToAllTokenDispatcher reads the all-to-all splits off the token
+    # counts (.tolist(), a device-to-host sync: token_dispatcher.py _sync_token_count_exchange), which
+    # fake tensors do not have: balanced routing instead -- each rank sends T·K/ep routed tokens to each
+    # EP rank and receives as many (memform's moe.mf expert_tokens assumes the same)
+    from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher
+
+    def balanced(self, local_E, global_EP_e, ep_size):  # noqa: ANN001, ANN202
+        global_EP_e = torch.ops._c10d_functional.wait_tensor(global_EP_e)
+        per_rank = self._fake_routed // ep_size
+        return global_EP_e.reshape(-1), [per_rank] * ep_size, [per_rank] * ep_size
+
+    AllToAllTokenDispatcher._sync_token_count_exchange = balanced
+    reorder = AllToAllTokenDispatcher._local_reorder
+
+    def local_reorder(self, x_TD, scores_TK, ids_TK):  # noqa: ANN001, ANN202
+        self._fake_routed = ids_TK.numel()     # N = T·K, the rows _local_reorder returns
+        return reorder(self, x_TD, scores_TK, ids_TK)
+
+    AllToAllTokenDispatcher._local_reorder = local_reorder
     # torchtitan's RMSNorm is nn.RMSNorm (models/common/nn_modules.py), F.rms_norm -> at::_fused_rms_norm:
     # a CUDA kernel whose autograd saves the input, the weight and the fp32 rstd (derivatives.yaml
     # _fused_rms_norm); torch's CPU build has no kernel for it, and its CompositeImplicitAutograd body
@@ -168,6 +285,60 @@ def _shim() -> None:
     fused = _fused_rms_norm_class()
     RMSNorm.forward = lambda self, x: fused.apply(x, self.weight, self.eps)
     _SHIMMED = True
+
+
+def _flex_like_op():  # noqa: ANN202 - a torch custom op
+    """``memform_titan::flex_attention(q, k, v, scale) -> (out, lse)``: causal attention with what flex
+    attention keeps (torch/_higher_order_ops/flex_attention.py FlexAttentionAutogradOp: q, k, v, out and
+    the fp32 log-sum-exp saved; its backward allocates dq, dk, dv). Registered once; its fake kernel gives
+    the shapes, and torchtitan's op SAC saves its outputs as it saves flex_attention's (added to the save
+    list by :func:`_shim`)."""
+    import torch
+
+    ns = "memform_titan"
+    if hasattr(torch.ops, ns) and hasattr(getattr(torch.ops, ns), "flex_attention"):
+        return torch.ops.memform_titan.flex_attention
+
+    @torch.library.custom_op(f"{ns}::flex_attention", mutates_args=(),
+                             schema="(Tensor q, Tensor k, Tensor v, float scale) -> (Tensor, Tensor)")
+    def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        s = torch.matmul(q.float(), k.float().transpose(-2, -1)) * scale
+        n = s.size(-1)
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)
+        return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.float()).to(q.dtype), lse
+
+    @flex_attention.register_fake
+    def _(q, k, v, scale):  # noqa: ANN001, ANN202
+        return q.new_empty((*q.shape[:-1], v.size(-1))), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+    @torch.library.custom_op(f"{ns}::flex_attention_backward", mutates_args=(), schema=(
+        "(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor grad_out, float scale) -> (Tensor, Tensor, Tensor)"))
+    def flex_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                                lse: torch.Tensor, grad_out: torch.Tensor, scale: float
+                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        with torch.enable_grad():
+            qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+            o, _ = flex_attention(qq, kk, vv, scale)
+            return torch.autograd.grad(o, (qq, kk, vv), grad_out)
+
+    @flex_attention_backward.register_fake
+    def _(q, k, v, out, lse, grad_out, scale):  # noqa: ANN001, ANN202
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def setup_context(ctx, inputs, output):  # noqa: ANN001, ANN202
+        q, k, v, scale = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.scale = scale
+
+    def backward(ctx, grad_out, grad_lse):  # noqa: ANN001, ANN202
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flex_attention_backward(q, k, v, out, lse, grad_out.contiguous(), ctx.scale)
+        return dq, dk, dv, None
+
+    flex_attention.register_autograd(backward, setup_context=setup_context)
+    return torch.ops.memform_titan.flex_attention
 
 
 def _fused_rms_norm_class():  # noqa: ANN202 - a torch.autograd.Function
@@ -259,7 +430,8 @@ def measure(case: TitanCase) -> Step:
                 return loss_fn(pred, labels, tokens, positions=positions)[0]
 
             def step() -> None:  # Trainer.train_step: clip, then the optimizer container
-                dist_utils.clip_grad_norm_(list(model.parameters()), config.training.max_norm, foreach=True)
+                dist_utils.clip_grad_norm_(list(model.parameters()), config.training.max_norm, foreach=True,
+                                           ep_enabled=dims.ep_enabled)
                 opts.step()
 
             opts.zero_grad()
