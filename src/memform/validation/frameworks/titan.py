@@ -87,10 +87,16 @@ class TitanCase:
 
         config_registry = importlib.import_module(f"torchtitan.models.{self.family}.config_registry")
         model_registry = importlib.import_module(f"torchtitan.models.{self.family}").model_registry
-        config = getattr(config_registry, self.recipe)()
+        # the recipe's Float8 converters (llama3_405b: Float8LinearConverter, components/quantization/
+        # float8.py) need torchao, which this venv does not have (ImportError when the recipe is built):
+        # the recipe's model is built without its converters, i.e. in bf16 (the README says so)
+        registered = config_registry.model_registry
+        config_registry.model_registry = lambda flavor, converters=None, **kw: registered(flavor, **kw)
+        try:
+            config = getattr(config_registry, self.recipe)()
+        finally:
+            config_registry.model_registry = registered
         flavor = config.model_spec.flavor
-        # the recipe's Float8 converters (llama3_405b: Float8LinearConverter) need torchao, whose float8
-        # GEMM (torch._scaled_mm) has no CPU kernel: without `float8` the recipe runs in bf16
         config.model_spec = model_registry(flavor, attn_backend="sdpa")
         config.parallelism.spmd_backend = "partial_dtensor"
         config.parallelism.tensor_parallel_degree = self.tp
@@ -459,9 +465,31 @@ def sweep() -> list[TitanCase]:
     return [TitanCase("llama3_8b", world=8), TitanCase("llama3_8b", world=8, layers=2),
             TitanCase("llama3_8b", world=8, tp=2), TitanCase("llama3_8b", world=8, tp=2, layers=2),
             TitanCase("llama3_8b", world=16, tp=4),
-            TitanCase("llama3_70b", world=256, tp=8), TitanCase("llama3_70b", world=256, tp=8, layers=2)]
+            TitanCase("llama3_70b", world=256, tp=8), TitanCase("llama3_70b", world=256, tp=8, layers=2),
+            *deepseek_sweep()]
+
+
+def deepseek_sweep() -> list[TitanCase]:
+    """torchtitan's deepseek_v3_16b recipe (EP 8 as it sets, on 8 ranks: FSDP 8 for the dense parameters,
+    the experts over ep × efsdp = 8 × 1) cut to its dense first block and one MoE block, with its op-level
+    SAC and with full AC (issue 29/30: op SAC on MLA and MoE blocks, frameworks/fsdp2/{mla,moe}.mf)."""
+    return [TitanCase("deepseek_v3_16b", world=8, layers=2), TitanCase("deepseek_v3_16b", world=8, layers=2, ac="full")]
+
+
+def known_gaps() -> list[TitanCase]:
+    """Cases that trace but are not within the thresholds yet (README, framework ground truth): the
+    deepseek_v3_671b recipe (EP 2 as it sets) on 64 ranks cut to its 3 dense blocks and one MoE block, op
+    SAC and full AC -- static, activations and peak within 5 %, comm +135 %: fsdp2.mf's layer working set
+    (all-gather, prefetch, bf16 gradients, fp32 reduce-scatter input) over-counts the 11 GB expert unit,
+    whose traced FSDP peak is its all-gather copy-out (two bf16 copies) --; and the llama3_405b recipe
+    (FSDP 16 × TP 8, full AC, without its Float8 converters: torchao is absent) cut to 2 blocks -- comm
+    +67 %, the same layer term (traced: three bf16 copies of a block, no fp32 reduce-scatter input)."""
+    return [TitanCase("deepseek_v3_671b", world=64, layers=4), TitanCase("deepseek_v3_671b", world=64, layers=4, ac="full"),
+            TitanCase("llama3_405b", world=128, tp=8, layers=2)]
 
 
 def quick_sweep() -> list[TitanCase]:
-    """The cases the test suite runs: the 8B recipe cut to 2 blocks, and the 70B FSDP × TP recipe cut to 2."""
-    return [TitanCase("llama3_8b", world=8, layers=2), TitanCase("llama3_70b", world=256, tp=8, layers=2)]
+    """The cases the test suite runs: the 8B recipe cut to 2 blocks, the 70B FSDP × TP recipe cut to 2, and
+    the DeepSeek-V3 16B recipe (EP 8, op SAC) cut to 2 (each traced in under 15 s)."""
+    return [TitanCase("llama3_8b", world=8, layers=2), TitanCase("llama3_70b", world=256, tp=8, layers=2),
+            TitanCase("deepseek_v3_16b", world=8, layers=2)]
