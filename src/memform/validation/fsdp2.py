@@ -381,10 +381,11 @@ def trace_step(model, static, forward, step, states,  # noqa: ANN001
         # DTensor wrapper's storage reports its global size without holding it), less FSDP's buffers
         # (on gloo a rank's last flat all-gather output can outlive FSDP's reference to it)
         activations = sampler.live_bytes(lambda s: s not in kept_serials and sampler.tags.get(s) != "fsdp")
-        # the unsharded gradients autograd accumulates into the unsharded parameters are FSDP's
+        # the unsharded gradients autograd accumulates into the unsharded parameters are FSDP's (with TP or
+        # EP the unsharded parameters are DTensors: their gradient's local tensor holds the storage)
         for fp in fsdp_params:
             hooks.append(fp._unsharded_param.register_post_accumulate_grad_hook(
-                lambda p: sampler.tag([p.grad.untyped_storage()], "fsdp")))
+                lambda p: sampler.tag([_local(p.grad).untyped_storage()], "fsdp")))
         loss.backward()
     for hook in hooks:
         hook.remove()
