@@ -362,7 +362,8 @@ def _measure(case: Case, rank: int, world: int) -> tuple[dict[str, int], dict[st
 
 
 def trace_step(model, static, forward, step, states,  # noqa: ANN001
-               tensor_parallel: bool = False, copy_out_is_fsdp: bool = False) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+               tensor_parallel: bool = False, copy_out_is_fsdp: bool = False,
+               probe: dict | None = None) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
     """Trace ``forward()`` (it returns the loss) and its backward on an FSDP2-wrapped ``model``, then run
     ``step()`` and read ``states()``, the optimizer's state tensors: the measured categories of the
     module docstring, and the ops behind the peak and behind the FSDP buffers' peak. ``static``: the
@@ -378,6 +379,18 @@ def trace_step(model, static, forward, step, states,  # noqa: ANN001
     sampler.copy_out_is_fsdp = copy_out_is_fsdp
     fsdp_params = _fsdp_params(model)
     hooks = []
+    if probe is not None:
+        # a pipeline step runs its backwards inside `forward`: it reads the activations (as below) when its
+        # first backward starts, via probe["take"] (validation/frameworks/titan.py _pipeline_forward)
+        def take() -> int:
+            # the unsharded parameters a stage keeps from its forwards to its backwards (reshard_after_forward
+            # false under PP) are read here too: after the step they are resharded
+            probe["kept"] = storages_of(t for fp in fsdp_params for t in
+                                        ([*fp.all_gather_outputs] if fp.sharded_state.name == "UNSHARDED" else []))
+            probe["kept_bytes"] = sum(st.nbytes() for st in probe["kept"])
+            return sampler.live_bytes(lambda s: sampler.tags.get(s) not in ("fsdp", "backend"))
+
+        probe["take"] = take
     with sampler.mode:
         loss = forward()
         # unsharded parameters still gathered after forward (reshard_after_forward false or an integer)
@@ -386,11 +399,15 @@ def trace_step(model, static, forward, step, states,  # noqa: ANN001
                            ([fp._sharded_post_forward_param_data]
                             if getattr(fp, "_sharded_post_forward_param_data", None) is not None else []))
         kept_bytes = sum(st.nbytes() for st in kept)
+        if probe is not None and "kept" in probe:     # (resharded by now: their bytes at the first backward)
+            kept, kept_bytes = probe["kept"], probe["kept_bytes"]
         kept_serials = sampler.serials(kept)
         # what forward created and left alive (as LiveStorages counts it, but of plain tensors only: a
         # DTensor wrapper's storage reports its global size without holding it), less FSDP's buffers
         # (on gloo a rank's last flat all-gather output can outlive FSDP's reference to it)
         activations = sampler.live_bytes(lambda s: s not in kept_serials and sampler.tags.get(s) != "fsdp")
+        if probe is not None and "activations" in probe:
+            activations = probe["activations"]
         # the unsharded gradients autograd accumulates into the unsharded parameters are FSDP's (with TP or
         # EP the unsharded parameters are DTensors: their gradient's local tensor holds the storage)
         for fp in fsdp_params:

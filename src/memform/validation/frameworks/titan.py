@@ -62,6 +62,11 @@ class TitanCase:
     layers: int = 0           # > 0: keep only the first n blocks (a quicker trace of the same layer)
     tp: int = 1
     ac: str = ""              # "" the recipe's activation checkpointing, else "full" or "op" (SelectiveAC)
+    pp: int = 1               # > 1: torchtitan's pipeline_llm over pp stages (schedule 1F1B unless `schedule`)
+    schedule: str = "1F1B"    # pipeline_parallel_schedule (with pp > 1)
+    stage: int = 0            # the pipeline stage whose first rank is traced (rank stage · world / pp)
+    batch: int = 0            # > 0: training.local_batch_size (pp > 1: micro-batches of pipeline_parallel_microbatch_size)
+    seq: int = 0              # > 0: training.seq_len
 
     @property
     def family(self) -> str:
@@ -78,8 +83,10 @@ class TitanCase:
     def label(self) -> str:
         cut = f" L{self.layers}" if self.layers else ""
         ep = self.job().parallelism.expert_parallel_degree if self.family == "deepseek_v3" else 1
-        return (f"titan {self.recipe}{cut} fsdp{self.world // self.tp}" + (f" tp{self.tp}" if self.tp > 1 else "")
-                + (f" ep{ep}" if ep > 1 else "") + (f" {self.ac}-ac" if self.ac else "") + " fake")
+        pp = f" pp{self.pp} {self.schedule} stage{self.stage}" if self.pp > 1 else ""
+        shape = (f" b{self.batch}" if self.batch else "") + (f" s{self.seq}" if self.seq else "")
+        return (f"titan {self.recipe}{cut} fsdp{self.world // self.tp // self.pp}" + (f" tp{self.tp}" if self.tp > 1 else "")
+                + (f" ep{ep}" if ep > 1 else "") + pp + shape + (f" {self.ac}-ac" if self.ac else "") + " fake")
 
     def job(self):  # noqa: ANN201 - torchtitan's Trainer.Config
         _shim()
@@ -104,6 +111,13 @@ class TitanCase:
         # real kernels on the fake tensors' absent data (a segfault); the loss runs eagerly, as memform's
         # cross_entropy: eager says
         config.compile.enable = False
+        if self.pp > 1:
+            config.parallelism.pipeline_parallel_degree = self.pp
+            config.parallelism.pipeline_parallel_schedule = self.schedule
+        if self.batch:
+            config.training.local_batch_size = self.batch
+        if self.seq:
+            config.training.seq_len = self.seq
         if self.layers:
             config.model_spec.model.layers = config.model_spec.model.layers[: self.layers]
         if self.ac:
@@ -121,33 +135,25 @@ class TitanCase:
         block = mc.layers[0]
         attn, ffn = block.attention, block.feed_forward
         qkv = attn.qkv_linear
-        ac = type(config.activation_checkpoint).__qualname__   # "SelectiveAC.Config", "FullAC.Config"
-        recompute = {"SelectiveAC": "selective", "FullAC": "full"}.get(ac.split(".")[0], "none")
-        tr = config.training
+        parallel, training = self._common(config)
+        fsdp2 = {"param_dtype": "bf16", "reduce_dtype": "fp32", "selective_ac": "op",
+                 "fused_qkv": type(qkv).__qualname__.startswith("FusedQKVLinear")}
+        if self.pp > 1 and config.parallelism.fsdp_reshard_after_forward == "default":
+            fsdp2["reshard_after_forward"] = False     # get_fsdp_reshard_after_forward_policy: not pp_enabled
         return {
             "name": self.label().replace(" ", "-"),
             "model": {
                 "hidden_size": mc.dim, "num_layers": len(mc.layers), "num_heads": qkv.n_heads,
                 "num_kv_heads": qkv.n_kv_heads, "ffn_hidden_size": ffn.w1.out_features,
-                "vocab_size": mc.vocab_size, "seq_length": tr.seq_len, "activation": "swiglu",
+                "vocab_size": mc.vocab_size, "seq_length": config.training.seq_len, "activation": "swiglu",
                 "norm": "rmsnorm", "bias": False, "dropout": False, "flash_attention": True,
                 "tied_embeddings": bool(mc.enable_weight_tying), "position_embedding": "rope",
                 # torchtitan FeedForward: w2(silu(w1(x)) * w3(x)); CrossEntropyLoss: F.cross_entropy
                 "swiglu_impl": "eager", "cross_entropy": "eager",
             },
-            "parallel": {"dp": self.world // self.tp, "tp": self.tp, "pp": 1,
-                         "sequence_parallel": bool(config.parallelism.enable_sequence_parallel) and self.tp > 1},
-            "training": {
-                "framework": "fsdp2", "micro_batch_size": tr.local_batch_size, "num_micro_batches": 1,
-                "loss_chunks": getattr(config.loss, "num_chunks", 1),
-                "recompute": recompute,
-                # torchtitan builds the model in training.dtype (float32) and trains it through
-                # MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)
-                "precision": {"params": "bf16", "grads": "fp32", "optimizer": "fp32", "activations": "bf16",
-                              "master_weights": tr.dtype == "float32"},
-            },
-            "fsdp2": {"param_dtype": "bf16", "reduce_dtype": "fp32", "selective_ac": "op",
-                      "fused_qkv": type(qkv).__qualname__.startswith("FusedQKVLinear")},
+            "parallel": parallel,
+            "training": training,
+            "fsdp2": fsdp2,
         }
 
     def _common(self, config) -> tuple[dict[str, Any], dict[str, Any]]:  # noqa: ANN001
@@ -155,10 +161,15 @@ class TitanCase:
         ac = type(config.activation_checkpoint).__qualname__   # "SelectiveAC.Config", "FullAC.Config"
         recompute = {"SelectiveAC": "selective", "FullAC": "full"}.get(ac.split(".")[0], "none")
         tr = config.training
-        parallel = {"dp": self.world // self.tp, "tp": self.tp, "pp": 1,
+        parallel = {"dp": self.world // self.tp // self.pp, "tp": self.tp, "pp": self.pp,
                     "sequence_parallel": bool(config.parallelism.enable_sequence_parallel) and self.tp > 1}
+        mb, n_mb = tr.local_batch_size, 1
+        if self.pp > 1:
+            parallel.update(self._pipeline(config))
+            mb = config.parallelism.pipeline_parallel_microbatch_size
+            n_mb = tr.local_batch_size // mb
         training = {
-            "framework": "fsdp2", "micro_batch_size": tr.local_batch_size, "num_micro_batches": 1,
+            "framework": "fsdp2", "micro_batch_size": mb, "num_micro_batches": n_mb,
             "loss_chunks": getattr(config.loss, "num_chunks", 1), "recompute": recompute,
             # torchtitan builds the model in training.dtype (float32) and trains it through
             # MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)
@@ -166,6 +177,26 @@ class TitanCase:
                           "master_weights": tr.dtype == "float32"},
         }
         return parallel, training
+
+    def _pipeline(self, config) -> dict[str, Any]:  # noqa: ANN001
+        """memform's pipeline keys of the job: torchtitan's own stage split (distributed/pipeline_parallel.py
+        _get_pipeline_metadata, _generate_llm_fqn_per_model_part: the embedding and the head weighed as
+        layers) and schedule; FSDP under PP keeps the unsharded parameters from forward to backward
+        (fsdp.py get_fsdp_reshard_after_forward_policy "default": not pp_enabled)."""
+        from torchtitan.distributed import pipeline_parallel as ppl
+
+        dims = self._dims(config)
+        n_virtual, n_layers, w_in, w_out = ppl._get_pipeline_metadata(dims, config.parallelism, config.model_spec.model)
+        parts = ppl._generate_llm_fqn_per_model_part(n_virtual, n_layers, w_in, w_out)
+        per_stage = [sum(1 for m in part if m.startswith("layers.")) for part in parts]
+        out: dict[str, Any] = {"stage_layers": per_stage,
+                               "pp_schedule": {"1F1B": "1f1b", "GPipe": "gpipe"}.get(self.schedule, self.schedule)}
+        return out
+
+    def _dims(self, config):  # noqa: ANN001, ANN202 - torchtitan's ParallelDims (no mesh)
+        from torchtitan.distributed.parallel_dims import ParallelDims
+
+        return ParallelDims.from_config(config.parallelism, self.world)
 
     def _deepseek_config(self, config) -> dict[str, Any]:  # noqa: ANN001
         """A deepseek_v3 recipe in memform's keys: moe.mf + mla.mf (torchtitan models/deepseek_v3:
@@ -281,6 +312,25 @@ def _shim() -> None:
         return reorder(self, x_TD, scores_TK, ids_TK)
 
     AllToAllTokenDispatcher._local_reorder = local_reorder
+    # pipeline parallelism: torch 2.13's schedules open with a warm-up vote and metadata exchange between the
+    # stages' ranks (pipelining/schedules.py _PipelineSchedule._warmup_p2p, stage.py _recv_meta: a tensor's
+    # .item() and recv_object_list), which a fake process group cannot answer. Every rank would vote STATIC
+    # given its stage's metadata, which torchtitan's decoder stages have: the token ids (b_mb, s) entering the
+    # first stage, the bf16 hidden states (b_mb, s, h) between stages and leaving the last (its head runs
+    # in ChunkedLossWrapper); gradients are derived from them (stage.py _derive_grad_metas)
+    import torch.distributed.pipelining.schedules as schedules
+    from torch.distributed.pipelining._utils import InferenceMode, _StageMeta, extract_tensor_metas
+
+    def warmup_p2p(self, stages, has_backward, p2p_done):  # noqa: ANN001, ANN202
+        for st in stages:
+            mb, s = self._pp_microbatch
+            hidden = (torch.empty(mb, s, self._pp_dim, dtype=torch.bfloat16, requires_grad=True),)
+            ids = (torch.empty(mb, s, dtype=torch.int64),)
+            st._user_meta = _StageMeta(inputs=extract_tensor_metas(ids if st.is_first else hidden),
+                                       outputs=extract_tensor_metas(hidden))
+            st._inference_mode = InferenceMode.STATIC
+
+    schedules._PipelineSchedule._warmup_p2p = warmup_p2p
     # torchtitan's RMSNorm is nn.RMSNorm (models/common/nn_modules.py), F.rms_norm -> at::_fused_rms_norm:
     # a CUDA kernel whose autograd saves the input, the weight and the fp32 rstd (derivatives.yaml
     # _fused_rms_norm); torch's CPU build has no kernel for it, and its CompositeImplicitAutograd body
@@ -395,7 +445,10 @@ def measure(case: TitanCase) -> Step:
     from ..fsdp2 import _local, trace_step
     from ..tracker import storages_of
 
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=case.world)
+    # the traced rank: rank 0, or with PP the first rank of the stage (pp is the outermost mesh dimension:
+    # ParallelDims.build_mesh ["pp", "dp_replicate", "fsdp", "cp", "tp"])
+    rank = case.stage * (case.world // case.pp)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=case.world)
     try:
         dims = ParallelDims.from_config(config.parallelism, case.world)
         dims.build_mesh()
@@ -404,12 +457,25 @@ def measure(case: TitanCase) -> Step:
         mc.update_from_config(config=config)
         with torch.device("meta"), set_default_dtype(getattr(torch, config.training.dtype)):
             model = mc.build()
+        loss_fn = config.loss.build(compile_config=config.compile)
         # parallelized on meta, as the Trainer does (outside fake mode: DeviceMesh bookkeeping reads real
-        # rank tensors); materialised as fake tensors
-        model = config.model_spec.parallelize_fn(
-            model, parallel_dims=dims, training=config.training, parallelism=config.parallelism,
-            compile_config=config.compile, ac_config=config.activation_checkpoint,
-            dump_folder=config.dump_folder)
+        # rank tensors); materialised as fake tensors. With PP: pipeline_llm splits the model into this
+        # rank's stage and parallelizes it (Trainer.__init__)
+        if case.pp > 1:
+            schedule, parts, first, last = config.model_spec.pipelining_fn(
+                model, parallel_dims=dims, training=config.training, parallelism=config.parallelism,
+                compile_config=config.compile, ac_config=config.activation_checkpoint,
+                dump_folder=config.dump_folder, device=torch.device("cpu"), model_config=mc,
+                parallelize_fn=config.model_spec.parallelize_fn, loss_fn=loss_fn)
+            if len(parts) != 1:
+                raise NotImplementedError(f"{case.label()}: one stage per rank only (1F1B, GPipe), not {case.schedule}")
+            model = parts[0]
+        else:
+            first = last = True
+            model = config.model_spec.parallelize_fn(
+                model, parallel_dims=dims, training=config.training, parallelism=config.parallelism,
+                compile_config=config.compile, ac_config=config.activation_checkpoint,
+                dump_folder=config.dump_folder)
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device="cpu")
             trunc = torch.nn.init._no_grad_trunc_normal_
@@ -420,8 +486,7 @@ def measure(case: TitanCase) -> Step:
             finally:
                 torch.nn.init._no_grad_trunc_normal_ = trunc
             model.train()
-            loss_fn = config.loss.build(compile_config=config.compile)
-            if hasattr(loss_fn, "set_lm_head"):   # ChunkedLossWrapper: the head runs inside the loss
+            if hasattr(loss_fn, "set_lm_head") and last:   # ChunkedLossWrapper: the head runs inside the loss
                 loss_fn.set_lm_head(model.lm_head)
                 model._skip_lm_head = True
             opts = config.optimizer.build(model_parts=[model])
@@ -430,20 +495,25 @@ def measure(case: TitanCase) -> Step:
             labels = torch.randint(0, mc.vocab_size, (b, s))
             positions = torch.arange(s).unsqueeze(0).expand(b, s)
             tokens = torch.tensor(b * s * dims.dp_shard)
+            probe: dict[str, Any] = {}
 
             def forward():  # noqa: ANN202 - Trainer._forward_backward_body up to loss.backward()
                 pred = model(inputs, positions=positions)
                 return loss_fn(pred, labels, tokens, positions=positions)[0]
 
+            if case.pp > 1:
+                forward = _pipeline_forward(config, schedule, first, last, inputs, labels, tokens, probe)
+
             def step() -> None:  # Trainer.train_step: clip, then the optimizer container
                 dist_utils.clip_grad_norm_(list(model.parameters()), config.training.max_norm, foreach=True,
-                                           ep_enabled=dims.ep_enabled)
+                                           pp_mesh=dims.get_optional_mesh("pp"), ep_enabled=dims.ep_enabled)
                 opts.step()
 
             opts.zero_grad()
             forward().backward()
             step()                        # warm-up: the optimizer's states exist
             opts.zero_grad()
+            probe.clear()
             params = list(model.parameters())
             # (with TP the buffers are DTensors too -- each block's RoPE cache, Replicate over the TP mesh --:
             # their local tensors are the storages)
@@ -452,10 +522,47 @@ def measure(case: TitanCase) -> Step:
             states = lambda: [t for o in opts.optimizers for st in o.state.values()  # noqa: E731
                               for t in st.values() if isinstance(t, torch.Tensor)]
             measured, by_op = trace_step(model, static, forward, step, states, tensor_parallel=case.tp > 1,
-                                         copy_out_is_fsdp=True)
+                                         copy_out_is_fsdp=True, probe=probe if case.pp > 1 else None)
     finally:
         dist.destroy_process_group()
     return Step(measured, by_op.get("activations_peak", {}), by_op)
+
+
+def _pipeline_forward(config, schedule, first, last, inputs, labels, tokens, probe):  # noqa: ANN001, ANN202
+    """One step of torchtitan's pipeline schedule on this rank's stage (Trainer.pp_forward_backward_step), as
+    a "forward" whose loss has nothing left to differentiate: the schedule runs the stage's forwards and
+    backwards itself. When the stage starts its first backward, ``probe["take"]()`` (set by ``trace_step``)
+    reads what its warm-up forwards left saved (memform's ``warmup`` moment) into ``probe["activations"]``.
+    torch 2.13's ``step(*args, target=...)`` splits whole batches where torchtitan 0.3 (trainer.py
+    ``pp_schedule.step(arg_mbs=, kwarg_mbs=, target_mbs=...)``) passes micro-batches: the micro-batches go to
+    ``_step_microbatches``, which both call."""
+    import torch
+
+    n = config.training.local_batch_size // config.parallelism.pipeline_parallel_microbatch_size
+    schedule._pp_microbatch = (inputs.shape[0] // n, inputs.shape[1])
+    schedule._pp_dim = config.model_spec.model.dim
+    stage = schedule._stage
+    backward = stage.backward_one_chunk
+
+    def first_backward(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        if "take" in probe and "activations" not in probe:
+            probe["activations"] = probe["take"]()
+        return backward(*a, **k)
+
+    stage.backward_one_chunk = first_backward
+
+    def forward():  # noqa: ANN202
+        losses = [] if last else None
+        # what PipelineScheduleSingle.step does before _step_microbatches (pipelining/schedules.py)
+        stage.has_backward = schedule._has_backward
+        stage.clear_runtime_states()
+        schedule._step_microbatches(
+            arg_mbs=[(x,) for x in inputs.chunk(n)] if first else None, kwarg_mbs=[{} for _ in range(n)],
+            target_mbs=list(labels.chunk(n)) if last else None, losses=losses, return_outputs=False,
+            loss_kwargs={"global_valid_tokens": tokens})
+        return torch.zeros((), requires_grad=True)
+
+    return forward
 
 
 def sweep() -> list[TitanCase]:
