@@ -1,4 +1,4 @@
-"""torchtitan as the ground truth: its own Llama 3 recipes, parallelized by its own code, traced at
+"""torchtitan as the ground truth: its own Llama 3 and DeepSeek-V3 recipes, parallelized by its own code, traced at
 the size of the published jobs with fake tensors and a fake process group, held against memform's
 ``fsdp2`` profile.
 
@@ -34,6 +34,21 @@ line of torchtitan that assumes a GPU or a torch nightly:
   of the input -- four times a bf16 input, kept by every norm outside a checkpoint and re-made by every
   recomputed one, which no GPU run holds. ``RMSNorm.forward`` is an autograd function that saves what
   the CUDA kernel saves (:func:`_fused_rms_norm_class`; the same values).
+
+For the DeepSeek-V3 recipes (``models/deepseek_v3``: MLA, MoE with EP), the 405B recipe and pipelining:
+
+- MLA's queries and keys are d_h + d_h^R wide and its values d_h: no CPU SDPA kernel takes that (the math
+  fallback keeps a·s² probabilities), so the attention is a custom op keeping what flex attention keeps
+  (:func:`_flex_like_op`), in the SAC save list as ``flex_attention`` is;
+- EP's ``AllToAllTokenDispatcher`` reads its all-to-all splits off the token counts (``.tolist()``),
+  which fake tensors lack: balanced splits (each rank sends and receives T·K/ep routed tokens);
+- the recipes' compiled loss (``compile.components ["loss"]``) runs inductor's CPU kernels on the fake
+  tensors' absent data: it runs eagerly;
+- the 405B recipe's Float8 converters need torchao (not installed): the recipe is built without them;
+- torch 2.13's pipeline schedules open with a warm-up vote and metadata exchange between the stages' ranks
+  (``.item()``, ``recv_object_list``) that a fake process group cannot answer: each stage gets its static
+  metadata (token ids in, bf16 hidden states between stages), as if every rank voted STATIC; and
+  ``_step_microbatches`` takes the micro-batches torchtitan's ``pp_schedule.step(arg_mbs=...)`` passes.
 
 Two tracer details matter with tensor parallelism (DTensor, ``tp`` > 1): the model's buffers are DTensors
 too (each block's RoPE cache), so their local tensors are what ``static`` excludes; and under
@@ -500,12 +515,12 @@ def measure(case: TitanCase) -> Step:
             tokens = torch.tensor(b * s * dims.dp_shard)
             probe: dict[str, Any] = {}
 
-            def forward():  # noqa: ANN202 - Trainer._forward_backward_body up to loss.backward()
+            def one_step():  # noqa: ANN202 - Trainer._forward_backward_body up to loss.backward()
                 pred = model(inputs, positions=positions)
                 return loss_fn(pred, labels, tokens, positions=positions)[0]
 
-            if case.pp > 1:
-                forward = _pipeline_forward(config, schedule, first, last, inputs, labels, tokens, probe)
+            forward = (one_step if case.pp == 1 else
+                       _pipeline_forward(config, schedule, first, last, inputs, labels, tokens, probe))
 
             def step() -> None:  # Trainer.train_step: clip, then the optimizer container
                 dist_utils.clip_grad_norm_(list(model.parameters()), config.training.max_norm, foreach=True,
