@@ -619,8 +619,13 @@ def known_gaps() -> list[TitanCase]:
     activations and peak agree exactly, stage 0's activations -5.9 %, its peak +14 %. Not yet in bounds:
     FSDP's unsharded fp32 gradient accumulation over the micro-batches (pipelining disables gradient sync
     until the last backward), which memform counts as gradients (parallel.grad_accumulation_shard: false)
-    and the tracer as FSDP buffers (comm); stage 1's sharded gradients read one head shard more than memform."""
-    return [TitanCase("deepseek_v3_671b", world=64, layers=4),
+    and the tracer as FSDP buffers (comm); stage 1's sharded gradients read one head shard more than memform.
+
+    The whole deepseek_v3_16b recipe (27 blocks, 74 s): static, activations and comm exact, peak +0.2 %,
+    but the allocator's reserve +13.2 % of the reserved bytes (memform's replay 12,654 MiB beyond the
+    allocated peak, the trace's 4,068: the 25 MoE blocks' SAC-cached all-to-all outputs, 19 GB, are not
+    the per-layer sequence memform's replay assumes)."""
+    return [TitanCase("deepseek_v3_16b", world=8), TitanCase("deepseek_v3_671b", world=64, layers=4),
             TitanCase("llama3_8b", world=8, layers=4, pp=2, batch=4, stage=0),
             TitanCase("llama3_8b", world=8, layers=4, pp=2, batch=4, stage=1)]
 
