@@ -601,10 +601,11 @@ def deepseek_sweep() -> list[TitanCase]:
     (EP 8) on 8 ranks cut to its dense first block and one MoE block; deepseek_v3_671b (EP 2) on 64 ranks
     cut to its 3 dense blocks and 5 MoE blocks (an MoE block between MoE blocks: FSDP's prefetched unit is
     the size memform's layer term assumes). And the llama3_405b recipe (FSDP × TP 8, full AC; without its
-    Float8 converters: torchao is not installed) on 128 ranks cut to 2 blocks."""
+    Float8 converters: torchao is not installed) on 128 ranks, cut to 2 blocks and whole (126 blocks, a
+    5-minute trace)."""
     return [TitanCase("deepseek_v3_16b", world=8, layers=2), TitanCase("deepseek_v3_16b", world=8, layers=2, ac="full"),
             TitanCase("deepseek_v3_671b", world=64, layers=8), TitanCase("deepseek_v3_671b", world=64, layers=8, ac="full"),
-            TitanCase("llama3_405b", world=128, tp=8, layers=2)]
+            TitanCase("llama3_405b", world=128, tp=8, layers=2), TitanCase("llama3_405b", world=128, tp=8)]
 
 
 def known_gaps() -> list[TitanCase]:
