@@ -36,7 +36,7 @@ def config(model: dict, dp: int, ep: int, recompute: str) -> dict:
                          "recompute": recompute,
                          "precision": {"params": "bf16", "grads": "fp32", "optimizer": "fp32",
                                        "activations": "bf16", "master_weights": True}},
-            "fsdp2": {"param_dtype": "bf16", "reduce_dtype": "fp32", "selective_ac": "op"}}
+            "fsdp2": {"param_dtype": "bf16", "reduce_dtype": "fp32", "selective_ac": "op", "grouped_experts": True}}
 
 
 # (case, config, traced rank 0 bytes: what the forward leaves saved, the activation peak). Source of every

@@ -245,7 +245,7 @@ class TitanCase:
         }
         return {"name": self.label().replace(" ", "-"), "formulas": ["moe.mf", "mla.mf"], "model": model,
                 "parallel": parallel, "training": training,
-                "fsdp2": {"param_dtype": "bf16", "reduce_dtype": "fp32", "selective_ac": "op"}}
+                "fsdp2": {"param_dtype": "bf16", "reduce_dtype": "fp32", "selective_ac": "op", "grouped_experts": True}}
 
 
 def config_of(recipe: str):  # noqa: ANN201 - torchtitan's Trainer.Config
