@@ -126,7 +126,9 @@ def _moe(m: dict[str, Any], width: int, what: str) -> list[tuple[str, Any, str]]
             ("model.moe_ffn_hidden_size", width, what),
             ("model.num_shared_experts", m["num_shared_experts"], "MoEArgs num_shared_experts (one FeedForward "
                                                                   "of width × num_shared_experts)"),
-            ("model.moe_grouped_gemm", True, "MoEArgs use_grouped_mm (torch._grouped_mm)")]
+            ("model.moe_grouped_gemm", True, "MoEArgs use_grouped_mm (torch._grouped_mm)"),
+            ("fsdp2.grouped_experts", True, "torchtitan's GroupedExperts and token dispatcher "
+                                            "(frameworks/fsdp2/moe.mf)")]
 
 
 def _deepseek_v3(a: dict[str, Any]) -> list[tuple[str, Any, str]]:

@@ -251,9 +251,13 @@ def _fsdp_params(model):  # noqa: ANN001, ANN202
     out = []
     for m in model.modules():
         if isinstance(m, FSDPModule):
-            group = m._get_fsdp_state()._fsdp_param_group
-            if group is not None:
-                out += [fp for fp in group.fsdp_params if fp not in out]
+            # one unit may hold several groups: torchtitan's MoE blocks shard the experts over the efsdp
+            # mesh and the rest over fsdp (FSDPState._fsdp_param_groups, per-param meshes)
+            state = m._get_fsdp_state()
+            groups = getattr(state, "_fsdp_param_groups", None)
+            for group in groups if groups is not None else [state._fsdp_param_group]:
+                if group is not None:
+                    out += [fp for fp in group.fsdp_params if fp not in out]
     return out
 
 
@@ -278,14 +282,23 @@ class _Samples(StorageSamples):
     def __init__(self, ignore) -> None:  # noqa: ANN001
         super().__init__(ignore)
         self._regions: list[bool] = []
+        self._copy_out: list[bool] = []
+        #: the unsharded parameters' storages (FSDPParam.all_gather_outputs: made once, then freed and
+        #: re-allocated by resizing their storage, _fsdp_param.py free_storage / alloc_storage) first reach
+        #: the dispatcher through a view in FSDP::all_gather_copy_out: FSDP's, not the backend's scratch.
+        #: Set by the fake-tensor torchtitan harness (validation/frameworks/titan.py); the real-run fsdp2
+        #: suite keeps its recorded classification
+        self.copy_out_is_fsdp = False
 
     def _dispatch(self, func, args, kwargs):  # noqa: ANN001, ANN202
         name = str(func.overloadpacket.__name__)
         if name == "_record_function_enter_new":
             self._regions.append(str(args[0]).startswith("FSDP::") if args else False)
+            self._copy_out.append("all_gather_copy_out" in str(args[0]) if args else False)
         out = func(*args, **kwargs)
         if name == "_record_function_exit" and self._regions:
             self._regions.pop()
+            self._copy_out.pop()
         if name == "wait_tensor" and type(out).__name__ == "FakeTensor":
             # under FakeTensorMode the Meta kernel of _c10d_functional.wait_tensor allocates a copy
             # (torch/distributed/_functional_collectives.py _wait_tensor_meta: empty_like); the real op
@@ -296,7 +309,7 @@ class _Samples(StorageSamples):
 
     def _classify(self, op: str) -> str | None:
         if op in VIEW_OPS:
-            return "backend"
+            return "fsdp" if self.copy_out_is_fsdp and any(self._copy_out) else "backend"
         return "fsdp" if any(self._regions) else None
 
     def _label(self, serial: int) -> str:
@@ -349,7 +362,8 @@ def _measure(case: Case, rank: int, world: int) -> tuple[dict[str, int], dict[st
 
 
 def trace_step(model, static, forward, step, states,  # noqa: ANN001
-               tensor_parallel: bool = False) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+               tensor_parallel: bool = False, copy_out_is_fsdp: bool = False,
+               probe: dict | None = None) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
     """Trace ``forward()`` (it returns the loss) and its backward on an FSDP2-wrapped ``model``, then run
     ``step()`` and read ``states()``, the optimizer's state tensors: the measured categories of the
     module docstring, and the ops behind the peak and behind the FSDP buffers' peak. ``static``: the
@@ -362,8 +376,21 @@ def trace_step(model, static, forward, step, states,  # noqa: ANN001
     shards = [_local(p) for p in params]
     sampler = _Samples(static)
     sampler.defer_dtensor = tensor_parallel
+    sampler.copy_out_is_fsdp = copy_out_is_fsdp
     fsdp_params = _fsdp_params(model)
     hooks = []
+    if probe is not None:
+        # a pipeline step runs its backwards inside `forward`: it reads the activations (as below) when its
+        # first backward starts, via probe["take"] (validation/frameworks/titan.py _pipeline_forward)
+        def take() -> int:
+            # the unsharded parameters a stage keeps from its forwards to its backwards (reshard_after_forward
+            # false under PP) are read here too: after the step they are resharded
+            probe["kept"] = storages_of(t for fp in fsdp_params for t in
+                                        ([*fp.all_gather_outputs] if fp.sharded_state.name == "UNSHARDED" else []))
+            probe["kept_bytes"] = sum(st.nbytes() for st in probe["kept"])
+            return sampler.live_bytes(lambda s: sampler.tags.get(s) not in ("fsdp", "backend"))
+
+        probe["take"] = take
     with sampler.mode:
         loss = forward()
         # unsharded parameters still gathered after forward (reshard_after_forward false or an integer)
@@ -372,15 +399,20 @@ def trace_step(model, static, forward, step, states,  # noqa: ANN001
                            ([fp._sharded_post_forward_param_data]
                             if getattr(fp, "_sharded_post_forward_param_data", None) is not None else []))
         kept_bytes = sum(st.nbytes() for st in kept)
+        if probe is not None and "kept" in probe:     # (resharded by now: their bytes at the first backward)
+            kept, kept_bytes = probe["kept"], probe["kept_bytes"]
         kept_serials = sampler.serials(kept)
         # what forward created and left alive (as LiveStorages counts it, but of plain tensors only: a
         # DTensor wrapper's storage reports its global size without holding it), less FSDP's buffers
         # (on gloo a rank's last flat all-gather output can outlive FSDP's reference to it)
         activations = sampler.live_bytes(lambda s: s not in kept_serials and sampler.tags.get(s) != "fsdp")
-        # the unsharded gradients autograd accumulates into the unsharded parameters are FSDP's
+        if probe is not None and "activations" in probe:
+            activations = probe["activations"]
+        # the unsharded gradients autograd accumulates into the unsharded parameters are FSDP's (with TP or
+        # EP the unsharded parameters are DTensors: their gradient's local tensor holds the storage)
         for fp in fsdp_params:
             hooks.append(fp._unsharded_param.register_post_accumulate_grad_hook(
-                lambda p: sampler.tag([p.grad.untyped_storage()], "fsdp")))
+                lambda p: sampler.tag([_local(p.grad).untyped_storage()], "fsdp")))
         loss.backward()
     for hook in hooks:
         hook.remove()

@@ -8,7 +8,7 @@ measured against estimated bytes, and the table.
 
 - :mod:`.hf`: Hugging Face transformers (``training.framework: hf-trainer``), real steps at small
   shapes and fake-tensor traces at the sizes of published models;
-- :mod:`.titan`: torchtitan's own Llama 3 recipes (``training.framework: fsdp2``), traced at their
+- :mod:`.titan`: torchtitan's own Llama 3 and DeepSeek-V3 recipes (``training.framework: fsdp2``), traced at their
   published sizes with fake tensors and a fake process group.
 
 Needs the ``frameworks`` extra (transformers) and, for torchtitan, torchtitan 0.3.0 with triton; a
