@@ -58,6 +58,16 @@ local spec's norm is ``WrappedTorchNorm`` when neither Apex nor Transformer Engi
 need CUDA), and ``transformer/torch_norm.py:50`` asserts "sequence parallel not supported by torch
 LayerNorm"; so no case here uses it.
 
+Published sizes (``fake=True``, :data:`PUBLISHED`): the same :func:`_run_rank` under ``FakeTensorMode``
+on a ``fake`` process group of the job's world size (:func:`_fake_job`: rank 0 of each pipeline stage in
+turn, ``init_process_group("fake", store=FakeStore(), rank=stage·tp·dp)``), nothing allocated; megatron's
+gloo groups are not made (``create_gloo_process_groups=False``, ``use_gloo_process_groups=False``), the
+weights are not initialised (``perform_initialization=False``: values only) and the warm-up step runs one
+micro-batch. The lines that need values or a kernel fake tensors lack are shimmed in :func:`_fake_shim`;
+with them sequence parallelism runs too. MoE does not: ``moe/token_dispatcher.py:323``
+(``tokens_per_expert.sum().item()``) and SequentialMLP's split by ``tokens_per_expert`` read the routed
+token counts, which a fake tensor does not have.
+
 Needs megatron-core 0.19.2, which declares ``Requires-Python >=3.12`` but whose cp311 wheel runs on 3.11,
 and which imports triton unconditionally (``transformer/moe/ops/paged_stash.py:4``, from
 ``import megatron.core``)::
