@@ -738,7 +738,7 @@ def sweep() -> list[McoreCase]:
     full recompute, and MHA with and without selective recompute), PP 2 with 1F1B (fp32, bf16, full
     recompute) and interleaved (vpp 2), TP 2 × PP 2 in bf16 (4 ranks), DP 2 with the distributed
     optimizer (fp32, bf16), TP 2 bf16 with --recompute-modules (layernorm, mlp, both); every pipeline
-    stage a row."""
+    stage a row; MoE; and the published shapes under fake tensors (:data:`PUBLISHED`)."""
     tp = replace(BASE, tp=2)
     pp = replace(BASE, pp=2)
     dp = replace(BASE, dp=2, distopt=True)
