@@ -166,6 +166,8 @@ def _frameworks(args: argparse.Namespace) -> int:
         cases = mod.quick_sweep() if args.quick else _with_quick(args, mod.sweep(), mod.quick_sweep())
         if args.only:
             cases = [c for c in cases if args.only in c.label()]
+        if hasattr(mod, "run"):   # multi-rank harnesses: every job at once, one spawned group per world size
+            mod.run(cases)
         for case in cases:
             rows.append(frameworks.compare(case, mod))
             if args.explain:

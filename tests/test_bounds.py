@@ -100,6 +100,9 @@ def _quick_cases() -> dict[str, list[str]]:
     if importlib.util.find_spec("deepspeed") is not None:
         from memform.validation.frameworks import deepspeed
         frameworks += [c.label() for c in deepspeed.quick_sweep()]
+    if importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None:
+        from memform.validation.frameworks import mcore
+        frameworks += [c.label() for c in mcore.quick_sweep() + mcore.fake_quick_sweep()]
     out["frameworks"] = frameworks
     return out
 

@@ -7,6 +7,11 @@ line by ``memform import megatron``. Every row, every category within the thresh
 memform.validation.frameworks. ``python bench/validate.py --frameworks --only mcore`` runs the whole
 megatron-core sweep. megatron-core is not in an extra (it installs only with --no-deps
 --ignore-requires-python on Python 3.11): without it the module is skipped, with the install command.
+
+Published sizes (issue 29 (b)): GPT-3 175B (TP 8 × PP 8, SP, selective recompute) and Llama-2-70B (TP 8 ×
+PP 4, SP, DP 2 with the distributed optimizer), rank 0 of every pipeline stage traced under FakeTensorMode
+on a ``fake`` process group of 64 ranks; the slow test runs them cut to one layer per stage, each row held
+to its own recorded agreement (memform/validation/bounds.yaml).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("meg
     pytest.skip("megatron-core not installed: pip install numpy packaging triton && pip install --no-deps "
                 "--ignore-requires-python megatron-core==0.19.2", allow_module_level=True)
 
-from memform.validation import frameworks  # noqa: E402
+from memform.validation import bounds, frameworks  # noqa: E402
 from memform.validation.frameworks import mcore  # noqa: E402
 
 #: the categories issue 29's acceptance names (static, activations, their peak, communication buffers)
@@ -96,3 +101,39 @@ def test_mechanism_rows_within_their_bounds():
         bounds = {**BOUNDS, **MECHANISM_ROWS[case.label()]}
         over = [f"{c} {row.error(c):+.2%}" for c in COMPARED if abs(row.error(c)) > bounds[c]]
         assert not over, f"{case.label()}: {', '.join(over)}\n" + frameworks.format_table([row])
+
+
+def test_the_importer_reads_the_published_command_lines():
+    # GPT-3 175B's Megatron-LM command line (no --swiglu, LayerNorm, biases, learned positions, SP) and
+    # Llama-2-70B's (GQA 64/8, distributed optimizer over DP 2) reach memform as such
+    gpt3 = mcore.GPT3_175B.memform_config()
+    assert (gpt3["model"]["activation"], gpt3["model"]["norm"]) == ("gelu", "layernorm")
+    assert gpt3["model"]["bias"] is True and gpt3["model"]["position_embedding"] == "learned"
+    assert (gpt3["parallel"]["tp"], gpt3["parallel"]["pp"], gpt3["parallel"]["sequence_parallel"]) == (8, 8, True)
+    assert gpt3["training"]["global_batch_size"] == 8 and gpt3["training"]["recompute"] == "selective"
+    llama = mcore.LLAMA2_70B.memform_config()
+    assert (llama["model"]["num_kv_heads"], llama["model"]["vocab_size"]) == (8, 32768)
+    assert (llama["parallel"]["dp"], llama["parallel"]["distributed_optimizer"]) == (2, True)
+    assert "norm_kernel" not in llama.get("megatron", {})   # the fake trace's RMSNorm is CUDA's fused one
+
+
+def test_fake_traces_are_one_rank_per_stage_of_a_64_gpu_job():
+    cases = mcore.fake_quick_sweep()
+    assert [(c.recipe, c.stage) for c in cases] == ([("gpt3-175b", i) for i in range(8)]
+                                                    + [("llama2-70b", i) for i in range(4)])
+    assert all(c.world == 64 and c.fake for c in cases)
+    assert [mcore._rank_of(c) for c in cases[8:]] == [0, 16, 32, 48]   # tp-cp-ep-dp-pp: stage × tp × dp
+    assert not any(c.reserve_checked for c in cases) and all(c.reserve_checked for c in mcore.fake_sweep())
+
+
+@pytest.mark.slow
+def test_published_sizes_cut_to_one_layer_per_stage_within_their_recorded_bounds():
+    # about 90 s on two shared cores: 12 fake traces (GPT-3 175B's 8 stages, Llama-2-70B's 4)
+    cases = mcore.fake_quick_sweep()
+    mcore.run(cases)
+    rows = [frameworks.compare(c, mcore) for c in cases]
+    assert all(bounds.recorded("frameworks", r.case.label()) for r in rows)
+    over = [f"{r.case.label()}: {r.failures()}" for r in rows if r.failures()]
+    assert not over, "\n" + "\n".join(over) + "\n" + frameworks.format_table(rows)
+    for r in rows:   # static bytes exact: the parameters, fp32 main grads, the Adam states (sharded over DP 2)
+        assert all(r.error(c) == 0 for c in ("params", "grads")), r.case.label()

@@ -58,6 +58,16 @@ local spec's norm is ``WrappedTorchNorm`` when neither Apex nor Transformer Engi
 need CUDA), and ``transformer/torch_norm.py:50`` asserts "sequence parallel not supported by torch
 LayerNorm"; so no case here uses it.
 
+Published sizes (``fake=True``, :data:`PUBLISHED`): the same :func:`_run_rank` under ``FakeTensorMode``
+on a ``fake`` process group of the job's world size (:func:`_fake_job`: rank 0 of each pipeline stage in
+turn, ``init_process_group("fake", store=FakeStore(), rank=stage·tp·dp)``), nothing allocated; megatron's
+gloo groups are not made (``create_gloo_process_groups=False``, ``use_gloo_process_groups=False``), the
+weights are not initialised (``perform_initialization=False``: values only) and the warm-up step runs one
+micro-batch. The lines that need values or a kernel fake tensors lack are shimmed in :func:`_fake_shim`;
+with them sequence parallelism runs too. MoE does not: ``moe/token_dispatcher.py:323``
+(``tokens_per_expert.sum().item()``) and SequentialMLP's split by ``tokens_per_expert`` read the routed
+token counts, which a fake tensor does not have.
+
 Needs megatron-core 0.19.2, which declares ``Requires-Python >=3.12`` but whose cp311 wheel runs on 3.11,
 and which imports triton unconditionally (``transformer/moe/ops/paged_stash.py:4``, from
 ``import megatron.core``)::
@@ -74,7 +84,7 @@ import gc
 import os
 import tempfile
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +121,25 @@ class McoreCase:
     s: int = 256
     b: int = 2
     stage: int = 0
+    # a published shape (:data:`PUBLISHED`): traced under FakeTensorMode on a ``fake`` process group
+    fake: bool = False
+    recipe: str = ""            # the published model the shape is
+    gelu: bool = False          # GeLU MLP (no --swiglu) instead of SwiGLU
+    norm: str = "RMSNorm"       # --normalization
+    bias: bool = False          # linear biases (no --disable-bias-linear)
+    positions: str = "rope"     # --position-embedding-type: rope | learned_absolute
+    sp: bool = False            # --sequence-parallel (fake traces only: see _fake_shim)
+
+    @property
+    def reserve_checked(self) -> bool:
+        """The allocator's reserve is held to its threshold for whole published models only (as torchtitan's
+        cuts): cut to one layer per stage, the embedding, head and s²-sized attention blocks dominate the
+        step, which no real job's is (the cut's figure is still shown, marked ``~``)."""
+        return not self.fake or self.L == self.full_layers()
+
+    def full_layers(self) -> int:
+        """The published model's layer count (the case's own where it is not a published shape)."""
+        return next((c.L for c in PUBLISHED if c.recipe == self.recipe), self.L) if self.fake else self.L
 
     @property
     def world(self) -> int:
@@ -130,6 +159,9 @@ class McoreCase:
         rc += f"[{'+'.join(self.modules)}]" if self.modules else ""
         st = f" stage{self.stage}" if self.pp > 1 else ""
         rc += f" moe{self.experts}x{self.topk}" if self.experts > 1 else ""
+        if self.fake:
+            sp = " sp" if self.sp else ""
+            return f"mcore {self.recipe} {' '.join(par)}{sp} L{self.L} s{self.s} b{self.b}{rc} fake{st}"
         return (f"mcore {' '.join(par)} L{self.L} h{self.h} a{self.heads}/{self.groups} s{self.s} b{self.b}"
                 f" {'bf16' if self.bf16 else 'fp32'}{rc}{st}")
 
@@ -140,12 +172,14 @@ class McoreCase:
                 "--num-attention-heads", self.heads, "--group-query-attention", "--num-query-groups", self.groups,
                 "--seq-length", self.s, "--max-position-embeddings", self.s, "--vocab-size", self.vocab,
                 "--micro-batch-size", self.b, "--global-batch-size", self.b * self.m * self.dp,
-                "--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear",
-                "--attention-dropout", 0, "--hidden-dropout", 0, "--position-embedding-type", "rope",
+                *([] if self.gelu else ["--swiglu"]), "--normalization", self.norm,
+                *([] if self.bias else ["--disable-bias-linear"]),
+                "--attention-dropout", 0, "--hidden-dropout", 0, "--position-embedding-type", self.positions,
                 "--untie-embeddings-and-output-weights", "--transformer-impl", "local",
                 "--tensor-model-parallel-size", self.tp, "--pipeline-model-parallel-size", self.pp,
                 # the fusions need CUDA kernels: off, as TransformerConfig below has them
-                "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-masked-softmax-fusion",
+                "--no-bias-gelu-fusion" if self.gelu else "--no-bias-swiglu-fusion",
+                "--no-bias-dropout-fusion", "--no-masked-softmax-fusion",
                 "--no-gradient-accumulation-fusion", "--no-rope-fusion", "--no-persist-layer-norm",
                 "--use-cpu-initialization"]
         if self.vpp > 1:
@@ -154,6 +188,8 @@ class McoreCase:
             args += ["--num-experts", self.experts, "--moe-router-topk", self.topk, "--moe-ffn-hidden-size", self.ffn]
         if self.distopt:
             args.append("--use-distributed-optimizer")
+        if self.sp:
+            args.append("--sequence-parallel")
         if self.bf16:
             args.append("--bf16")
         if self.recompute != "none":
@@ -169,6 +205,8 @@ class McoreCase:
         spec's WrappedTorchNorm, Apex being absent) runs its composite rather than ``_fused_rms_norm``;
         and the backward is counted as autograd holds it (``megatron.backward_regrad: autograd``), not
         with the profile's default MemEst bound (megatron-core.mf: +26 % on pipeline stage 0 here)."""
+        if self.fake:   # the traced RMSNorm saves what CUDA's _fused_rms_norm saves (_fake_shim)
+            return {"megatron.backward_regrad": "autograd"}
         return {"megatron.norm_kernel": "composite", "megatron.backward_regrad": "autograd"}
 
     def memform_config(self) -> dict[str, Any]:
@@ -189,13 +227,63 @@ _JOBS = RankJobs(prefix="memform-mcore-")
 
 def measure(case: McoreCase) -> Step:
     """The row of ``case``: its job's rank of pipeline stage ``case.stage`` (tp rank 0, dp rank 0)."""
+    if case.fake:
+        run([case])
+        result = _FAKE[case.job()][case.stage]
+        if "error" in result:
+            raise RuntimeError(f"{case.label()}: {result['error']}\n{result.get('trace', '')}")
+        return RankStep(result["measured"], result["notes"].get("peak_by_op", {}), result["notes"])
     # megatron's default order "tp-cp-ep-dp-pp": rank = tp_rank + tp·(dp_rank + dp·pp_rank)
-    return _JOBS.step(case, case.stage * case.tp * case.dp, _measure_item)
+    return _JOBS.step(case, _rank_of(case), _measure_item)
+
+
+def _rank_of(case: McoreCase) -> int:
+    return case.stage * case.tp * case.dp
 
 
 def run(cases: list[McoreCase]) -> None:
-    """Run every job of ``cases`` in one spawned group per world size (quicker than one per job)."""
-    _JOBS.run(cases, _measure_item)
+    """Run every job of ``cases`` in one spawned group per world size (quicker than one per job); the
+    fake traces in one spawned process (the shims stay out of the caller's process)."""
+    _JOBS.run([c for c in cases if not c.fake], _measure_item)
+    stages: dict[McoreCase, list[int]] = {}
+    for c in cases:
+        if c.fake and c.stage not in _FAKE.get(c.job(), {}) and c.stage not in stages.get(c.job(), []):
+            stages.setdefault(c.job(), []).append(c.stage)
+    if stages:
+        import concurrent.futures
+        import multiprocessing as mp
+
+        jobs = list(stages)
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+            for job, per_stage in zip(jobs, pool.map(_fake_job, [asdict(j) for j in jobs], [stages[j] for j in jobs])):
+                _FAKE.setdefault(job, {}).update(zip(stages[job], per_stage))
+
+
+#: the fake traces run so far in this process: job -> {pipeline stage: its result}
+_FAKE: dict[McoreCase, dict[int, dict[str, Any]]] = {}
+
+
+def _fake_job(d: dict[str, Any], stages: list[int]) -> list[dict[str, Any]]:
+    """Rank 0 of each pipeline stage in ``stages`` of a fake job (only the stages asked for: the trace of a
+    whole published stage takes minutes), one after the other in this process, each on a fresh ``fake``
+    process group of the job's world size with that rank (``torch.distributed.init_process_group("fake",
+    store=FakeStore())``: collectives and the schedule's p2p return at once, nothing is sent)."""
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    torch.set_num_threads(1)
+    case = McoreCase(**d)
+    out = []
+    for stage in stages:
+        rank = _rank_of(replace(case, stage=stage))
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=case.world)
+        try:
+            out.append(_measure_item(d, rank, case.world))
+        finally:
+            dist.destroy_process_group()
+        gc.collect()
+    return out
 
 
 # ---- the shims -------------------------------------------------------------------------------------
@@ -306,6 +394,89 @@ def _shim() -> None:
     _SHIMMED = True
 
 
+_FAKE_SHIMMED = False
+
+
+def _fake_shim() -> None:
+    """What a fake trace needs beyond :func:`_shim` (only in the fake traces' own process): the lines of
+    megatron-core 0.19.2 that read a tensor's value, which a fake tensor does not have
+    (``DataDependentOutputException``), or run an op with no fake kernel, and the norm of the local spec.
+
+    - **rng check**: ``CudaRNGStatesTracker.fork`` (``tensor_parallel/random.py:332``) compares the CPU
+      generator's state before and after with ``torch.all(...).item()``; the fork only swaps generator
+      states (no tensor of the step), and with dropout 0 nothing draws from them: a fork that only yields.
+    - **param groups**: ``_get_param_groups`` (``optimizer/__init__.py:364``) aligns the parameter-group keys
+      of all ranks with ``all_gather_object``, which pickles through tensors (``.item()``): every rank's keys
+      are taken to be this rank's (the same model code on every rank).
+    - **coalesced reduce-scatter**: ``start_grad_sync`` (``distributed/param_and_grad_buffer.py:702``) runs
+      its buckets' collectives in ``torch.distributed._coalescing_manager``, whose
+      ``reduce_scatter_tensor_coalesced_`` has no fake kernel: the collectives run one by one (the same
+      buffers; on a fake group nothing is sent).
+    - **grad norm**: ``get_grad_norm_fp32`` (``optimizer/clip_grads.py:116``; Apex-less
+      ``local_multi_tensor_l2_norm``, ``utils.py:1331``, builds ``torch.tensor`` of per-tensor norms: values)
+      returns 0.0: a scalar per parameter, no memory; clipping by 0 then scales nothing.
+    - **norm**: ``WrappedTorchNorm`` (``transformer/torch_norm.py:50``) asserts "sequence parallel not
+      supported by torch LayerNorm": the local spec's norm is built without the assertion, its parameters
+      marked ``sequence_parallel`` as Megatron's own norms mark them (``fusions/fused_layer_norm.py``: their
+      gradients are all-reduced over the TP group in ``finalize_model_grads``). An RMSNorm saves what CUDA's
+      ``_fused_rms_norm`` saves (torchtitan's harness's autograd function: the input, the weight and an fp32
+      rstd per row) -- on the CPU ``F.rms_norm`` runs its composite body, two fp32 copies of the input.
+    """
+    global _FAKE_SHIMMED
+    if _FAKE_SHIMMED:
+        return
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+    import megatron.core.distributed.param_and_grad_buffer as pgb
+    import megatron.core.optimizer.optimizer as mopt
+    import megatron.core.tensor_parallel.random as mrandom
+    from megatron.core.transformer import torch_norm
+
+    from .titan import _fused_rms_norm_class
+
+    @contextlib.contextmanager
+    def fork(self, name=mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME):  # noqa: ANN001, ANN202
+        if name not in self.states_:
+            raise Exception(f"cuda rng state {name} is not added")
+        yield
+
+    mrandom.CudaRNGStatesTracker.fork = fork
+
+    def all_gather_object(out, obj, group=None):  # noqa: ANN001, ANN202
+        for i in range(len(out)):
+            out[i] = obj
+
+    dist.all_gather_object = all_gather_object
+
+    class _Done:
+        def wait(self):  # noqa: ANN202
+            return None
+
+    @contextlib.contextmanager
+    def one_by_one(group=None, device=None, async_ops=False):  # noqa: ANN001, ANN202
+        yield _Done()
+
+    pgb._coalescing_manager = one_by_one
+    mopt.get_grad_norm_fp32 = lambda *a, **k: 0.0
+    fused = _fused_rms_norm_class()
+
+    class FusedRMSNorm(torch.nn.RMSNorm):
+        def forward(self, x):  # noqa: ANN001, ANN202
+            return fused.apply(x, self.weight, self.eps)
+
+    def norm(cls, config, hidden_size, eps=1e-5, **kwargs):  # noqa: ANN001, ANN202
+        mod = (FusedRMSNorm(hidden_size, eps=eps) if config.normalization == "RMSNorm"
+               else torch.nn.LayerNorm(hidden_size, eps=eps))
+        for p in mod.parameters():
+            p.sequence_parallel = config.sequence_parallel
+        return mod
+
+    torch_norm.WrappedTorchNorm.__new__ = norm
+    _FAKE_SHIMMED = True
+
+
 # ---- one rank ----------------------------------------------------------------------------------------
 def _measure_item(d: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     """One job on this rank (:func:`..ranks.spawn` runs it in each rank's process)."""
@@ -318,11 +489,14 @@ def _measure_item(d: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
 
 
 def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], dict[str, Any]]:
+    import contextlib
     import warnings
 
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     warnings.filterwarnings("ignore")
     _shim()
+    if case.fake:
+        _fake_shim()
     import torch
     import torch.nn.functional as F
     from megatron.core import parallel_state as ps
@@ -342,10 +516,16 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
     from .tracking import StepSamples, replay_reserved, replayed_figures
 
     vpp = case.vpp if case.pp > 1 and case.vpp > 1 else None
+    # a fake world has no gloo groups (megatron's extra gloo groups would rendezvous for real)
     ps.initialize_model_parallel(tensor_model_parallel_size=case.tp, pipeline_model_parallel_size=case.pp,
-                                 virtual_pipeline_model_parallel_size=vpp)
+                                 virtual_pipeline_model_parallel_size=vpp, create_gloo_process_groups=not case.fake)
+    fake_mode = contextlib.ExitStack()
     try:
         model_parallel_cuda_manual_seed(1234)
+        if case.fake:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            fake_mode.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         dtype = torch.bfloat16 if case.bf16 else torch.float32
         rc = {} if case.recompute == "none" else {"recompute_granularity": case.recompute}
         if case.recompute == "full":
@@ -360,7 +540,10 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
             tensor_model_parallel_size=case.tp, pipeline_model_parallel_size=case.pp,
             virtual_pipeline_model_parallel_size=vpp,
             use_cpu_initialization=True, params_dtype=dtype, pipeline_dtype=dtype, bf16=case.bf16,
-            gated_linear_unit=True, activation_func=F.silu, normalization="RMSNorm", add_bias_linear=False,
+            gated_linear_unit=not case.gelu, activation_func=F.gelu if case.gelu else F.silu,
+            normalization=case.norm, add_bias_linear=case.bias, sequence_parallel=case.sp,
+            # fake tensors hold no values: megatron's init (a full master weight split per rank) is skipped
+            perform_initialization=not case.fake,
             hidden_dropout=0.0, attention_dropout=0.0,
             gradient_accumulation_fusion=False, bias_activation_fusion=False, bias_dropout_fusion=False,
             masked_softmax_fusion=False, apply_rope_fusion=False, persist_layer_norm=False,
@@ -374,14 +557,20 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
             pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=i if vpp else None)
             post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=i if vpp else None)
             spec = get_gpt_layer_local_spec(num_experts=case.experts if case.experts > 1 else None,
-                                            normalization="RMSNorm")
+                                            normalization=case.norm)
             model = GPTModel(config, spec, vocab_size=case.vocab,
                              max_sequence_length=case.s, pre_process=pre, post_process=post,
-                             share_embeddings_and_output_weights=False, position_embedding_type="rope",
+                             share_embeddings_and_output_weights=False, position_embedding_type=case.positions,
                              vp_stage=i if vpp else None)
             model.model_type = getattr(model, "model_type", None)
             if vpp:
                 model.vp_stage = i
+            if case.bf16 and case.fake:
+                # Float16Module casts with Module.bfloat16() (transformer/module.py:464); under FakeTensorMode
+                # Module._apply swaps every parameter (fake tensors are wrapper subclasses) and refuses one
+                # with a weak reference ("Couldn't swap VocabParallelEmbedding.weight"): the same cast, each
+                # floating tensor not yet bf16 replaced by its bf16 copy (a parameter keeps its attributes)
+                model.bfloat16 = lambda _m=model: _cast_bf16(_m)
             if case.bf16:
                 model = Float16Module(config, model)
             chunks.append(model)
@@ -391,7 +580,9 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
                   for i, mod in enumerate(chunks)]
         opt_config = OptimizerConfig(optimizer="adam", lr=1e-4, bf16=case.bf16, params_dtype=dtype,
                                      use_distributed_optimizer=case.distopt, clip_grad=1.0)
-        optimizer = get_megatron_optimizer(opt_config, chunks)
+        # use_gloo_process_groups: the distributed optimizer's gloo groups (checkpointing) do not exist in a
+        # fake world (initialize_model_parallel(create_gloo_process_groups=False))
+        optimizer = get_megatron_optimizer(opt_config, chunks, use_gloo_process_groups=not case.fake)
         config.grad_scale_func = optimizer.scale_loss
         config.finalize_model_grads_func = finalize_model_grads
         forward_backward = get_forward_backward_func()
@@ -414,17 +605,19 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
 
             return out, loss_func
 
-        def train_step() -> None:  # megatron/training/training.py train_step
+        def train_step(m: int = case.m) -> None:  # megatron/training/training.py train_step
             for c in chunks:
                 c.zero_grad_buffer()
             optimizer.zero_grad()
             iters = [iter(batches) for _ in chunks]
             forward_backward(forward_step_func=forward_step, data_iterator=iters if vpp else iters[0],
-                             model=chunks if vpp else chunks[0], num_microbatches=case.m,
+                             model=chunks if vpp else chunks[0], num_microbatches=m,
                              seq_length=case.s, micro_batch_size=case.b, decoder_seq_length=case.s,
                              forward_only=False)
 
-        train_step()
+        # the warm-up step (the optimizer's states); a fake trace warms up on one micro-batch (the states are
+        # the same, and each fake micro-batch costs seconds at a published size)
+        train_step(1 if case.fake and not vpp else case.m)
         optimizer.step()
         gc.collect()
         params = [p for c in chunks for p in c.parameters()]
@@ -498,7 +691,23 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
                  "comm_by_op": trace.by_op(comm_at, is_comm, 8), "rank": rank}
         return measured, notes
     finally:
+        fake_mode.close()
         ps.destroy_model_parallel()
+
+
+def _cast_bf16(model):  # noqa: ANN001, ANN202 - Module.bfloat16() without Module._apply's tensor swap
+    import torch
+
+    for mod in model.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None and p.is_floating_point() and p.dtype != torch.bfloat16:
+                q = torch.nn.Parameter(p.detach().to(torch.bfloat16), requires_grad=p.requires_grad)
+                q.__dict__.update(p.__dict__)
+                mod._parameters[name] = q
+        for name, buf in list(mod._buffers.items()):
+            if buf is not None and buf.is_floating_point() and buf.dtype != torch.bfloat16:
+                mod._buffers[name] = buf.to(torch.bfloat16)
+    return model
 
 
 #: the c10d ops whose outputs are communication buffers
@@ -529,7 +738,7 @@ def sweep() -> list[McoreCase]:
     full recompute, and MHA with and without selective recompute), PP 2 with 1F1B (fp32, bf16, full
     recompute) and interleaved (vpp 2), TP 2 × PP 2 in bf16 (4 ranks), DP 2 with the distributed
     optimizer (fp32, bf16), TP 2 bf16 with --recompute-modules (layernorm, mlp, both); every pipeline
-    stage a row."""
+    stage a row; MoE; and the published shapes under fake tensors (:data:`PUBLISHED`)."""
     tp = replace(BASE, tp=2)
     pp = replace(BASE, pp=2)
     dp = replace(BASE, dp=2, distopt=True)
@@ -546,9 +755,40 @@ def sweep() -> list[McoreCase]:
     # MoE (SequentialMLP, 4 experts top-2; one rank: MoE with TP needs sequence parallelism, blocked here)
     moe = replace(BASE, bf16=True, experts=4, topk=2)
     cases += [moe, replace(moe, pp=2), replace(moe, pp=2, stage=1)]
-    return cases
+    # published sizes under fake tensors: every pipeline stage cut to one layer per stage, and the whole
+    # model's last stage (one micro-batch in flight: the whole stages before it hold up to PP, which the
+    # tracer's per-op samples of every live storage make an hour's run on two shared cores; fake_sweep())
+    return cases + fake_quick_sweep() + [c for c in fake_sweep() if c.stage == c.pp - 1]
 
 
 def quick_sweep() -> list[McoreCase]:
     """The tests' subset: TP 2 and PP 2 (1F1B, both stages), two ranks each."""
     return [replace(BASE, tp=2)] + _stages(replace(BASE, pp=2))
+
+
+# ---- published sizes, traced with fake tensors ----------------------------------------------------------
+#: GPT-3 175B as Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
+#: Table 3) train it with Megatron: 96 layers, h 12288, 96 heads, s 2048, micro-batch 1, TP 8 × PP 8 with
+#: sequence parallelism and selective recompute; GPT-2's BPE vocabulary 50257 padded to 51200 (Megatron-LM
+#: pads to a multiple of 128 × TP); LayerNorm, GeLU, biases, learned positions. m 8: 1F1B holds at most PP
+#: micro-batches in flight, so any m ≥ 8 (the paper's global batch 64) has the same memory.
+GPT3_175B = McoreCase(fake=True, recipe="gpt3-175b", tp=8, pp=8, bf16=True, recompute="selective", L=96, h=12288,
+                      ffn=4 * 12288, heads=96, groups=96, vocab=51200, s=2048, b=1, m=8, gelu=True, norm="LayerNorm",
+                      bias=True, positions="learned_absolute", sp=True)
+#: Llama-2-70B (its config.json: 80 layers, h 8192, 64 heads / 8 KV heads, ffn 28672, vocab 32000 -> 32768
+#: padded as above, RMSNorm, SwiGLU, RoPE, untied, no biases) at s 4096, micro-batch 1, TP 8 × PP 4 with
+#: sequence parallelism, DP 2 with the distributed optimizer (64 GPUs), m 4 (= PP)
+LLAMA2_70B = McoreCase(fake=True, recipe="llama2-70b", tp=8, pp=4, dp=2, distopt=True, bf16=True, L=80, h=8192,
+                       ffn=28672, heads=64, groups=8, vocab=32768, s=4096, b=1, m=4, sp=True)
+PUBLISHED = [GPT3_175B, LLAMA2_70B]
+
+
+def fake_sweep() -> list[McoreCase]:
+    """Every pipeline stage (its first rank) of each published shape, whole (:func:`sweep` runs the last
+    stages: see there)."""
+    return [c for case in PUBLISHED for c in _stages(case)]
+
+
+def fake_quick_sweep() -> list[McoreCase]:
+    """The tests' fake traces: the published shapes cut to one layer per pipeline stage."""
+    return [c for case in PUBLISHED for c in _stages(replace(case, L=case.pp))]
