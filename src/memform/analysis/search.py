@@ -333,6 +333,13 @@ def search(model: Model, space: SearchSpace, *,
                            f"or pass --set training.global_batch_size=N (sequences per optimizer step)")
     m_default = int(get_path(model.data, "training.num_micro_batches", 1) or 1)
     capacity = model.structure.capacity_bytes
+    for key, value in (("training.global_batch_size", gbs), ("training.num_micro_batches", m_default)):
+        if isinstance(value, int) and value >= 2 ** 62:  # the candidates' columns are 64-bit integers
+            raise MemformError(f"config key '{key}' must be below 2^62 for a search (its candidate columns are "
+                               f"64-bit integers), got {value}")
+    if capacity >= 2 ** 63:  # the columns hold bytes in 64-bit integers (the peaks, the headroom)
+        raise MemformError(f"config key 'device.capacity_gib' must be below 2^33 GiB for a search (its columns "
+                           f"hold bytes in 64-bit integers), got {get_path(model.data, 'device.capacity_gib', None)}")
     structures = list(itertools.product(space.pp, space.vpp, space.schedules, space.recompute,
                                         space.zero if space.zero is not None else [None]))
     grids: dict[int, dict[str, np.ndarray]] = {}

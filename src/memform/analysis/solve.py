@@ -105,6 +105,9 @@ def solve(model: Model, key: str, *, limit: int | None = None, cache: bool = Tru
                      f"{gbs} / ({'x' if key == 'training.micro_batch_size' else other} × "
                      f"{other if key == 'training.micro_batch_size' else 'x'}); only divisors are candidates")
     capacity = base.structure.capacity_bytes
+    if derive_m and gbs >= 2 ** 62:  # the candidates' micro-batch counts are 64-bit integer columns
+        raise MemformError(f"config key 'training.global_batch_size' must be below 2^62 for solve (the micro-batch "
+                           f"counts it derives are 64-bit integers), got {gbs}")
 
     def columns(xs: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
         cols = {key: xs}

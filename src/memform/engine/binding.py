@@ -19,10 +19,20 @@ from ..lang.program import Program
 from .walker import Ctx, Walker
 from .values import _MISSING, DTYPE_BYTES, check_value, get_path, name_list, set_members  # noqa: F401 (get_path re-exported)
 
+#: the magnitude of a real config value (0 aside): the reports, the compiled search and solve and the
+#: allocator replay turn values into floats, where 1e400 overflows and 1e-320's exact denominator does
+REAL_LIMIT = 2 ** 200
+
+
 def coerce(value: Any, spec: ast.TypeSpec, key: str, *, positive: bool = False, numeric: bool = False) -> Any:
     """Check ``value`` (from YAML) against ``spec``; return bool, str or an exact number
     (sympy's, or with ``numeric`` an int or a Fraction that is not an integer)."""
-    return _exact(check_value(value, spec, key, positive=positive), numeric)
+    v = check_value(value, spec, key, positive=positive)
+    if (spec.kind == "real" and isinstance(v, (int, Fraction)) and not isinstance(v, bool) and v != 0
+            and not Fraction(1, REAL_LIMIT) <= abs(v) <= REAL_LIMIT):
+        from .config import _approx
+        raise MemformError(f"config key '{key}' must be 0 or between 2^-200 and 2^200 in size, got {_approx(v)}")
+    return _exact(v, numeric)
 
 
 def _exact(v: Any, numeric: bool = False) -> Any:

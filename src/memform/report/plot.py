@@ -17,7 +17,7 @@ from ..engine.interpreter import CATEGORIES
 from ..engine.model import Estimate
 from ..errors import MemformError
 from ..units import GIB, human_bytes
-from .chart import CAPACITY_COLOR, CATEGORY_COLORS, CATEGORY_LABELS, PEAK_COLOR, axis_for
+from .chart import CAPACITY_COLOR, CATEGORY_COLORS, CATEGORY_LABELS, PEAK_COLOR, axis_for, gib_near, near_bytes, verdict
 from .render import setup_line
 
 if TYPE_CHECKING:
@@ -113,19 +113,21 @@ def plot_stages(est: Estimate, output: str | Path, *, dpi: int = 150) -> Path:
                    zorder=2)
             bottom = [b + h for b, h in zip(bottom, heights)]
         if n <= 24:
-            for x, total in zip(xs, bottom):
-                ax.annotate(f"{total:.1f}", (x, total), xytext=(0, 3), textcoords="offset points",
+            for x, total, stage in zip(xs, bottom, est.stages):
+                ax.annotate(gib_near(stage.peak_bytes, est.capacity_bytes), (x, total), xytext=(0, 3), textcoords="offset points",
                             ha="center", va="bottom", fontsize=8 if n > 12 else 9, zorder=4,
                             bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.85})
         ax.axhline(est.capacity_bytes / GIB, color=CAPACITY_COLOR, linestyle=(0, (6, 3)), linewidth=1.6,
                    label=f"device {human_bytes(est.capacity_bytes)}", zorder=3)
         ax.axhline(est.peak_bytes / GIB, color=PEAK_COLOR, linestyle=(0, (2, 2)), linewidth=1.4,
-                   label=f"predicted peak {human_bytes(est.peak_bytes)} (stage {est.peak_stage})", zorder=3)
+                   label=f"predicted peak {near_bytes(est.peak_bytes, est.capacity_bytes)} (stage {est.peak_stage}): "
+                         f"{verdict(est.peak_bytes, est.capacity_bytes, est.fits)}", zorder=3)
         step = 1 if n <= 32 else max(1, n // 16)
         ax.set_xticks(xs[::step])
         ax.set_xlim(-0.6, n - 0.4)
         _finish_axes(ax, axis)
-        fig.suptitle(chart_title(headline(est), setup_line(est), width), fontsize=10)
+        fig.suptitle(chart_title(f"{headline(est)}: {'fits' if est.fits else 'does NOT fit'}", setup_line(est), width),
+                     fontsize=10)
         _legend(ax)
         _save(fig, out, fmt, dpi)
     finally:
@@ -165,13 +167,13 @@ def plot_comparison(cmp: "Comparison", output: str | Path, *, dpi: int = 150) ->
                 ax.bar(xs, heights, bottom=bottom, width=bw * 0.88, color=CATEGORY_COLORS[c],
                        label=CATEGORY_LABELS[c], zorder=2, edgecolor="white", linewidth=0.4)
                 bottom = [b + h for b, h in zip(bottom, heights)]
-            totals += list(zip(xs, bottom))
+            totals += [(x, t, gib_near(r.peak_bytes, v.est.capacity_bytes)) for x, t, r in zip(xs, bottom, results)]
             for x in xs:
                 ax.text(x, -0.012, v.key, transform=ax.get_xaxis_transform(), ha="center", va="top",
                         fontsize=7 if k * n > 24 else 8, color="#333")
         if len(totals) <= 24:
-            for x, total in totals:
-                ax.annotate(f"{total:.1f}", (x, total), xytext=(0, 2), textcoords="offset points", ha="center",
+            for x, total, text in totals:
+                ax.annotate(text, (x, total), xytext=(0, 2), textcoords="offset points", ha="center",
                             va="bottom", fontsize=7 if len(totals) > 12 else 8, zorder=4,
                             bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.85})
         capacities = sorted({e.capacity_bytes for e in ests})
@@ -179,7 +181,8 @@ def plot_comparison(cmp: "Comparison", output: str | Path, *, dpi: int = 150) ->
             ax.axhline(cap / GIB, color=CAPACITY_COLOR, linestyle=dash, linewidth=1.6,
                        label=f"device {human_bytes(cap)}", zorder=3)
         ax.axhline(base.est.peak_bytes / GIB, color=PEAK_COLOR, linestyle=(0, (2, 2)), linewidth=1.2,
-                   label=f"peak of {base.key} (baseline) {human_bytes(base.est.peak_bytes)}", zorder=3)
+                   label=f"peak of {base.key} (baseline) {near_bytes(base.est.peak_bytes, base.est.capacity_bytes)}: "
+                         f"{'fits' if base.est.fits else 'does not fit'}", zorder=3)
         ax.set_xticks(list(range(n)))
         ax.tick_params(axis="x", length=0, pad=14)
         ax.set_xlim(-0.6, n - 0.4)

@@ -28,7 +28,7 @@ from ..errors import MemformError
 from ..lang.program import Program
 from ..resources import resolve_display_path, templates_dir
 from ..units import human_bytes, human_count, signed_bytes, signed_seconds
-from .chart import CAPACITY_COLOR, CATEGORY_COLORS, CATEGORY_LABELS, PEAK_COLOR, axis_for
+from .chart import CAPACITY_COLOR, CATEGORY_COLORS, CATEGORY_LABELS, PEAK_COLOR, axis_for, gib_near, near_bytes, verdict
 from .table import setup_line, time_line, wrap_prose  # noqa: F401 (re-exported: plot, templates)
 
 if TYPE_CHECKING:
@@ -406,6 +406,9 @@ def _add_filters(env: jinja2.Environment) -> jinja2.Environment:
     env.filters["tex_symbol"] = tex_symbol
     env.filters["source_line"] = _source_line
     env.filters["gib"] = lambda n: float(n) / 2 ** 30
+    env.filters["gib_near"] = gib_near
+    env.filters["near_bytes"] = near_bytes
+    env.filters["verdict"] = verdict
     return env
 
 

@@ -60,6 +60,8 @@ class Axis:
     label: str
     values: list[Any]
     base: Any
+    #: per value, a note the select shows after it (the effective ZeRO stage), or None
+    notes: list[str] | None = None
 
 
 @dataclass
@@ -210,6 +212,10 @@ def default_axes(model: Model, *, pp: Sequence[int] | None = None, vpp: Sequence
     for a in axes:
         if a.base not in a.values:
             a.values = sorted(a.values + [a.base], key=lambda v: (str(type(v)), v))
+        if a.key == "parallel.zero" and get_path(model.data, "parallel.distributed_optimizer", False):
+            # common.mf: shard_os = zero_group "if zero >= 1 or dist_opt": below 1 the optimizer states are
+            # sharded as at ZeRO-1 (the option's doc: "Megatron distributed optimizer (= ZeRO-1)")
+            a.notes = ["= effective 1 (distributed optimizer)" if v < 1 else "" for v in a.values]
     return axes
 
 
@@ -286,7 +292,7 @@ def build_whatif(model: Model, *, vary: Sequence[str] = (), pp: Sequence[int] | 
         "categories": [{"key": c, "label": CATEGORY_LABELS[c], "color": CATEGORY_COLORS[c]} for c in CATEGORIES],
         "colors": {"capacity": CAPACITY_COLOR, "peak": PEAK_COLOR},
         "inputs": inputs,
-        "axes": [{"key": a.key, "label": a.label, "values": a.values, "base": a.base} for a in axes],
+        "axes": [{"key": a.key, "label": a.label, "values": a.values, "base": a.base, "notes": a.notes} for a in axes],
         "variants": variants,
         "timed": any(v["timed"] for v in variants),
         "degrees": degrees,
