@@ -53,7 +53,7 @@ def sequences(draw):
     return events
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @example([("alloc", 0, 19 * MIB, 0), ("alloc", 1, 5 * MIB, 0), ("free", 0), ("alloc", 2, 12 * MIB, 0)],
          False, None, None)
 @given(sequences(), st.booleans(), st.sampled_from([None, 2 * MIB, 16 * MIB, 40 * MIB]),
