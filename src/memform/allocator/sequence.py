@@ -26,6 +26,7 @@ Two sources:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Callable, Hashable, Iterable, Sequence
 
 from .caching import Event
@@ -203,8 +204,9 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False) ->
                     comm_key, key = key, key + 1
                 if mb < inflight[i]:
                     act_key[mb, i] = key
-                    ev += [("alloc", key + j, x, COMPUTE) for j, x in enumerate(acts[i])]
-                    key += len(acts[i])
+                    m = len(acts[i])
+                    ev += zip(repeat("alloc", m), range(key, key + m), acts[i], repeat(COMPUTE, m))
+                    key += m
                 if comm:
                     ev.append(("free", comm_key))
         # the first backward (where 1F1B's step peaks): the last micro-batch in, the layers in reverse; the
@@ -219,23 +221,27 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False) ->
                     ev.append(("alloc", key, comm, COMM))
                     comm_key, key = key, key + 1
                 transient_key = key
-                ev += [("alloc", key + j, x, COMPUTE) for j, x in enumerate(transients[i])]
-                key += len(transients[i])
+                m = len(transients[i])
+                ev += zip(repeat("alloc", m), range(key, key + m), transients[i], repeat(COMPUTE, m))
+                key += m
             if not grads_persist:
-                ev += [("alloc", key + j, x, COMPUTE) for j, x in enumerate(grads[i])]
-                key += len(grads[i])
+                m = len(grads[i])
+                ev += zip(repeat("alloc", m), range(key, key + m), grads[i], repeat(COMPUTE, m))
+                key += m
             if live:
-                ev += [("free", transient_key + j) for j in range(len(transients[i]))]
+                m = len(transients[i])
+                ev += zip(repeat("free", m), range(transient_key, transient_key + m))
                 first = act_key.get((mb, i))
                 if first is not None:
-                    ev += [("free", first + j) for j in range(len(acts[i]))]
+                    m = len(acts[i])
+                    ev += zip(repeat("free", m), range(first, first + m))
                 if comm:
                     ev.append(("free", comm_key))
         for k in reversed(range(held - 1)):
             for i in reversed(range(n)):
                 if k < inflight[i]:
-                    first = act_key[k, i]
-                    ev += [("free", first + j) for j in range(len(acts[i]))]
+                    first, m = act_key[k, i], len(acts[i])
+                    ev += zip(repeat("free", m), range(first, first + m))
         counter[0] = key
         return ev
 
