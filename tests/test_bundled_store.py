@@ -78,3 +78,16 @@ def test_a_cold_estimate_from_the_store_imports_no_lark(store):
     r = subprocess.run([sys.executable, "-c", code, str(store)], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert "peak" in r.stdout
+
+
+def test_a_text_served_in_place_of_the_file_is_parsed_but_not_stored(tmp_path, monkeypatch):
+    """bench/mutate.py serves mutants through memform's reader: parsed as a user's file, never stored."""
+    target = tmp_path / "formulas.pickle"
+    monkeypatch.setattr(bundled, "STORE", target)
+    monkeypatch.setattr(bundled, "_STORE", [])
+    dense = formulas_dir() / "dense.mf"
+    mutant = dense.read_text(encoding="utf-8").replace("2 * kv", "3 * kv", 1)
+    assert bundled.remember(dense, "formulas/dense.mf", mutant) is None and not target.exists()
+    monkeypatch.setattr(parser, "_PARSED", {})
+    monkeypatch.setattr(parser, "read_text", lambda path, what: mutant)
+    assert parser.parse_file(dense) == parser.parse_text(mutant, str(dense)) and not target.exists()

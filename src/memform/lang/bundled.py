@@ -116,10 +116,12 @@ def dump(tree: ast.File) -> bytes:
 def remember(path: Path, shown: str, text: str) -> ast.File | None:
     """Parse bundled file ``path`` and add its tree to the store (first use in a source checkout; a package
     that is not writable keeps no store, and parses as before); the tree, named
-    ``shown``. None for a file that is not bundled or does not parse (the caller's parse raises its error)."""
+    ``shown``. None for a file that is not bundled, a text other than the file's own (one served in its place,
+    as bench/mutate.py serves mutants: parsed and cached as a user's file) or one that does not parse (the
+    caller's parse raises its error)."""
     rel = _relative(path)
-    if rel is None:
-        return None
+    if rel is None or _on_disk(path) != text:
+        return None   # not bundled, or a text served in the file's place (bench/mutate.py's mutants): the cache's
     from ..errors import MemformError
     from .parser import parse_text
     try:
@@ -135,6 +137,13 @@ def remember(path: Path, shown: str, text: str) -> ast.File | None:
 
 
 _WRITABLE = [True]   # False once a write of the store failed (not retried in this process)
+
+
+def _on_disk(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def write(entries: dict, target: Path) -> bool:
