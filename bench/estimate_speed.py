@@ -7,9 +7,10 @@ Columns (medians; every figure measured in this run, on this machine):
 * ``cli hit``: ``memform estimate CONFIG`` in a fresh process, its compiled structure already in
   the on-disk cache (a private cache directory this script fills first, as a Python loop would);
 * ``cli new``: a fresh process with no compiled structure for the config (a config memform has not
-  seen, e.g. an importer's output), the bundled formula files already parsed into the cache (they
-  are parsed once per install): the numeric evaluator's numbers (ints and fractions, no sympy);
-* ``cli cold``: the same with ``--no-cache``: nothing read from the cache, every formula file parsed;
+  seen, e.g. an importer's output): the numeric evaluator's numbers (ints and fractions, no sympy);
+* ``cli cold``: the same with ``--no-cache``: nothing read from the cache directory (the bundled formula
+  files' syntax trees come from the installation's store, memform/lang/bundled.py: parsed once per install,
+  at build time for a wheel, on first use in a checkout, as Python's .pyc files; a user's file is parsed);
 * ``cli sympy``: the ``cli new`` case with sympy's numbers instead (the interpreter with every symbol
   replaced by its value, ``keep=frozenset()``: what a cache miss ran before the numeric evaluator);
 * ``cli interp``: a fresh process printing the same table from the symbolic interpreter
@@ -123,7 +124,7 @@ def main(argv: list[str]) -> int:
         warm_interp = _median(lambda: interpreted(p), args.repeat)
         cold_interp = _median(lambda: interpreted(p), args.repeat, before=cold_sympy)
         hit, out_hit = _cli(cli + ["estimate", str(p)], env, args.repeat)
-        _cli(cli + ["estimate", str(p)], new_env, 1)  # parses the formula files into the cache, compiles nothing
+        _cli(cli + ["estimate", str(p)], new_env, 1)  # records the checked program in the cache, compiles nothing
         new, out_new = _cli(cli + ["estimate", str(p)], new_env, args.repeat)
         new_cpu = CPU["last"]
         miss, out_miss = _cli(cli + ["estimate", str(p), "--no-cache"], env, args.repeat)

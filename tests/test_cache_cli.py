@@ -17,16 +17,19 @@ def _env(tmp_path, **extra) -> dict[str, str]:
 
 def test_info_lists_what_an_estimate_left_and_clear_empties_it(tmp_path):
     assert run_memform("estimate", "configs/llama2-7b.yaml", env_extra=_env(tmp_path)).returncode == 0
-    syntax = list((tmp_path / "cache" / "syntax").rglob("*.pickle"))
-    assert syntax  # the formula files the config reads, parsed once
+    checked = [f for f in (tmp_path / "cache" / "checked").rglob("*") if f.is_file()]
+    assert checked  # the program the config reads passed the checker, recorded once
+    # (the bundled formula files' syntax trees come from the installation's store, memform/lang/bundled.py,
+    # not from the user's cache)
+    assert not list((tmp_path / "cache" / "syntax").rglob("*.pickle"))
     info = run_memform("cache", "info", env_extra=_env(tmp_path))
     assert info.returncode == 0, info.stderr
-    line = next(x for x in info.stdout.splitlines() if x.split()[:1] == ["syntax"])
-    assert int(line.split()[1]) == len(syntax)
+    line = next(x for x in info.stdout.splitlines() if x.split()[:1] == ["checked"])
+    assert int(line.split()[1]) == len(checked)
     assert str(tmp_path / "cache") in info.stdout and "256.00 MiB" in info.stdout
     cleared = run_memform("cache", "clear", env_extra=_env(tmp_path))
     total = cleared.stdout.split()[1]
-    assert cleared.returncode == 0 and int(total) >= len(syntax)
+    assert cleared.returncode == 0 and int(total) >= len(checked)
     assert not [f for f in (tmp_path / "cache").rglob("*") if f.is_file()]
 
 

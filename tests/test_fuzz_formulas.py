@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memform
+from memform import cachedir
 from memform.errors import Loc, MemformError
 from memform.resources import display_path
 from memform.lang import ast
@@ -123,13 +124,31 @@ def _config_loading(name: str, tmp: Path) -> dict:
     return {**SMALL_MOE, "formulas": [str(tmp / "moe.mf")]}
 
 
+_TREE: list[Path] = []
+
+
 def _tree_with(name: str, text: str) -> Path:
-    """A temporary copy of the bundled formulas with ``name`` replaced by ``text``."""
-    tmp = Path(tempfile.mkdtemp(prefix="memform-fuzz-"))
-    for p in FORMULAS:
-        shutil.copy(p, tmp / p.name)
-    (tmp / name).write_text(text, encoding="utf-8")
-    return tmp
+    """A copy of the bundled formulas with ``name`` replaced by ``text``: one directory per process, whose
+    other files keep their path and text from example to example (each example parses the mutated file
+    only; :func:`_restore` puts the original back)."""
+    if not _TREE:
+        tmp = Path(tempfile.mkdtemp(prefix="memform-fuzz-"))
+        for p in FORMULAS:
+            shutil.copy(p, tmp / p.name)
+        _TREE.append(tmp)
+    _write(_TREE[0] / name, text)
+    return _TREE[0]
+
+
+def _restore(tmp: Path, name: str) -> None:
+    _write(tmp / name, SOURCES[name])
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
+    # a file rewritten within one clock tick at the same size must not keep its old digest (cachedir
+    # memoizes digests by modification time and size)
+    cachedir._DIGESTS.clear()
 
 
 @FUZZ
@@ -154,7 +173,7 @@ def test_mutated_bundled_files_fail_cleanly(case):
             return
         assert all(isinstance(v, int) and v >= 0 for st_ in est.stages for v in st_.values.values())
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _restore(tmp, name)
 
 
 @FUZZ

@@ -35,9 +35,8 @@ the interior pages of free expandable blocks that a release unmaps (only the fre
 
 from __future__ import annotations
 
-import bisect
-from dataclasses import dataclass, field
-from itertools import count
+from bisect import bisect_left, insort
+from dataclasses import dataclass
 from typing import Hashable, Iterable
 
 KIB, MIB = 1024, 1024 ** 2
@@ -72,48 +71,52 @@ class OutOfMemory(Exception):
         self.size, self.reserved, self.allocated, self.capacity = size, reserved, allocated, capacity
 
 
-@dataclass(eq=False)
 class _Block:
-    ptr: int
-    size: int
-    segment: "_Segment"
-    allocated: bool = False
-    requested: int = 0
-    prev: "_Block | None" = None
-    next: "_Block | None" = None
+    """A block of a segment (``Block``): its address, size, whether it is allocated, and its neighbours."""
+
+    __slots__ = ("ptr", "size", "segment", "allocated", "requested", "prev", "next")
+
+    def __init__(self, ptr: int, size: int, segment: "_Segment", prev: "_Block | None" = None,
+                 next: "_Block | None" = None) -> None:
+        self.ptr, self.size, self.segment = ptr, size, segment
+        self.allocated, self.requested = False, 0
+        self.prev, self.next = prev, next
 
     def key(self) -> tuple[int, int]:
         return (self.size, self.ptr)
 
 
-@dataclass(eq=False)
 class _Segment:
-    base: int
-    size: int                 # reserved bytes (mapped bytes for an expandable segment)
-    pool: "_Pool"
-    expandable: bool = False
-    #: the block at the segment's highest address (an expandable segment grows there)
-    last: "_Block | None" = None
+    """One ``cudaMalloc``-ed segment (or a pool's expandable one)."""
+
+    __slots__ = ("base", "size", "pool", "expandable", "last")
+
+    def __init__(self, base: int, size: int, pool: "_Pool", expandable: bool = False) -> None:
+        self.base, self.size, self.pool, self.expandable = base, size, pool, expandable
+        #: reserved bytes (mapped bytes for an expandable segment) in ``size``; ``last``: the block at the
+        #: segment's highest address (an expandable segment grows there)
+        self.last: _Block | None = None
 
 
-@dataclass(eq=False)
 class _Pool:
     """One stream's small or large pool: its free blocks sorted by (size, address)."""
 
-    small: bool
-    free: list[tuple[int, int]] = field(default_factory=list)
-    blocks: dict[tuple[int, int], _Block] = field(default_factory=dict)
-    expandable: _Segment | None = None
+    __slots__ = ("small", "free", "blocks", "expandable")
+
+    def __init__(self, small: bool) -> None:
+        self.small = small
+        self.free: list[tuple[int, int]] = []
+        self.blocks: dict[tuple[int, int], _Block] = {}
+        self.expandable: _Segment | None = None
 
     def insert(self, b: _Block) -> None:
-        k = b.key()
-        bisect.insort(self.free, k)
+        k = (b.size, b.ptr)
+        insort(self.free, k)
         self.blocks[k] = b
 
     def remove(self, b: _Block) -> None:
-        k = b.key()
-        i = bisect.bisect_left(self.free, k)
-        del self.free[i]
+        k = (b.size, b.ptr)
+        del self.free[bisect_left(self.free, k)]
         del self.blocks[k]
 
 
@@ -133,14 +136,21 @@ def allocation_size(size: int) -> int:
 
 class CachingAllocator:
     """Replays ``malloc`` / ``free`` through the allocator's rules; tracks what is requested, allocated
-    (block bytes, as ``torch.cuda.memory_allocated``) and reserved (segments), and their peaks."""
+    (block bytes, as ``torch.cuda.memory_allocated``) and reserved (segments), and their peaks.
+
+    A replay runs ``malloc`` and ``free`` tens of thousands of times per stage, so their common paths
+    (a cached block found or a new segment reserved; a freed block merged) are written out in place
+    rather than as one call per step; the rarer steps (expandable segments, releases) keep a method each.
+    ``tests/allocator_reference.py`` keeps the one-method-per-step form, and the tests replay drawn
+    sequences through both."""
 
     def __init__(self, config: AllocatorConfig = AllocatorConfig()) -> None:
         self.config = config
+        self._limit = config.split_limit()
         self._pools: dict[tuple[Hashable, bool], _Pool] = {}
-        self._segments: list[_Segment] = []
+        #: every reserved segment, in reservation order (a dict: a release drops one in O(1))
+        self._segments: dict[_Segment, None] = {}
         self._live: dict[Hashable, _Block] = {}
-        self._addr = count(0)
         self._next_base = 0
         self.requested = self.allocated = self.reserved = 0
         self.peak_requested = self.peak_allocated = self.peak_reserved = 0
@@ -150,20 +160,59 @@ class CachingAllocator:
     # ---- the public protocol ---------------------------------------------------------------------
     def malloc(self, key: Hashable, nbytes: int, stream: Hashable = 0) -> None:
         """Allocate ``nbytes`` under ``key`` on ``stream``; raises :class:`OutOfMemory`."""
-        if key in self._live:
+        live = self._live
+        if key in live:
             raise ValueError(f"allocation {key!r} is already live")
-        size = round_size(nbytes)
-        pool = self._pool(stream, size <= SMALL_SIZE)
-        block = self._free_block(pool, size)
+        size = -(-nbytes // MIN_BLOCK) * MIN_BLOCK          # round_size
+        if size < MIN_BLOCK:
+            size = MIN_BLOCK
+        small = size <= SMALL_SIZE
+        pool = self._pools.get((stream, small))
+        if pool is None:
+            pool = self._pools[(stream, small)] = _Pool(small)
+        limit = self._limit
+        # get_free_block: best fit among the pool's cached blocks, with max_split_size's rules
+        block = None
+        free = pool.free
+        if free:
+            i = bisect_left(free, (size, -1))
+            if i < len(free):
+                k = free[i]
+                have = k[0]
+                # an oversize block serves no small request, nor a large request it exceeds by a whole
+                # large buffer
+                if not (size < limit <= have) and not (size >= limit and have >= size + LARGE_BUFFER):
+                    del free[i]
+                    block = pool.blocks.pop(k)
         if block is None:
             block = self._new_block(pool, size)
-        self._use(pool, block, size)
+        # alloc_found_block: split off the remainder when should_split says it is worth keeping
+        remaining = block.size - size
+        if small or self.config.expandable_segments:
+            split = remaining >= MIN_BLOCK
+        else:
+            split = size < limit and remaining > SMALL_SIZE
+        if split:
+            nxt = block.next
+            rest = _Block(block.ptr + size, remaining, block.segment, block, nxt)
+            if nxt is not None:
+                nxt.prev = rest
+            block.next = rest
+            block.size = size
+            seg = block.segment
+            if seg.last is block:
+                seg.last = rest
+            k = (remaining, rest.ptr)
+            insort(free, k)
+            pool.blocks[k] = rest
         block.allocated, block.requested = True, nbytes
-        self._live[key] = block
+        live[key] = block
         self.requested += nbytes
         self.allocated += block.size
-        self.peak_requested = max(self.peak_requested, self.requested)
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        if self.requested > self.peak_requested:
+            self.peak_requested = self.requested
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
 
     def free(self, key: Hashable) -> None:
         block = self._live.pop(key)
@@ -171,21 +220,30 @@ class CachingAllocator:
         self.allocated -= block.size
         block.allocated, block.requested = False, 0
         pool = block.segment.pool
-        for other in (block.prev, block.next):
-            if other is not None and not other.allocated:
-                pool.remove(other)
-                if other is block.prev:
-                    block.ptr, block.prev = other.ptr, other.prev
-                    if other.prev is not None:
-                        other.prev.next = block
-                else:
-                    block.next = other.next
-                    if other.next is not None:
-                        other.next.prev = block
-                    if block.segment.last is other:
-                        block.segment.last = block
-                block.size += other.size
-        pool.insert(block)
+        free, blocks = pool.free, pool.blocks
+        # free_block / try_merge_blocks: merge with the free neighbours of its segment
+        prev, nxt = block.prev, block.next
+        if prev is not None and not prev.allocated:
+            k = (prev.size, prev.ptr)
+            del free[bisect_left(free, k)]
+            del blocks[k]
+            block.ptr, block.prev = prev.ptr, prev.prev
+            if prev.prev is not None:
+                prev.prev.next = block
+            block.size += prev.size
+        if nxt is not None and not nxt.allocated:
+            k = (nxt.size, nxt.ptr)
+            del free[bisect_left(free, k)]
+            del blocks[k]
+            block.next = nxt.next
+            if nxt.next is not None:
+                nxt.next.prev = block
+            if block.segment.last is nxt:
+                block.segment.last = block
+            block.size += nxt.size
+        k = (block.size, block.ptr)
+        insort(free, k)
+        blocks[k] = block
 
     def empty_cache(self) -> None:
         """``torch.cuda.empty_cache``: release every wholly free segment."""
@@ -196,26 +254,6 @@ class CachingAllocator:
         return len(self._live)
 
     # ---- internals -------------------------------------------------------------------------------
-    def _pool(self, stream: Hashable, small: bool) -> _Pool:
-        key = (stream, small)
-        if key not in self._pools:
-            self._pools[key] = _Pool(small)
-        return self._pools[key]
-
-    def _free_block(self, pool: _Pool, size: int) -> _Block | None:
-        """``get_free_block``: best fit among the pool's cached blocks, with ``max_split_size`` rules."""
-        i = bisect.bisect_left(pool.free, (size, -1))
-        if i == len(pool.free):
-            return None
-        block = pool.blocks[pool.free[i]]
-        limit = self.config.split_limit()
-        if size < limit <= block.size:
-            return None        # an oversize block serves no small request
-        if size >= limit and block.size >= size + LARGE_BUFFER:
-            return None        # nor a large request it exceeds by a whole large buffer
-        pool.remove(block)
-        return block
-
     def _new_block(self, pool: _Pool, size: int) -> _Block:
         """``alloc_block`` with the two release-and-retry steps of ``malloc``."""
         for attempt in range(3):
@@ -251,7 +289,7 @@ class CachingAllocator:
             seg = _Segment(self._next_base, 0, pool, expandable=True)
             self._next_base += 2 ** 48            # a virtual range no device fills
             pool.expandable = seg
-            self._segments.append(seg)
+            self._segments[seg] = None
             self.segments_created += 1
         tail = seg.last
         have = tail.size if tail is not None and not tail.allocated else 0
@@ -272,27 +310,11 @@ class CachingAllocator:
         return block
 
     def _add_segment(self, seg: _Segment) -> None:
-        self._segments.append(seg)
+        self._segments[seg] = None
         self.reserved += seg.size
         self.segments_created += 1
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
-
-    def _use(self, pool: _Pool, block: _Block, size: int) -> None:
-        """``alloc_found_block``: split off the remainder when ``should_split`` says it is worth keeping."""
-        remaining = block.size - size
-        if pool.small or self.config.expandable_segments:
-            split = remaining >= MIN_BLOCK
-        else:
-            split = size < self.config.split_limit() and remaining > SMALL_SIZE
-        if split:
-            rest = _Block(block.ptr + size, remaining, block.segment, prev=block, next=block.next)
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
-            block.size = size
-            if block.segment.last is block:
-                block.segment.last = rest
-            pool.insert(rest)
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved = self.reserved
 
     def _release_oversize(self, size: int) -> bool:
         """``release_available_cached_blocks``: with ``max_split_size`` set, free cached oversize
@@ -331,9 +353,8 @@ class CachingAllocator:
     def _drop(self, seg: _Segment) -> None:
         b = seg.pool.blocks[(seg.size, seg.base)]
         seg.pool.remove(b)
-        self._segments.remove(seg)
+        del self._segments[seg]
         self.reserved -= seg.size
-
 
 @dataclass(frozen=True)
 class Replay:
@@ -357,11 +378,128 @@ Event = tuple
 
 def replay(events: Iterable[Event], config: AllocatorConfig = AllocatorConfig()) -> Replay:
     """Run ``events`` through a fresh :class:`CachingAllocator` (raises :class:`OutOfMemory`)."""
+    if config.capacity is None and not config.expandable_segments:
+        events = events if isinstance(events, (list, tuple)) else list(events)
+        try:
+            return _replay_unbounded(events, config.split_limit())
+        except _AddressSpace:
+            pass  # addresses beyond the packed keys' range (fuzzed figures): the general path below
     a = CachingAllocator(config)
+    malloc, free, live = a.malloc, a.free, a._live
     for ev in events:
         if ev[0] == "alloc":
             if ev[2] > 0:
-                a.malloc(ev[1], ev[2], ev[3] if len(ev) > 3 else 0)
-        elif ev[1] in a._live:
-            a.free(ev[1])
+                malloc(ev[1], ev[2], ev[3] if len(ev) > 3 else 0)
+        elif ev[1] in live:
+            free(ev[1])
     return Replay(a.peak_requested, a.peak_allocated, a.peak_reserved, a.segments_created, a.releases)
+
+
+#: :func:`_replay_unbounded` keys a free block by one integer, ``size << _PTR_BITS | ptr``: the same order as
+#: (size, ptr) while every address is below 2**_PTR_BITS (2**64 bytes: no real stage comes near)
+_PTR_BITS = 64
+_PTR_LIMIT = 1 << _PTR_BITS
+
+
+class _AddressSpace(Exception):
+    """A segment's address reached 2**_PTR_BITS: :func:`_replay_unbounded`'s keys would lose the order."""
+
+
+def _replay_unbounded(events: Iterable[Event], limit: int) -> Replay:
+    """:func:`replay` without a capacity and without expandable segments (every stage's first replay):
+    :meth:`CachingAllocator.malloc` and :meth:`~CachingAllocator.free` written out in one loop over local
+    variables, the same steps in the same order -- a replay is tens of thousands of events. Without a
+    capacity no reservation fails, so no release ever runs, the reserved bytes only grow, and a segment
+    needs no record of its own. A block is a list ``[ptr, size, free-list, blocks, requested, prev, next]``
+    (``requested`` None while it is free); each pool's free list is keyed by one integer per block,
+    ``size << 64 | ptr``, which sorts as the (size, ptr) pairs."""
+    shift = _PTR_BITS
+    pools: dict[tuple[Hashable, bool], tuple[list[int], dict[int, list]]] = {}
+    live: dict[Hashable, list] = {}
+    next_base = requested = allocated = reserved = 0
+    peak_requested = peak_allocated = 0
+    segments = 0
+    for ev in events:
+        if ev[0] == "alloc":
+            nbytes = ev[2]
+            if nbytes <= 0:
+                continue
+            key = ev[1]
+            if key in live:
+                raise ValueError(f"allocation {key!r} is already live")
+            size = -(-nbytes // MIN_BLOCK) * MIN_BLOCK      # round_size
+            if size < MIN_BLOCK:
+                size = MIN_BLOCK
+            small = size <= SMALL_SIZE
+            pk = (ev[3] if len(ev) > 3 else 0, small)
+            pool = pools.get(pk)
+            if pool is None:
+                pool = pools[pk] = ([], {})
+            free, blocks = pool
+            block = None
+            if free:                                        # get_free_block: best fit, lowest address
+                i = bisect_left(free, size << shift)
+                if i < len(free):
+                    k = free[i]
+                    have = k >> shift
+                    if not (size < limit <= have) and not (size >= limit and have >= size + LARGE_BUFFER):
+                        del free[i]
+                        block = blocks.pop(k)
+            if block is None:                               # alloc_block: a new segment
+                need = SMALL_BUFFER if small else LARGE_BUFFER if size < MIN_LARGE_ALLOC \
+                    else -(-size // ROUND_LARGE) * ROUND_LARGE
+                block = [next_base, need, free, blocks, None, None, None]
+                next_base += need + ROUND_LARGE
+                if next_base >= _PTR_LIMIT:
+                    raise _AddressSpace
+                reserved += need
+                segments += 1
+            remaining = block[1] - size                     # alloc_found_block / should_split
+            if remaining >= MIN_BLOCK if small else (size < limit and remaining > SMALL_SIZE):
+                nxt = block[6]
+                rest = [block[0] + size, remaining, free, blocks, None, block, nxt]
+                if nxt is not None:
+                    nxt[5] = rest
+                block[6] = rest
+                block[1] = size
+                k = remaining << shift | rest[0]
+                insort(free, k)
+                blocks[k] = rest
+            block[4] = nbytes
+            live[key] = block
+            requested += nbytes
+            allocated += block[1]
+            if requested > peak_requested:
+                peak_requested = requested
+            if allocated > peak_allocated:
+                peak_allocated = allocated
+        else:
+            block = live.pop(ev[1], None)
+            if block is None:
+                continue
+            requested -= block[4]
+            allocated -= block[1]
+            block[4] = None
+            free, blocks = block[2], block[3]
+            prev, nxt = block[5], block[6]
+            if prev is not None and prev[4] is None:        # free_block / try_merge_blocks
+                k = prev[1] << shift | prev[0]
+                del free[bisect_left(free, k)]
+                del blocks[k]
+                block[0] = prev[0]
+                pp = block[5] = prev[5]
+                if pp is not None:
+                    pp[6] = block
+                block[1] += prev[1]
+            if nxt is not None and nxt[4] is None:
+                k = nxt[1] << shift | nxt[0]
+                del free[bisect_left(free, k)]
+                del blocks[k]
+                nn = block[6] = nxt[6]
+                if nn is not None:
+                    nn[5] = block
+                block[1] += nxt[1]
+            k = block[1] << shift | block[0]
+            insort(free, k)
+            blocks[k] = block
+    return Replay(peak_requested, peak_allocated, reserved, segments, 0)

@@ -95,24 +95,31 @@ def layer_blocks(stage: "StageResult", model: "Model", ev: Any,
     return layers
 
 
+@lru_cache(maxsize=2)
+def _events(layers: tuple[LayerBlocks, ...], grads_kept: bool) -> list:
+    """A stage's sequence, kept for its replay against the device's capacity right after the unbounded one."""
+    return from_estimate(layers, grads_persist=grads_kept)
+
+
 @lru_cache(maxsize=64)
 def _unbounded(layers: tuple[LayerBlocks, ...], config: AllocatorConfig, grads_kept: bool) -> Any:
     """The replay of a stage's sequence without a capacity: the stages of a pipeline's middle hold the
     same layers, so one replay serves them all."""
-    return replay(from_estimate(layers, grads_persist=grads_kept), config)
+    return replay(_events(layers, grads_kept), config)
 
 
 def stage_reserve(stage: "StageNumbers", layers: list[LayerBlocks], config: AllocatorConfig,
                   grads_kept: bool) -> StageReserve:
     """Replay the stage's synthesized two-step sequence; see the module docstring."""
-    free = _unbounded(tuple(layers), config, grads_kept)
+    layers = tuple(layers)
+    free = _unbounded(layers, config, grads_kept)
     reserve = max(0, free.peak_reserved - free.peak_requested)
     oom, releases = False, 0
     model_bytes = stage.model_bytes
     if model_bytes + reserve + stage.runtime_bytes > stage.capacity_bytes:
         room = stage.capacity_bytes - stage.runtime_bytes - max(0, model_bytes - free.peak_requested)
         try:
-            bounded = replay(from_estimate(layers, grads_persist=grads_kept),
+            bounded = replay(_events(layers, grads_kept),
                              AllocatorConfig(config.expandable_segments, config.max_split_size, capacity=max(0, room)))
             releases = bounded.releases
         except OutOfMemory:

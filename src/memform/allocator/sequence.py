@@ -26,6 +26,7 @@ Two sources:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Callable, Hashable, Iterable, Sequence
 
 from .caching import Event
@@ -168,7 +169,10 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False) ->
     activations and backward transient are tensors of ``act_tensor`` bytes. Each layer's transient is
     allocated at its backward and freed when it ends; ``grads_persist``: gradients live in buffers kept
     across steps (Megatron's and DeepSpeed's contiguous gradient buffers) rather than freed by ``zero_grad``.
-    A stage far beyond any real one is :func:`coarsen`-ed first, so the replay stays bounded."""
+    A stage far beyond any real one is :func:`coarsen`-ed first, so the replay stays bounded.
+
+    A step's tensors are keyed by consecutive integers (a group of a layer's tensors by its first key):
+    the sequence is built once per stage and replayed, tens of thousands of events."""
     layers = coarsen(layers)
 
     def w(lb: LayerBlocks, total: int) -> list[int]:
@@ -179,41 +183,66 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False) ->
         static += [x for lb in layers for x in w(lb, lb.grads)]
     states = [x for lb in layers for k in range(2) for x in w(lb, lb.optimizer // 2 + (lb.optimizer % 2) * (1 - k))]
     held = max((lb.inflight for lb in layers), default=0)
-
-    def alloc(ev: list[Event], key: tuple, sizes: list[int], stream: Hashable = COMPUTE) -> None:
-        ev.extend(("alloc", key + (j,), n, stream) for j, n in enumerate(sizes) if n)
-
-    def free(ev: list[Event], key: tuple, sizes: list[int]) -> None:
-        ev.extend(("free", key + (j,)) for j, n in enumerate(sizes) if n)
+    n = len(layers)
+    # each layer's tensors, the empty ones left out (they are neither allocated nor freed)
+    acts = [[x for x in act_pieces(lb.activations, lb.act_tensor) if x] for lb in layers]
+    transients = [[x for x in act_pieces(lb.transient, lb.act_tensor) if x] for lb in layers]
+    grads = [[x for x in w(lb, lb.grads) if x] for lb in layers]
+    comms = [lb.comm for lb in layers]
+    inflight = [lb.inflight for lb in layers]
+    counter = [0]
 
     def step(tag: str) -> list[Event]:
         ev: list[Event] = []
+        key = counter[0]
+        act_key: dict[tuple[int, int], int] = {}   # (micro-batch, layer) -> its first activation's key
         for mb in range(held):
-            for i, lb in enumerate(layers):
-                alloc(ev, (tag, "comm", mb, i), [lb.comm], COMM)
-                if mb < lb.inflight:
-                    alloc(ev, (tag, "act", mb, i), act_pieces(lb.activations, lb.act_tensor))
-                free(ev, (tag, "comm", mb, i), [lb.comm])
+            for i in range(n):
+                comm = comms[i]
+                if comm:
+                    ev.append(("alloc", key, comm, COMM))
+                    comm_key, key = key, key + 1
+                if mb < inflight[i]:
+                    act_key[mb, i] = key
+                    m = len(acts[i])
+                    ev += zip(repeat("alloc", m), range(key, key + m), acts[i], repeat(COMPUTE, m))
+                    key += m
+                if comm:
+                    ev.append(("free", comm_key))
         # the first backward (where 1F1B's step peaks): the last micro-batch in, the layers in reverse; the
         # other micro-batches' backwards repeat its allocations in the blocks it freed, so they are
         # replayed as the frees of their activations
         mb = held - 1
-        for i in reversed(range(len(layers))):
-            lb = layers[i]
-            if mb < lb.inflight:
-                transient = act_pieces(lb.transient, lb.act_tensor)
-                alloc(ev, (tag, "comm-b", mb, i), [lb.comm], COMM)
-                alloc(ev, (tag, "transient", mb, i), transient)
+        for i in reversed(range(n)):
+            live = mb < inflight[i]
+            if live:
+                comm = comms[i]
+                if comm:
+                    ev.append(("alloc", key, comm, COMM))
+                    comm_key, key = key, key + 1
+                transient_key = key
+                m = len(transients[i])
+                ev += zip(repeat("alloc", m), range(key, key + m), transients[i], repeat(COMPUTE, m))
+                key += m
             if not grads_persist:
-                alloc(ev, (tag, "grad", i), w(lb, lb.grads))
-            if mb < lb.inflight:
-                free(ev, (tag, "transient", mb, i), transient)
-                free(ev, (tag, "act", mb, i), act_pieces(lb.activations, lb.act_tensor))
-                free(ev, (tag, "comm-b", mb, i), [lb.comm])
+                m = len(grads[i])
+                ev += zip(repeat("alloc", m), range(key, key + m), grads[i], repeat(COMPUTE, m))
+                key += m
+            if live:
+                m = len(transients[i])
+                ev += zip(repeat("free", m), range(transient_key, transient_key + m))
+                first = act_key.get((mb, i))
+                if first is not None:
+                    m = len(acts[i])
+                    ev += zip(repeat("free", m), range(first, first + m))
+                if comm:
+                    ev.append(("free", comm_key))
         for k in reversed(range(held - 1)):
-            for i in reversed(range(len(layers))):
-                if k < layers[i].inflight:
-                    free(ev, (tag, "act", k, i), act_pieces(layers[i].activations, layers[i].act_tensor))
+            for i in reversed(range(n)):
+                if k < inflight[i]:
+                    first, m = act_key[k, i], len(acts[i])
+                    ev += zip(repeat("free", m), range(first, first + m))
+        counter[0] = key
         return ev
 
     return two_steps(static, step, [x for x in states if x])

@@ -87,6 +87,20 @@ Node = tuple
 class _Checker:
     def __init__(self, prog: Program):
         self.prog = prog
+        # for :meth:`deps` (called once per dependency node; the program does not change meanwhile)
+        self._scans: dict[int, tuple[ast.Expr, list[ast.Expr]]] = {}
+        self._names: dict[str, set[str]] = {}
+        self._globals: set[str] | None = None
+
+    def _scan(self, expr: ast.Expr) -> list[ast.Expr]:
+        """The references and calls of defs in ``expr``, in :func:`walk` order (each formula, and each def
+        that many formulas call, is walked once per check)."""
+        hit = self._scans.get(id(expr))
+        if hit is None or hit[0] is not expr:
+            defs = self.prog.defs
+            hit = self._scans[id(expr)] = (expr, [s for s in walk(expr) if isinstance(s, ast.Ref)
+                                                  or (isinstance(s, ast.Call) and s.func in defs)])
+        return hit[1]
 
     def run(self) -> None:
         prog = self.prog
@@ -334,22 +348,30 @@ class _Checker:
             exprs = [(q.expr, block, mode, ())] if q is not None else []
         todo = list(exprs)
         seen_defs: set[str] = set()
+        if self._globals is None:
+            self._globals = prog.global_names()
+        global_names = self._globals
         while todo:
             expr, block, mode, params = todo.pop()
-            for sub in walk(expr):
-                if isinstance(sub, ast.Call) and sub.func in prog.defs and sub.func not in seen_defs:
-                    seen_defs.add(sub.func)
-                    d = prog.defs[sub.func]
-                    todo.append((d.expr, None, None, d.params))
-                if not isinstance(sub, ast.Ref):
+            names = None
+            if block is not None:
+                names = self._names.get(block)
+                if names is None:
+                    names = self._names[block] = prog.quantity_names(block)
+            for sub in self._scan(expr):
+                if not isinstance(sub, ast.Ref):   # a call of a def
+                    if sub.func not in seen_defs:
+                        seen_defs.add(sub.func)
+                        d = prog.defs[sub.func]
+                        todo.append((d.expr, None, None, d.params))
                     continue
                 if sub.attr is not None:
                     out.append((("q", sub.name, sub.attr, sub.variant or mode), sub))
                 elif sub.name in params:
                     continue
-                elif block is not None and sub.name in prog.quantity_names(block):
+                elif names is not None and sub.name in names:
                     out.append((("q", block, sub.name, sub.variant or mode), sub))
-                elif sub.name in prog.global_names():
+                elif sub.name in global_names:
                     out.append((("global", sub.name), sub))
         return out
 

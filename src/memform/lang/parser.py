@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import Loc, MemformError, read_text
 from ..resources import grammar_file
-from . import ast
+from . import ast, bundled
 
 if TYPE_CHECKING:
     import lark
@@ -33,10 +33,10 @@ def _lark() -> Lark:
     # lark keeps the LALR tables it builds from the grammar (a third of a cold parse) in a file of the
     # cache directory, checked against the grammar's hash on every load
     from ..cachedir import cache_dir, enabled
-    folder = cache_dir() / "lark"
     cache: str | bool = False
     try:
         if enabled():
+            folder = cache_dir() / "lark"
             folder.mkdir(parents=True, exist_ok=True)
             cache = str(folder / "memform-grammar.lark")
     except OSError:
@@ -112,7 +112,10 @@ def parse_file(path: str | Path) -> ast.File:
     if tree is None:
         if len(_PARSED) >= 256:
             _PARSED.clear()
-        tree = _PARSED[key] = _stored_tree(str(p), text)
+        # a bundled file's tree comes from the installation's store (parsed once per install, see
+        # memform.lang.bundled), any other file's from the cache directory
+        tree = bundled.lookup(p, str(p), text) or bundled.remember(p, str(p), text) or _stored_tree(str(p), text)
+        _PARSED[key] = tree
     return tree
 
 
