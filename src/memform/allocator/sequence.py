@@ -93,10 +93,16 @@ class LayerBlocks:
     inflight: int
     #: what the layer's backward allocates on top of its saved activations (``bwd_transient``)
     transient: int = 0
-    #: how many tensors its weights are (gradients and each optimizer moment follow them one for one)
-    weight_tensors: int = 1
-    #: the size of one of its activation tensors (0: the whole figure is one block)
-    act_tensor: int = 0
+    #: how many tensors its weights are (gradients and each optimizer moment follow them one for one), or
+    #: a tuple: its weight tensors' relative sizes (element counts), each figure split in those proportions
+    weight_tensors: int | tuple[int, ...] = 1
+    #: the size of one of its activation tensors (0: the whole figure is one block), or a tuple: the sizes
+    #: of its saved tensors in forward order (bytes), repeated until the figure is reached
+    act_tensor: int | tuple[int, ...] = 0
+    #: what its forward allocates beyond its saved activations that is still live when it ends
+    #: (``fwd_extra``: eager cross-entropy's fp32 logits), freed when the next layer's forward starts or,
+    #: for the stage's last layer, when the backward starts
+    fwd_transient: int = 0
 
 
 #: at most this many tensors per block: a layer saves a few dozen tensors for its backward, so the cap
@@ -111,9 +117,54 @@ def pieces(total: int, n: int) -> list[int]:
     return [q + 1] * r + [q] * (n - r)
 
 
-def act_pieces(total: int, unit: int) -> list[int]:
-    """``total`` activation bytes as tensors of about ``unit`` bytes (one block when ``unit`` is 0)."""
+def shares(total: int, weights: tuple[int, ...]) -> list[int]:
+    """``total`` bytes as tensors in the proportions of ``weights`` (a layer's weight tensors' element
+    counts; the rounding remainder goes to the first ones), at most ``MAX_PIECES`` of them."""
+    weights = tuple(w for w in weights if w > 0)[:MAX_PIECES]
+    whole = sum(weights)
+    if total <= 0 or not whole:
+        return pieces(total, len(weights) or 1)
+    out = [total * w // whole for w in weights]
+    rest = total - sum(out)
+    for j in range(rest):          # rest < len(out)
+        out[j] += 1
+    return out
+
+
+def act_pieces(total: int, unit: int | tuple[int, ...]) -> list[int]:
+    """``total`` activation bytes as tensors of about ``unit`` bytes (one block when ``unit`` is 0); a tuple
+    ``unit``: the layer's saved tensors in order (bytes), repeated as many whole times r as ``total`` holds
+    them, then what is left as one more tensor (what the list leaves out: small tensors); a ``total`` below
+    the list's sum is split in its proportions. A list that is one layer's tensors is replayed as those."""
+    if isinstance(unit, tuple):
+        sizes = tuple(u for u in unit if u > 0)
+        whole = sum(sizes)
+        if whole <= 0:
+            return act_pieces(total, 0)
+        reps = min(total // whole, max(1, MAX_PIECES // len(sizes)))
+        if reps == 0:
+            return shares(total, sizes)
+        rest = total - reps * whole
+        return list(sizes * reps) + ([rest] if rest > 0 else [])
     return pieces(total, -(-total // unit) if unit > 0 else 1)
+
+
+def transient_unit(unit: int | tuple[int, ...]) -> int:
+    """The size of the tensors a layer's backward transient is replayed as: a list's largest entry (a
+    backward's transients are the gradients of its widest activations)."""
+    return max(unit) if isinstance(unit, tuple) else unit
+
+
+def weight_count(lb: "LayerBlocks") -> int:
+    w = lb.weight_tensors
+    return len(w) if isinstance(w, tuple) else w
+
+
+def weight_pieces(lb: "LayerBlocks", total: int) -> list[int]:
+    """One of the layer's weight figures (params, grads, a moment) as its weight tensors, in creation order."""
+    if isinstance(lb.weight_tensors, tuple):
+        return shares(total, lb.weight_tensors)
+    return pieces(total, lb.weight_tensors)
 
 
 #: above about this many events a stage's sequence is coarsened (:func:`coarsen`); the bundled configs'
@@ -123,8 +174,8 @@ MAX_EVENTS = 100_000
 
 def events_of(lb: LayerBlocks, held: int) -> int:
     """About how many events :func:`from_estimate` makes for ``lb`` in one step."""
-    acts = len(act_pieces(lb.activations, lb.act_tensor)) + len(act_pieces(lb.transient, lb.act_tensor))
-    return 2 * (held * (acts + 2) + 4 * min(lb.weight_tensors, MAX_PIECES))
+    acts = len(act_pieces(lb.activations, lb.act_tensor)) + len(act_pieces(lb.transient, transient_unit(lb.act_tensor)))
+    return 2 * (held * (acts + 2 + (lb.fwd_transient > 0)) + 4 * min(weight_count(lb), MAX_PIECES))
 
 
 def coarsen(layers: Sequence[LayerBlocks], budget: int = MAX_EVENTS) -> list[LayerBlocks]:
@@ -148,7 +199,7 @@ def coarsen(layers: Sequence[LayerBlocks], budget: int = MAX_EVENTS) -> list[Lay
         n = j - i
         out.append(lb if n == 1 else LayerBlocks(
             lb.params * n, lb.grads * n, lb.optimizer * n, lb.activations * n, lb.comm * n, lb.inflight,
-            lb.transient, lb.weight_tensors, lb.act_tensor * n))
+            lb.transient, lb.weight_tensors, _scaled(lb.act_tensor, n), lb.fwd_transient))
         i = j
     # micro-batches: thousands in flight (GPipe at a huge batch) are replayed as groups of m, each one
     # tensor set m times larger
@@ -157,8 +208,13 @@ def coarsen(layers: Sequence[LayerBlocks], budget: int = MAX_EVENTS) -> list[Lay
     if total > budget and held > 1:
         m = min(held, -(-total // budget))
         out = [LayerBlocks(lb.params, lb.grads, lb.optimizer, lb.activations * m, lb.comm, -(-lb.inflight // m),
-                           lb.transient, lb.weight_tensors, lb.act_tensor * m) for lb in out]
+                           lb.transient, lb.weight_tensors, _scaled(lb.act_tensor, m), lb.fwd_transient * m)
+               for lb in out]
     return out
+
+
+def _scaled(unit: int | tuple[int, ...], k: int) -> int | tuple[int, ...]:
+    return tuple(u * k for u in unit) if isinstance(unit, tuple) else unit * k
 
 
 def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False) -> list[Event]:
@@ -171,13 +227,19 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False) ->
     A stage far beyond any real one is :func:`coarsen`-ed first, so the replay stays bounded."""
     layers = coarsen(layers)
 
-    def w(lb: LayerBlocks, total: int) -> list[int]:
-        return pieces(total, lb.weight_tensors)
-
+    w = weight_pieces
     static = [x for lb in layers for x in w(lb, lb.params)]
     if grads_persist:
         static += [x for lb in layers for x in w(lb, lb.grads)]
-    states = [x for lb in layers for k in range(2) for x in w(lb, lb.optimizer // 2 + (lb.optimizer % 2) * (1 - k))]
+
+    def moments(lb: LayerBlocks) -> list[int]:
+        first, second = (w(lb, lb.optimizer // 2 + (lb.optimizer % 2) * (1 - k)) for k in range(2))
+        if isinstance(lb.weight_tensors, tuple):
+            # torch.optim.AdamW's _init_group: both moments of one parameter, then the next parameter's
+            return [x for pair in zip(first, second) for x in pair]
+        return first + second
+
+    states = [x for lb in layers for x in moments(lb)]
     held = max((lb.inflight for lb in layers), default=0)
 
     def alloc(ev: list[Event], key: tuple, sizes: list[int], stream: Hashable = COMPUTE) -> None:
@@ -194,6 +256,12 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False) ->
                 if mb < lb.inflight:
                     alloc(ev, (tag, "act", mb, i), act_pieces(lb.activations, lb.act_tensor))
                 free(ev, (tag, "comm", mb, i), [lb.comm])
+                if i:
+                    free(ev, (tag, "fwd", mb, i - 1), [layers[i - 1].fwd_transient])
+                if mb < lb.inflight:
+                    alloc(ev, (tag, "fwd", mb, i), [lb.fwd_transient])
+            if layers:
+                free(ev, (tag, "fwd", mb, len(layers) - 1), [layers[-1].fwd_transient])
         # the first backward (where 1F1B's step peaks): the last micro-batch in, the layers in reverse; the
         # other micro-batches' backwards repeat its allocations in the blocks it freed, so they are
         # replayed as the frees of their activations
@@ -201,11 +269,13 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False) ->
         for i in reversed(range(len(layers))):
             lb = layers[i]
             if mb < lb.inflight:
-                transient = act_pieces(lb.transient, lb.act_tensor)
+                transient = act_pieces(lb.transient, transient_unit(lb.act_tensor))
                 alloc(ev, (tag, "comm-b", mb, i), [lb.comm], COMM)
                 alloc(ev, (tag, "transient", mb, i), transient)
             if not grads_persist:
-                alloc(ev, (tag, "grad", i), w(lb, lb.grads))
+                # autograd accumulates a layer's gradients in reverse of its forward (the last GEMM's first)
+                grads = w(lb, lb.grads)
+                alloc(ev, (tag, "grad", i), grads[::-1] if isinstance(lb.weight_tensors, tuple) else grads)
             if mb < lb.inflight:
                 free(ev, (tag, "transient", mb, i), transient)
                 free(ev, (tag, "act", mb, i), act_pieces(lb.activations, lb.act_tensor))
