@@ -199,8 +199,9 @@ def test_coarsen_keeps_real_stages_and_bounds_huge_ones():
 # ---- real tensor sizes (tensors(...) in weight_tensors / act_tensor, formulas/common.mf layer) --------
 @pytest.mark.parametrize("total, unit, expected", [
     (40, (30, 10), [30, 10]),                 # one layer's tensors: replayed as exactly those
-    (100, (30, 10), [30, 10, 30, 10, 20]),    # twice the list, the remainder one more tensor
-    (20, (30, 10), [15, 5]),                  # below the list's sum: its proportions
+    (100, (30, 10), [30, 10, 30, 10, 20]),    # twice the list, then its first entries (30 cut to 20)
+    (115, (30, 10), [30, 10, 30, 10, 30, 5]),
+    (20, (30, 10), [20]),                     # below the list's sum: its first entry alone (a checkpoint's input)
     (20, (0, 10), [10, 10]),                  # a 0 entry is no tensor
 ])
 def test_act_pieces_of_a_list_of_sizes(total, unit, expected):

@@ -133,19 +133,25 @@ def shares(total: int, weights: tuple[int, ...]) -> list[int]:
 
 def act_pieces(total: int, unit: int | tuple[int, ...]) -> list[int]:
     """``total`` activation bytes as tensors of about ``unit`` bytes (one block when ``unit`` is 0); a tuple
-    ``unit``: the layer's saved tensors in order (bytes), repeated as many whole times r as ``total`` holds
-    them, then what is left as one more tensor (what the list leaves out: small tensors); a ``total`` below
-    the list's sum is split in its proportions. A list that is one layer's tensors is replayed as those."""
+    ``unit``: the layer's saved tensors in order (bytes), repeated as many whole times as ``total`` holds
+    them, then its first entries until ``total`` is reached (the last one cut): a list that is one layer's
+    tensors is replayed as exactly those, one that starts with a checkpoint's input (full recompute) as
+    that input alone."""
     if isinstance(unit, tuple):
         sizes = tuple(u for u in unit if u > 0)
         whole = sum(sizes)
         if whole <= 0:
             return act_pieces(total, 0)
         reps = min(total // whole, max(1, MAX_PIECES // len(sizes)))
-        if reps == 0:
-            return shares(total, sizes)
-        rest = total - reps * whole
-        return list(sizes * reps) + ([rest] if rest > 0 else [])
+        out, rest = list(sizes * reps), total - reps * whole
+        if reps * len(sizes) >= MAX_PIECES and rest > 0:   # a figure no layer has: the rest as one tensor
+            return out + [rest]
+        for u in sizes:
+            if rest <= 0:
+                break
+            out.append(min(u, rest))
+            rest -= out[-1]
+        return out + ([rest] if rest > 0 else [])
     return pieces(total, -(-total // unit) if unit > 0 else 1)
 
 
