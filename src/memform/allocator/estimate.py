@@ -62,18 +62,21 @@ def from_settings_dict(d: dict[str, Any]) -> tuple[AllocatorConfig, bool]:
 
 #: the layer quantities (formulas/common.mf ``layer``) the replay reads besides the categories, with the
 #: value taken where a program's formula files do not define them
-GRANULARITY = (("bwd_transient", 0), ("weight_tensors", 1), ("act_tensor", 0), ("fwd_extra", 0))
+GRANULARITY = (("bwd_transient", 0), ("weight_tensors", 1), ("act_tensor", 0), ("fwd_extra", 0), ("bwd_tensor", 0))
+#: those that may be lists (``tensors(...)``)
+LISTS = ("weight_tensors", "act_tensor", "bwd_tensor")
 
 
 def granularity_exprs(model: "Model", ev: Any, block: str, mode: str, bindings: tuple = ()) -> list[Any]:
-    """The layer's ``bwd_transient``, ``weight_tensors``, ``act_tensor`` and ``fwd_extra`` (see ``formulas/common.mf``),
+    """The layer's ``bwd_transient``, ``weight_tensors``, ``act_tensor``, ``fwd_extra`` and ``bwd_tensor`` (see
+    ``formulas/common.mf``),
     each at least 0 (``weight_tensors`` at least 1); the last two may be lists (``tensors(...)``: the
     sizes of the layer's tensors), given as tuples of expressions, each entry at least 0."""
     out: list[Any] = []
     for name, default in GRANULARITY:
         q = model.program.pick(block, name, mode)
         v = ev.integer(default) if q is None else ev.quantity(block, name, mode, overrides=bindings)
-        if isinstance(v, tuple) and name in ("weight_tensors", "act_tensor"):
+        if isinstance(v, tuple) and name in LISTS:
             out.append(tuple(ev.at_least(0, ev.as_expr(x, q.loc)) for x in v))
         else:
             out.append(ev.at_least(1 if name == "weight_tensors" else 0, ev.as_expr(v, None if q is None else q.loc)))

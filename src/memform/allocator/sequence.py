@@ -103,6 +103,9 @@ class LayerBlocks:
     #: (``fwd_extra``: eager cross-entropy's fp32 logits), freed when the next layer's forward starts or,
     #: for the stage's last layer, when the backward starts
     fwd_transient: int = 0
+    #: the tensors its backward transient is (``bwd_tensor``): a size, or a tuple as ``act_tensor``'s (the
+    #: activations a fully recomputed layer rebuilds); 0: ``act_tensor``'s largest entry
+    transient_tensor: int | tuple[int, ...] = 0
 
 
 #: at most this many tensors per block: a layer saves a few dozen tensors for its backward, so the cap
@@ -155,9 +158,12 @@ def act_pieces(total: int, unit: int | tuple[int, ...]) -> list[int]:
     return pieces(total, -(-total // unit) if unit > 0 else 1)
 
 
-def transient_unit(unit: int | tuple[int, ...]) -> int:
-    """The size of the tensors a layer's backward transient is replayed as: a list's largest entry (a
-    backward's transients are the gradients of its widest activations)."""
+def transient_unit(lb: "LayerBlocks") -> int | tuple[int, ...]:
+    """The tensors a layer's backward transient is replayed as: its ``transient_tensor``, else the largest
+    entry of its ``act_tensor`` (a backward's transients are the gradients of its widest activations)."""
+    if lb.transient_tensor:
+        return lb.transient_tensor
+    unit = lb.act_tensor
     return max(unit) if isinstance(unit, tuple) else unit
 
 
@@ -180,7 +186,7 @@ MAX_EVENTS = 100_000
 
 def events_of(lb: LayerBlocks, held: int) -> int:
     """About how many events :func:`from_estimate` makes for ``lb`` in one step."""
-    acts = len(act_pieces(lb.activations, lb.act_tensor)) + len(act_pieces(lb.transient, transient_unit(lb.act_tensor)))
+    acts = len(act_pieces(lb.activations, lb.act_tensor)) + len(act_pieces(lb.transient, transient_unit(lb)))
     return 2 * (held * (acts + 2 + (lb.fwd_transient > 0)) + 4 * min(weight_count(lb), MAX_PIECES))
 
 
@@ -205,7 +211,8 @@ def coarsen(layers: Sequence[LayerBlocks], budget: int = MAX_EVENTS) -> list[Lay
         n = j - i
         out.append(lb if n == 1 else LayerBlocks(
             lb.params * n, lb.grads * n, lb.optimizer * n, lb.activations * n, lb.comm * n, lb.inflight,
-            lb.transient, lb.weight_tensors, _scaled(lb.act_tensor, n), lb.fwd_transient))
+            lb.transient, lb.weight_tensors, _scaled(lb.act_tensor, n), lb.fwd_transient * n,
+            lb.transient_tensor))
         i = j
     # micro-batches: thousands in flight (GPipe at a huge batch) are replayed as groups of m, each one
     # tensor set m times larger
@@ -214,7 +221,8 @@ def coarsen(layers: Sequence[LayerBlocks], budget: int = MAX_EVENTS) -> list[Lay
     if total > budget and held > 1:
         m = min(held, -(-total // budget))
         out = [LayerBlocks(lb.params, lb.grads, lb.optimizer, lb.activations * m, lb.comm, -(-lb.inflight // m),
-                           lb.transient, lb.weight_tensors, _scaled(lb.act_tensor, m), lb.fwd_transient * m)
+                           lb.transient, lb.weight_tensors, _scaled(lb.act_tensor, m), lb.fwd_transient * m,
+                           lb.transient_tensor)
                for lb in out]
     return out
 
@@ -275,7 +283,7 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False) ->
         for i in reversed(range(len(layers))):
             lb = layers[i]
             if mb < lb.inflight:
-                transient = act_pieces(lb.transient, transient_unit(lb.act_tensor))
+                transient = act_pieces(lb.transient, transient_unit(lb))
                 alloc(ev, (tag, "comm-b", mb, i), [lb.comm], COMM)
                 alloc(ev, (tag, "transient", mb, i), transient)
             if not grads_persist:
