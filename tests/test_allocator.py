@@ -254,3 +254,15 @@ def test_the_last_layers_forward_transient_lives_until_the_backward():
     assert r.peak_requested == MIB + 2 * MIB + 40 * MIB + 40 * MIB + MIB
     keys = [e[1][1] for e in from_estimate([last]) if e[1][0] == "step1"]
     assert keys.index("fwd") < keys.index("transient")
+
+
+@pytest.mark.parametrize("act_tensor, transient_tensor, expected", [
+    (8 * MIB, 0, [8 * MIB] * 5),                              # the activations' size
+    ((8 * MIB, 20 * MIB), 0, [20 * MIB, 20 * MIB]),           # a list's largest entry (equal pieces of 40)
+    (8 * MIB, (30 * MIB, 10 * MIB), [30 * MIB, 10 * MIB]),    # bwd_tensor: what a recomputed layer rebuilds
+])
+def test_backward_transient_tensors(act_tensor, transient_tensor, expected):
+    layer = LayerBlocks(params=MIB, grads=MIB, optimizer=2 * MIB, activations=8 * MIB, comm=0, inflight=1,
+                        transient=40 * MIB, act_tensor=act_tensor, transient_tensor=transient_tensor)
+    sizes = [e[2] for e in from_estimate([layer]) if e[0] == "alloc" and e[1][:2] == ("step1", "transient")]
+    assert sizes == expected

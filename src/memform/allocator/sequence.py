@@ -19,8 +19,11 @@ Two sources:
   backward allocates on top of its saved activations (``bwd_transient``, the term of the schedule's
   backward moment), allocated at its backward and freed when it ends; the
   layer's communication buffer on a stream of its own (FSDP's and ZeRO's all-gather / reduce-scatter run
-  on side streams, whose cached blocks the compute stream never reuses). Tensors inside a layer are not
-  told apart, so the reserve from mixing sizes within a layer is not seen: a lower bound on the trace's.
+  on side streams, whose cached blocks the compute stream never reuses). Tensors inside a layer are told apart by the
+  layer's granularity quantities (``formulas/common.mf``): a number of equal weight pieces and one
+  activation size, or the real sizes as lists (``tensors(...)``: the weight tensors' element counts, the
+  saved tensors' bytes, what a fully recomputed layer rebuilds). A forward's short-lived temporaries are
+  not replayed: a lower bound on the trace's reserve where they fragment.
 """
 
 from __future__ import annotations
