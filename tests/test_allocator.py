@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from memform.allocator import AllocatorConfig, CachingAllocator, OutOfMemory, replay
 from memform.allocator.caching import allocation_size, round_size
 from memform.allocator.sequence import (MAX_EVENTS, MAX_PIECES, LayerBlocks, act_pieces, coarsen, events_of,
-                                       from_estimate, from_samples, pieces, two_steps)
+                                       from_estimate, from_samples, pieces, shares, two_steps)
 
 KIB, MIB = 1024, 2 ** 20
 
@@ -194,3 +194,75 @@ def test_coarsen_keeps_real_stages_and_bounds_huge_ones():
             assert sum(getattr(lb, figure) for lb in merged) == sum(getattr(lb, figure) for lb in layers)
         assert (sum(lb.activations * lb.inflight for lb in merged)
                 >= sum(lb.activations * lb.inflight for lb in layers))
+
+
+# ---- real tensor sizes (tensors(...) in weight_tensors / act_tensor, formulas/common.mf layer) --------
+@pytest.mark.parametrize("total, unit, expected", [
+    (40, (30, 10), [30, 10]),                 # one layer's tensors: replayed as exactly those
+    (100, (30, 10), [30, 10, 30, 10, 20]),    # twice the list, then its first entries (30 cut to 20)
+    (115, (30, 10), [30, 10, 30, 10, 30, 5]),
+    (20, (30, 10), [20]),                     # below the list's sum: its first entry alone (a checkpoint's input)
+    (20, (0, 10), [10, 10]),                  # a 0 entry is no tensor
+])
+def test_act_pieces_of_a_list_of_sizes(total, unit, expected):
+    assert act_pieces(total, unit) == expected
+
+
+def test_weight_shares_follow_element_counts_and_keep_the_total():
+    assert shares(10, (1, 0, 4)) == [2, 8]
+    assert shares(1001, (1, 1, 5)) == [143, 143, 715]       # exact: 1001 = 7 · 143
+    assert shares(1000, (1, 1, 5)) == [143, 143, 714]       # 142, 142, 714 and the 2 left over to the first ones
+
+
+def test_real_sizes_order_gradients_in_reverse_and_moments_per_parameter():
+    layer = LayerBlocks(params=80, grads=80, optimizer=160, activations=0, comm=0, inflight=1,
+                        weight_tensors=(16, 64))
+    events = from_estimate([layer])
+    sizes = lambda what: [e[2] for e in events if e[0] == "alloc" and e[1][0] == what]  # noqa: E731
+    assert sizes("static") == [16, 64]              # creation order
+    assert sizes("state") == [16, 16, 64, 64]       # torch.optim.AdamW _init_group: exp_avg, exp_avg_sq per param
+    grads = [e[2] for e in events if e[0] == "alloc" and e[1][:2] == ("step1", "grad")]
+    assert grads == [64, 16]                        # autograd: the last GEMM's gradient first
+
+
+def test_moments_that_fit_freed_activations_change_the_reserve():
+    """The mechanism behind the Llama-3.1-70B fake trace (bench/validate.py --frameworks): the optimizer
+    moments of small weights are placed in the activations' freed segments after the first step, the large
+    ones are not, and the second step's activations take what the first step's gradients left. By hand
+    (MiB): weights 16 + 64, activations 40 + 40. Step 1 reserves 80 (params) + 80 (activations) + 80
+    (gradients 64, 16); the moments 16, 16 go into one freed 40 segment, 64, 64 need 128 more; step 2's
+    activations take the free 40 and split the freed 64 gradient segment, its gradient 64 finds no block
+    of 64 and reserves one more: 432 reserved at a 400 peak (80 + 160 + 80 + 80). Two equal pieces of 40
+    each fit every freed block one for one: 400, no reserve."""
+    real = LayerBlocks(params=80 * MIB, grads=80 * MIB, optimizer=160 * MIB, activations=80 * MIB, comm=0,
+                       inflight=1, weight_tensors=(16, 64), act_tensor=(40 * MIB, 40 * MIB))
+    r = replay(from_estimate([real]))
+    assert (r.peak_reserved, r.peak_requested) == (432 * MIB, 400 * MIB)
+    equal = LayerBlocks(params=80 * MIB, grads=80 * MIB, optimizer=160 * MIB, activations=80 * MIB, comm=0,
+                        inflight=1, weight_tensors=2, act_tensor=40 * MIB)
+    r = replay(from_estimate([equal]))
+    assert (r.peak_reserved, r.peak_requested) == (400 * MIB, 400 * MIB)
+
+
+def test_the_last_layers_forward_transient_lives_until_the_backward():
+    # eager cross-entropy's fp32 logits (fwd_extra): allocated after the layer's activations, freed before
+    # its backward's transient, whose first tensor then takes its block
+    last = LayerBlocks(params=MIB, grads=MIB, optimizer=2 * MIB, activations=40 * MIB, comm=0, inflight=1,
+                       transient=40 * MIB, act_tensor=40 * MIB, fwd_transient=40 * MIB)
+    r = replay(from_estimate([last]))
+    # step 2's peak: params, states, activations and the transient (40 + 40): the logits' segment reused
+    assert r.peak_requested == MIB + 2 * MIB + 40 * MIB + 40 * MIB + MIB
+    keys = [e[1][1] for e in from_estimate([last]) if e[1][0] == "step1"]
+    assert keys.index("fwd") < keys.index("transient")
+
+
+@pytest.mark.parametrize("act_tensor, transient_tensor, expected", [
+    (8 * MIB, 0, [8 * MIB] * 5),                              # the activations' size
+    ((8 * MIB, 20 * MIB), 0, [20 * MIB, 20 * MIB]),           # a list's largest entry (equal pieces of 40)
+    (8 * MIB, (30 * MIB, 10 * MIB), [30 * MIB, 10 * MIB]),    # bwd_tensor: what a recomputed layer rebuilds
+])
+def test_backward_transient_tensors(act_tensor, transient_tensor, expected):
+    layer = LayerBlocks(params=MIB, grads=MIB, optimizer=2 * MIB, activations=8 * MIB, comm=0, inflight=1,
+                        transient=40 * MIB, act_tensor=act_tensor, transient_tensor=transient_tensor)
+    sizes = [e[2] for e in from_estimate([layer]) if e[0] == "alloc" and e[1][:2] == ("step1", "transient")]
+    assert sizes == expected

@@ -539,3 +539,44 @@ def test_set_option_default_must_be_members(tmp_path):
     body = 'option bad : set {"a", "b"} = model.bad default "c" "x"\nblock d extends layer { params = has(bad, "a") }\nstack { d * n }\n'
     with pytest.raises(MemformError, match="default of option 'bad'.*must be a list of names"):
         model(tmp_path, body)
+
+
+# ---- tensors(...): a list value of numbers (the allocator replay's tensor sizes, README "formula language")
+TENSORS = """
+option wide : bool = model.wide default false "x"
+let parts = tensors(h, 2 * h)
+block dec extends layer {
+  params = h
+  sizes = tensors(parts, 3, if wide then 4 * h else 1)
+  both = if wide then tensors(h, h) else tensors(1, 2)
+}
+stack { dec * n }
+"""
+
+
+@pytest.mark.parametrize("wide, sizes, both", [
+    # h = 8: parts = (8, 16) flattened in place, then 3, then the if's branch
+    (False, (8, 16, 3, 1), (1, 2)),
+    (True, (8, 16, 3, 32), (8, 8)),          # an if between two lists of one length: entry by entry
+])
+def test_tensors_is_a_flat_list_of_numbers(tmp_path, wide, sizes, both):
+    from memform.engine.model import load_model
+    path = write(tmp_path, "m.mf", HEADER + TENSORS)
+    model_ = load_model({"formulas": [str(path)], "model": {"hidden_size": 8, "num_layers": 2, "wide": wide}})
+    ev = model_.evaluator(keep=frozenset())   # every symbol replaced by its number
+    assert tuple(int(x) for x in ev.quantity("dec", "sizes")) == sizes
+    assert tuple(int(x) for x in ev.quantity("dec", "both")) == both
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("params = h + tensors(h, h)", "a list cannot be used as a number"),
+    ("params = len(tensors(h, 2 * h)) + at(tensors(h, 2 * h), 1)", None),   # 2 + 16: at() and len() read it
+    ("params = at(tensors(h), 0)", "takes at least 2 arguments"),
+])
+def test_tensors_mistakes_and_list_functions(tmp_path, text, fragment):
+    body = f"block dec extends layer {{ {text} }}\nstack {{ dec * n }}"
+    if fragment is None:
+        assert model(tmp_path, body).stages[0].param_count == 4 * 18
+    else:
+        with pytest.raises(MemformError, match=re.escape(fragment)):
+            model(tmp_path, body)

@@ -62,18 +62,31 @@ def from_settings_dict(d: dict[str, Any]) -> tuple[AllocatorConfig, bool]:
 
 #: the layer quantities (formulas/common.mf ``layer``) the replay reads besides the categories, with the
 #: value taken where a program's formula files do not define them
-GRANULARITY = (("bwd_transient", 0), ("weight_tensors", 1), ("act_tensor", 0))
+GRANULARITY = (("bwd_transient", 0), ("weight_tensors", 1), ("act_tensor", 0), ("fwd_extra", 0), ("bwd_tensor", 0))
+#: those that may be lists (``tensors(...)``)
+LISTS = ("weight_tensors", "act_tensor", "bwd_tensor")
 
 
 def granularity_exprs(model: "Model", ev: Any, block: str, mode: str, bindings: tuple = ()) -> list[Any]:
-    """The layer's ``bwd_transient``, ``weight_tensors`` and ``act_tensor`` (see ``formulas/common.mf``),
-    each at least 0 (``weight_tensors`` at least 1)."""
-    out = []
+    """The layer's ``bwd_transient``, ``weight_tensors``, ``act_tensor``, ``fwd_extra`` and ``bwd_tensor`` (see
+    ``formulas/common.mf``),
+    each at least 0 (``weight_tensors`` at least 1); the last two may be lists (``tensors(...)``: the
+    sizes of the layer's tensors), given as tuples of expressions, each entry at least 0."""
+    out: list[Any] = []
     for name, default in GRANULARITY:
         q = model.program.pick(block, name, mode)
-        e = ev.integer(default) if q is None else ev.as_expr(ev.quantity(block, name, mode, overrides=bindings), q.loc)
-        out.append(ev.at_least(1 if name == "weight_tensors" else 0, e))
+        v = ev.integer(default) if q is None else ev.quantity(block, name, mode, overrides=bindings)
+        if isinstance(v, tuple) and name in LISTS:
+            out.append(tuple(ev.at_least(0, ev.as_expr(x, q.loc)) for x in v))
+        else:
+            out.append(ev.at_least(1 if name == "weight_tensors" else 0, ev.as_expr(v, None if q is None else q.loc)))
     return out
+
+
+def granularity_numbers(ev: Any, exprs: list[Any]) -> list[Any]:
+    """:func:`granularity_exprs`' values as whole bytes (rounded up; tuples entry by entry)."""
+    return [tuple(ev.ceil_int(ev.number(x)) for x in e) if isinstance(e, tuple) else ev.ceil_int(ev.number(e))
+            for e in exprs]
 
 
 def layer_blocks(stage: "StageResult", model: "Model", ev: Any,
@@ -87,8 +100,7 @@ def layer_blocks(stage: "StageResult", model: "Model", ev: Any,
         key = (g.block, g.mode, g.bindings)
         extra = memo.get(key)
         if extra is None:
-            extra = memo[key] = [ev.ceil_int(ev.number(e))
-                                 for e in granularity_exprs(model, ev, g.block, g.mode, g.bindings)]
+            extra = memo[key] = granularity_numbers(ev, granularity_exprs(model, ev, g.block, g.mode, g.bindings))
         # every figure rounded up to whole bytes, as the interpreter's stage figures
         lb = LayerBlocks(*(ev.ceil_int(v[c]) for c in GROUP_FIGURES), ev.ceil_int(g.inflight_value), *extra)
         layers += [lb] * g.count_value

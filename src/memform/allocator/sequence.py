@@ -19,8 +19,11 @@ Two sources:
   backward allocates on top of its saved activations (``bwd_transient``, the term of the schedule's
   backward moment), allocated at its backward and freed when it ends; the
   layer's communication buffer on a stream of its own (FSDP's and ZeRO's all-gather / reduce-scatter run
-  on side streams, whose cached blocks the compute stream never reuses). Tensors inside a layer are not
-  told apart, so the reserve from mixing sizes within a layer is not seen: a lower bound on the trace's.
+  on side streams, whose cached blocks the compute stream never reuses). Tensors inside a layer are told apart by the
+  layer's granularity quantities (``formulas/common.mf``): a number of equal weight pieces and one
+  activation size, or the real sizes as lists (``tensors(...)``: the weight tensors' element counts, the
+  saved tensors' bytes, what a fully recomputed layer rebuilds). A forward's short-lived temporaries are
+  not replayed: a lower bound on the trace's reserve where they fragment.
 """
 
 from __future__ import annotations
@@ -94,10 +97,19 @@ class LayerBlocks:
     inflight: int
     #: what the layer's backward allocates on top of its saved activations (``bwd_transient``)
     transient: int = 0
-    #: how many tensors its weights are (gradients and each optimizer moment follow them one for one)
-    weight_tensors: int = 1
-    #: the size of one of its activation tensors (0: the whole figure is one block)
-    act_tensor: int = 0
+    #: how many tensors its weights are (gradients and each optimizer moment follow them one for one), or
+    #: a tuple: its weight tensors' relative sizes (element counts), each figure split in those proportions
+    weight_tensors: int | tuple[int, ...] = 1
+    #: the size of one of its activation tensors (0: the whole figure is one block), or a tuple: the sizes
+    #: of its saved tensors in forward order (bytes), repeated until the figure is reached
+    act_tensor: int | tuple[int, ...] = 0
+    #: what its forward allocates beyond its saved activations that is still live when it ends
+    #: (``fwd_extra``: eager cross-entropy's fp32 logits), freed when the next layer's forward starts or,
+    #: for the stage's last layer, when the backward starts
+    fwd_transient: int = 0
+    #: the tensors its backward transient is (``bwd_tensor``): a size, or a tuple as ``act_tensor``'s (the
+    #: activations a fully recomputed layer rebuilds); 0: ``act_tensor``'s largest entry
+    transient_tensor: int | tuple[int, ...] = 0
 
 
 #: at most this many tensors per block: a layer saves a few dozen tensors for its backward, so the cap
@@ -112,9 +124,63 @@ def pieces(total: int, n: int) -> list[int]:
     return [q + 1] * r + [q] * (n - r)
 
 
-def act_pieces(total: int, unit: int) -> list[int]:
-    """``total`` activation bytes as tensors of about ``unit`` bytes (one block when ``unit`` is 0)."""
+def shares(total: int, weights: tuple[int, ...]) -> list[int]:
+    """``total`` bytes as tensors in the proportions of ``weights`` (a layer's weight tensors' element
+    counts; the rounding remainder goes to the first ones), at most ``MAX_PIECES`` of them."""
+    weights = tuple(w for w in weights if w > 0)[:MAX_PIECES]
+    whole = sum(weights)
+    if total <= 0 or not whole:
+        return pieces(total, len(weights) or 1)
+    out = [total * w // whole for w in weights]
+    rest = total - sum(out)
+    for j in range(rest):          # rest < len(out)
+        out[j] += 1
+    return out
+
+
+def act_pieces(total: int, unit: int | tuple[int, ...]) -> list[int]:
+    """``total`` activation bytes as tensors of about ``unit`` bytes (one block when ``unit`` is 0); a tuple
+    ``unit``: the layer's saved tensors in order (bytes), repeated as many whole times as ``total`` holds
+    them, then its first entries until ``total`` is reached (the last one cut): a list that is one layer's
+    tensors is replayed as exactly those, one that starts with a checkpoint's input (full recompute) as
+    that input alone."""
+    if isinstance(unit, tuple):
+        sizes = tuple(u for u in unit if u > 0)
+        whole = sum(sizes)
+        if whole <= 0:
+            return act_pieces(total, 0)
+        reps = min(total // whole, max(1, MAX_PIECES // len(sizes)))
+        out, rest = list(sizes * reps), total - reps * whole
+        if reps * len(sizes) >= MAX_PIECES and rest > 0:   # a figure no layer has: the rest as one tensor
+            return out + [rest]
+        for u in sizes:
+            if rest <= 0:
+                break
+            out.append(min(u, rest))
+            rest -= out[-1]
+        return out + ([rest] if rest > 0 else [])
     return pieces(total, -(-total // unit) if unit > 0 else 1)
+
+
+def transient_unit(lb: "LayerBlocks") -> int | tuple[int, ...]:
+    """The tensors a layer's backward transient is replayed as: its ``transient_tensor``, else the largest
+    entry of its ``act_tensor`` (a backward's transients are the gradients of its widest activations)."""
+    if lb.transient_tensor:
+        return lb.transient_tensor
+    unit = lb.act_tensor
+    return max(unit) if isinstance(unit, tuple) else unit
+
+
+def weight_count(lb: "LayerBlocks") -> int:
+    w = lb.weight_tensors
+    return len(w) if isinstance(w, tuple) else w
+
+
+def weight_pieces(lb: "LayerBlocks", total: int) -> list[int]:
+    """One of the layer's weight figures (params, grads, a moment) as its weight tensors, in creation order."""
+    if isinstance(lb.weight_tensors, tuple):
+        return shares(total, lb.weight_tensors)
+    return pieces(total, lb.weight_tensors)
 
 
 #: above about this many events a stage's sequence is coarsened (:func:`coarsen`); the bundled configs'
@@ -124,8 +190,8 @@ MAX_EVENTS = 100_000
 
 def events_of(lb: LayerBlocks, held: int) -> int:
     """About how many events :func:`from_estimate` makes for ``lb`` in one step."""
-    acts = len(act_pieces(lb.activations, lb.act_tensor)) + len(act_pieces(lb.transient, lb.act_tensor))
-    return 2 * (held * (acts + 2) + 4 * min(lb.weight_tensors, MAX_PIECES))
+    acts = len(act_pieces(lb.activations, lb.act_tensor)) + len(act_pieces(lb.transient, transient_unit(lb)))
+    return 2 * (held * (acts + 2 + (lb.fwd_transient > 0)) + 4 * min(weight_count(lb), MAX_PIECES))
 
 
 def coarsen(layers: Sequence[LayerBlocks], budget: int = MAX_EVENTS) -> list[LayerBlocks]:
@@ -149,7 +215,8 @@ def coarsen(layers: Sequence[LayerBlocks], budget: int = MAX_EVENTS) -> list[Lay
         n = j - i
         out.append(lb if n == 1 else LayerBlocks(
             lb.params * n, lb.grads * n, lb.optimizer * n, lb.activations * n, lb.comm * n, lb.inflight,
-            lb.transient, lb.weight_tensors, lb.act_tensor * n))
+            lb.transient, lb.weight_tensors, _scaled(lb.act_tensor, n), lb.fwd_transient * n,
+            lb.transient_tensor))
         i = j
     # micro-batches: thousands in flight (GPipe at a huge batch) are replayed as groups of m, each one
     # tensor set m times larger
@@ -158,8 +225,14 @@ def coarsen(layers: Sequence[LayerBlocks], budget: int = MAX_EVENTS) -> list[Lay
     if total > budget and held > 1:
         m = min(held, -(-total // budget))
         out = [LayerBlocks(lb.params, lb.grads, lb.optimizer, lb.activations * m, lb.comm, -(-lb.inflight // m),
-                           lb.transient, lb.weight_tensors, lb.act_tensor * m) for lb in out]
+                           lb.transient, lb.weight_tensors, _scaled(lb.act_tensor, m), lb.fwd_transient * m,
+                           lb.transient_tensor)
+               for lb in out]
     return out
+
+
+def _scaled(unit: int | tuple[int, ...], k: int) -> int | tuple[int, ...]:
+    return tuple(u * k for u in unit) if isinstance(unit, tuple) else unit * k
 
 
 def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False) -> list[Event]:
@@ -175,19 +248,28 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False) ->
     the sequence is built once per stage and replayed, tens of thousands of events."""
     layers = coarsen(layers)
 
-    def w(lb: LayerBlocks, total: int) -> list[int]:
-        return pieces(total, lb.weight_tensors)
-
+    w = weight_pieces
     static = [x for lb in layers for x in w(lb, lb.params)]
     if grads_persist:
         static += [x for lb in layers for x in w(lb, lb.grads)]
-    states = [x for lb in layers for k in range(2) for x in w(lb, lb.optimizer // 2 + (lb.optimizer % 2) * (1 - k))]
+
+    def moments(lb: LayerBlocks) -> list[int]:
+        first, second = (w(lb, lb.optimizer // 2 + (lb.optimizer % 2) * (1 - k)) for k in range(2))
+        if isinstance(lb.weight_tensors, tuple):
+            # torch.optim.AdamW's _init_group: both moments of one parameter, then the next parameter's
+            return [x for pair in zip(first, second) for x in pair]
+        return first + second
+
+    states = [x for lb in layers for x in moments(lb)]
     held = max((lb.inflight for lb in layers), default=0)
     n = len(layers)
     # each layer's tensors, the empty ones left out (they are neither allocated nor freed)
     acts = [[x for x in act_pieces(lb.activations, lb.act_tensor) if x] for lb in layers]
-    transients = [[x for x in act_pieces(lb.transient, lb.act_tensor) if x] for lb in layers]
-    grads = [[x for x in w(lb, lb.grads) if x] for lb in layers]
+    transients = [[x for x in act_pieces(lb.transient, transient_unit(lb)) if x] for lb in layers]
+    # autograd accumulates a layer's gradients in reverse of its forward (the last GEMM's first)
+    grads = [[x for x in (w(lb, lb.grads)[::-1] if isinstance(lb.weight_tensors, tuple) else w(lb, lb.grads)) if x]
+             for lb in layers]
+    fwds = [[lb.fwd_transient] if lb.fwd_transient else [] for lb in layers]
     comms = [lb.comm for lb in layers]
     inflight = [lb.inflight for lb in layers]
     counter = [0]
@@ -197,18 +279,31 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False) ->
         key = counter[0]
         act_key: dict[tuple[int, int], int] = {}   # (micro-batch, layer) -> its first activation's key
         for mb in range(held):
+            fwd_prev: tuple[int, int] | None = None   # the previous layer's forward transient: (key, count)
             for i in range(n):
                 comm = comms[i]
                 if comm:
                     ev.append(("alloc", key, comm, COMM))
                     comm_key, key = key, key + 1
-                if mb < inflight[i]:
+                live = mb < inflight[i]
+                if live:
                     act_key[mb, i] = key
                     m = len(acts[i])
                     ev += zip(repeat("alloc", m), range(key, key + m), acts[i], repeat(COMPUTE, m))
                     key += m
                 if comm:
                     ev.append(("free", comm_key))
+                # a layer's forward temporaries (fwd_extra) live until the next layer's forward has run
+                if fwd_prev is not None:
+                    ev += zip(repeat("free", fwd_prev[1]), range(fwd_prev[0], fwd_prev[0] + fwd_prev[1]))
+                    fwd_prev = None
+                if live and fwds[i]:
+                    m = len(fwds[i])
+                    fwd_prev = (key, m)
+                    ev += zip(repeat("alloc", m), range(key, key + m), fwds[i], repeat(COMPUTE, m))
+                    key += m
+            if fwd_prev is not None:
+                ev += zip(repeat("free", fwd_prev[1]), range(fwd_prev[0], fwd_prev[0] + fwd_prev[1]))
         # the first backward (where 1F1B's step peaks): the last micro-batch in, the layers in reverse; the
         # other micro-batches' backwards repeat its allocations in the blocks it freed, so they are
         # replayed as the frees of their activations

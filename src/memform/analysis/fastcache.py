@@ -232,13 +232,25 @@ def _run(loaded: _Loaded, data: Mapping[str, Any], full: Callable[[], Any]) -> "
         config, kept = from_settings_dict(body["allocator"])
         for stage, st in zip(stages, body["stages"]):
             layers: list[LayerBlocks] = []
-            for n, at in st["groups"]:
-                layers += [LayerBlocks(*outs[at:at + 9])] * n
+            for n, at, *shape in st["groups"]:
+                layers += [LayerBlocks(*outs[at:at + 6], *_granularity(outs, at + 6, shape))] * n
             defer_reserve(stage, layers, config, kept)
     est = FastEstimate(body, stages, setup, {"total": total, "expert": expert, "dense": total - expert}, full)
     for s in stages:
         s._owner = est
     return est
+
+
+def _granularity(outs: list[int], at: int, shape: list) -> list[Any]:
+    """A group's granularity figures from ``outs[at:]`` (allocator.estimate.granularity_exprs): each a
+    number, or (its ``shape`` entry k > 0) a tuple of k numbers."""
+    out: list[Any] = []
+    from ..allocator.estimate import GRANULARITY
+
+    for k in (shape[0] if shape else (0,) * len(GRANULARITY)):
+        out.append(tuple(outs[at:at + k]) if k else outs[at])
+        at += k or 1
+    return out
 
 
 class FastStage(StageNumbers):

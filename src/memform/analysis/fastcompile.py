@@ -118,10 +118,13 @@ def compile_entry(model: Model, candidates: Sequence[str]) -> dict[str, Any]:
             for c in GROUP_FIGURES:
                 out(sympy.ceiling(layer.per_layer[c]))
             out(sympy.ceiling(layer.inflight))
+            shape = []   # per granularity figure: 0 a number, k a list of k entries (tensors(...))
             for e in granularity_exprs(model, ev_keep, layer.block, layer.mode, layer.bindings):
-                out(sympy.ceiling(e))
-                size_guard(e)
-            groups.append([int(layer.count_value), at])
+                for x in (e if isinstance(e, tuple) else (e,)):
+                    out(sympy.ceiling(x))
+                    size_guard(x)
+                shape.append(len(e) if isinstance(e, tuple) else 0)
+            groups.append([int(layer.count_value), at] + ([shape] if any(shape) else []))
         stages.append({"first": first, "moments": moments, "runtime": list(s.runtime_exprs), "groups": groups,
                        "time": list(s.time_exprs),
                        "labels": est.stage_labels(s.stage),

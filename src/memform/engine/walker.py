@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from ..errors import Loc, MemformError
 from ..lang import ast
-from ..lang.program import AFTER, AGGREGATES, LIST_FUNCS, Program
+from ..lang.program import AFTER, AGGREGATES, LIST_FUNCS, TENSORS, Program
 
 Value = Any  # a backend's number | bool | str | tuple (list option) | a backend's condition
 
@@ -437,8 +437,15 @@ class Walker:
         cond = self.truth(self.eval(node.cond, ctx), node.cond.loc)
         if isinstance(cond, bool):
             return self.eval(node.then if cond else node.other, ctx)
-        then = self.as_expr(self.eval(node.then, ctx), node.then.loc)
-        other = self.as_expr(self.eval(node.other, ctx), node.other.loc)
+        then, other = self.eval(node.then, ctx), self.eval(node.other, ctx)
+        if isinstance(then, tuple) and isinstance(other, tuple) and len(then) == len(other):
+            # two lists of numbers (tensors(...)) of one length: entry by entry
+            return tuple(self._choose(cond, a, b, node) for a, b in zip(then, other))
+        return self._choose(cond, then, other, node)
+
+    def _choose(self, cond: Value, then: Value, other: Value, node: ast.If) -> Value:
+        then = self.as_expr(then, node.then.loc)
+        other = self.as_expr(other, node.other.loc)
         if then == other:
             return then
         return self._piecewise(cond, then, other)
@@ -464,6 +471,9 @@ class Walker:
                 self._calls.pop()
         if node.func in LIST_FUNCS:
             return self._list_func(node, args)
+        if node.func == TENSORS:   # a list value of numbers; a list argument's entries are taken in its place
+            return tuple(self._operand(self.as_expr(x, node.loc), node.loc)
+                         for a in args for x in (a if isinstance(a, tuple) else (a,)))
         nums = [self._operand(self.as_expr(a, node.loc), node.loc) for a in args]
         f = node.func
         if f in ("min", "max"):

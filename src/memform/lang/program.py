@@ -22,10 +22,13 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 SUPER = "super"
 BUILTIN_FUNCS = {"ceil": 1, "floor": 1, "min": None, "max": None, "log2": 1, "abs": 1,
                  "layers_sum": 1, "layers_max": 1, "layers_last": 1, "layers_after": 1,
-                 "is_list": 1, "len": 1, "at": 2, "has": 2}
+                 "is_list": 1, "len": 1, "at": 2, "has": 2, "tensors": None}
 #: functions on the list values of ``int | list`` options: whether a value is a list, its length,
 #: and its element at a 0-based index; and whether a ``set`` or ``list`` option holds a name: has(x, "name")
 LIST_FUNCS = ("is_list", "len", "at", "has")
+#: ``tensors(x1, x2, ...)``: a list value of numbers (two or more), e.g. the sizes of a layer's tensors that the
+#: allocator replay's granularity quantities give (formulas/common.mf layer); at() and len() read it
+TENSORS = "tensors"
 #: reductions over the layers of the stage being evaluated (schedule blocks only): the argument
 #: is evaluated once per layer group, in that layer's block with its recompute mode and chunk
 AGGREGATES = ("layers_sum", "layers_max", "layers_last")
