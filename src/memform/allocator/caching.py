@@ -324,7 +324,9 @@ class CachingAllocator:
             return False
         freed = False
         for seg in sorted(self._segments, key=lambda s: s.size):
-            if seg.size >= max(limit, size) and self._wholly_free(seg):
+            # never an expandable segment (release_available_cached_blocks skips expandable_segment_ blocks;
+            # release_block asserts it is not one): its free tail is only unmapped by release_cached_blocks
+            if not seg.expandable and seg.size >= max(limit, size) and self._wholly_free(seg):
                 self._drop(seg)
                 freed = True
                 break
