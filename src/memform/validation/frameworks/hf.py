@@ -185,10 +185,12 @@ def _step(case: HFCase, seed: int) -> Step:
         # get_peft_model's autocast_adapter_dtype default)
         model = get_peft_model(model, case.lora_config())
     params = list(model.parameters())
-    kept = case.kept_tensors(model)
+    # the NAS and vision cases are not HFCase subclasses: HFCase's defaults (nothing kept, AdamW) for them
+    kept = case.kept_tensors(model) if hasattr(case, "kept_tensors") else HFCase.kept_tensors(case, model)
     # the Trainer's optimizer takes the parameters that require gradients (trainer.py
     # get_decay_parameter_names / create_optimizer)
-    opt = case.optimizer([p for p in params if p.requires_grad])
+    trained = [p for p in params if p.requires_grad]
+    opt = case.optimizer(trained) if hasattr(case, "optimizer") else HFCase.optimizer(case, trained)
     ids = torch.randint(0, case.vocab, (case.b, case.s), device=case.device)
     autocast = (torch.autocast(case.device, dtype=torch.bfloat16) if case.dtype == "amp-bf16"
                 else contextlib.nullcontext())
