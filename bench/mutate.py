@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """Mutation score of the bundled formula files: how many small planted errors the test suite catches.
 
-    python bench/mutate.py                     # a random sample of 150 of the mutants (stated as such; < 10 min)
-    python bench/mutate.py --limit 0           # every mutant of formulas/*.mf and formulas/frameworks/*.mf
+    python bench/mutate.py                     # a random sample of 150 of the mutants (stated as such)
+    python bench/mutate.py --limit 0           # every mutant of formulas/**/*.mf (the framework subfolders too)
+    python bench/mutate.py --space variants --no-subprocess --tests 'tests/test_reference_*.py' ...
+                                               # the tool before issue 35 (its space, its tests), same sample
     python bench/mutate.py --files dense.mf    # only mutants of the named files (glob patterns, repeatable)
     python bench/mutate.py --limit 300 --seed 1   # another sample size / sample
     python bench/mutate.py --jobs 2            # worker processes (default: 2)
@@ -17,10 +19,18 @@ for a sibling (h<->f, t<->cp, g<->a). Each mutant is then classified, in this or
 
 * invalid     -- the loader/checker rejects the mutated program (``memform check`` would): not a silent
                  error, so it is neither killed nor survived;
-* equivalent  -- ``memform estimate --json`` gives the same numbers as the unmutated files on every
-                 config of :data:`VARIANTS` (the bundled configs in configs/ plus override variants that
-                 reach the framework profiles, recompute modes, ZeRO stages, CP, ...): no bundled
-                 set-up can tell it apart, so it is reported separately and not counted;
+* equivalent  -- no memory number changes on any config of the DRAWN SPACE (issue 35; :func:`draw_configs`):
+                 ``--draws`` (48) configs drawn with a fixed ``--draw-seed`` (35) -- every bundled config and
+                 two toys (:data:`TOY_BASES`: a hybrid stack with every layer kind, a vision tower before a
+                 MoE) in turn x a framework profile x schedule x recompute x pp/vpp/micro-batches x
+                 dp/tp/cp/ep/expert-tp/ZeRO/SP/distributed optimizer x each ``option`` of the loaded formula
+                 files (drawn from its type's values), repaired where the loader refuses -- plus a targeted
+                 draw for each value of a finite-valued option no draw reached (the run prints how many of
+                 them the space reaches, and which not). Each config is estimated by the numeric path
+                 (``memform.estimate(numeric=True)``: categories, moments, peak moment, parameters, host and
+                 runtime bytes, the allocator's reserve); a live mutant names the draw that told it apart.
+                 ``--space variants`` is the space before issue 35 (the bundled configs and :data:`VARIANTS`),
+                 under which a mutant no bundled set-up tells apart was "equivalent";
 * step-time   -- only the step-time model's numbers change (the ``time`` keys of ``--json``, issue 14):
                  reported separately and not counted unless ``--time``, which also mutates the step-time
                  model's own files (:data:`TIME_FILES`, left out by default);
@@ -28,12 +38,15 @@ for a sibling (h<->f, t<->cp, g<->a). Each mutant is then classified, in this or
 * survived    -- every test of the selection passes.
 
 The tests run IN-PROCESS: a worker starts one pytest session over the selected test files, runs each
-test once unmutated (the baseline: tests that fail, skip, spawn a subprocess -- which would read the
-unmutated files from disk; the baseline stops such a test at its first Popen -- or use hypothesis are
-left out, and counted), records which formula files
-each test reads, and then, per mutant, serves the mutated text through memform's formula reader
-(``memform.lang.parser.read_text``) and re-runs only the tests that read the mutated file, stopping at
-the first failure (per formula file, the test that killed that file's last mutant goes first). PyTorch
+test once unmutated (the baseline: tests that fail, skip or use hypothesis are left out, and counted),
+records which formula files each test reads, and then, per mutant, serves the mutated text through
+memform's formula reader (``memform.lang.parser.read_text``) and re-runs only the tests that read the
+mutated file, stopping at the first failure (per formula file, the test that killed that file's last
+mutant goes first). A test that starts a subprocess runs too (issue 35): each worker keeps a copy of
+formulas/ with the mutant's text in place and names it to its children through memform's formula-directory
+variable (``MEMFORM_FORMULAS_DIR``, :data:`memform.resources.FORMULAS_ENV`); such a test is counted as
+reading every formula file, and goes after the in-process ones (slowest last). ``--no-subprocess`` leaves
+them out as before (the baseline stops them at their first Popen). PyTorch
 measurements do not depend on the formula files, so the run measures each validation case once: the
 workers share them through a temporary directory, and the mutant phase reuses the baseline's.
 
@@ -41,11 +54,10 @@ Prints every surviving mutant as ``file:line:col  mutation``, then ``killed K of
 valid, non-equivalent mutants (a mutant whose tests run past the per-mutant limit, 600 s, is listed
 with the survivors and counted as one: undecided is not killed).
 
-Many mutants are equivalent by that definition: a framework profile loaded after the model files
-redefines what it models itself (the default ``megatron`` profile's megatron-core.mf replaces common.mf's
-static functions and the decoder's full-recompute activations, so those dense.mf/common.mf lines only
-count under the profiles that keep them), and options no bundled set-up turns on (Gemma's soft-capping,
-sliding windows, qk norms, ...) change nothing that is estimated.
+Under the bundled-configs space (``--space variants``) many mutants were "equivalent" only because no
+bundled set-up reached them (a profile redefining what it models, options no bundled config turns on):
+issue 35 measured about 87 % killed where that space said 98-100 %. The drawn space reaches those options;
+what stays equivalent under it is argued mutant by mutant in bench/results/mutate-equivalent.md.
 """
 
 from __future__ import annotations
@@ -76,7 +88,11 @@ SWAPS = {"h": "f", "f": "h", "t": "cp", "cp": "t", "g": "a", "a": "g"}
 #: PyTorch validation subset (each measured once per worker)
 DEFAULT_TESTS = ("tests/test_reference_*.py", "tests/test_pipeline.py", "tests/test_models.py",
                  "tests/test_validate.py", "tests/test_frameworks.py", "tests/test_framework_*.py",
-                 "tests/test_distributed.py")
+                 "tests/test_distributed.py", "tests/test_arch_*.py", "tests/test_optimizers.py",
+                 "tests/test_finetune.py")
+#: the selection before issue 35 (``--tests`` with these, ``--space variants --no-subprocess``: the figure
+#: the tool reported then, on the same sample)
+OLD_TESTS = DEFAULT_TESTS[:7]
 
 #: added to the default selection with ``--time``: the step-time model's own references
 TIME_TESTS = ("tests/test_time.py", "tests/test_search_time.py", "tests/test_published_throughput.py")
@@ -153,7 +169,7 @@ def formula_files(patterns: list[str] | None = None, exclude: list[str] | tuple[
     """The bundled formula files to mutate: formulas/*.mf, formulas/frameworks/*.mf and formulas/time/*.mf
     (or those whose repository-relative path or file name matches one of ``patterns``), less those
     matching ``exclude`` (by default the step-time model's files, :data:`TIME_FILES`)."""
-    files = [p for d in ("", "frameworks", "time") for p in sorted((ROOT / "formulas" / d).glob("*.mf"))]
+    files = sorted((ROOT / "formulas").rglob("*.mf"))
     if patterns:
         files = [p for p in files if _matches(p, patterns)]
     return [p for p in files if not _matches(p, exclude or ())]
@@ -420,25 +436,113 @@ def _estimate_numbers(config: str, overrides: tuple[str, ...]) -> dict[str, floa
 
 
 def variants() -> list[tuple[str, tuple[str, ...]]]:
+    """The bundled configs and :data:`VARIANTS` (the equivalence space before issue 35; kept for
+    ``--space variants``, the figure the drawn space is compared with)."""
     return [(str(p.relative_to(ROOT)), ()) for p in sorted((ROOT / "configs").glob("*.yaml"))] + list(VARIANTS)
 
 
-_BASE: list[tuple[str, tuple[str, ...], dict | str, set[str]]] = []
+#: the equivalence space: ``("draws", seed, n, time_model)`` (:func:`draw_configs`) or ``("variants",)``
+SPACE: list = [("draws", 17, 0, False, True)]
+#: per point of the space: (its label, raw config or path, overrides, its numbers, the formula files it reads)
+_BASE: list[tuple[str, object, object, dict | str, set[str]]] = []
+#: the drawn configs of the space (:func:`draw_configs`), for the coverage line
+_DRAWN: list = []
 
 
-def _baseline() -> list[tuple[str, tuple[str, ...], dict | str, set[str]]]:
+def set_space(kind: str, seed: int = 17, n: int = 0, time_model: bool = False, targeted: bool = True) -> None:
+    """Choose the equivalence space (before the first :func:`classify`): ``draws`` (``n`` drawn with
+    ``seed``, plus the targeted draws unless ``targeted`` is false: :func:`draw_configs`) or ``variants``
+    (the bundled configs and :data:`VARIANTS`)."""
+    SPACE[0] = ("draws", seed, n or DEFAULT_DRAWS, time_model, targeted) if kind == "draws" else ("variants",)
+    _BASE.clear()
+    _DRAWN.clear()
+
+
+def set_draws(draws: list) -> None:
+    """Make the equivalence space exactly ``draws`` (:class:`Draw` s; tests pin a space so)."""
+    SPACE[0] = ("given", draws)
+    _BASE.clear()
+    _DRAWN.clear()
+
+
+def _draw_numbers(raw: dict, overrides: dict) -> dict | str:
+    """The numbers of one drawn config from the numeric evaluator (``memform.estimate``'s numbers without
+    sympy): per stage its categories, moments, peak moment, parameters, host and runtime bytes, the
+    allocator's reserve, and -- under ``.time.`` keys -- the step-time model's; or the error's text."""
+    import memform.engine.model as model
+    from memform.errors import MemformError
+
+    try:
+        est = model.estimate(raw, overrides, numeric=True)
+    except MemformError as exc:
+        return f"error: {exc}"
+    out: dict = {}
+    for s in est.stages:
+        p = f".stages[{s.stage}]"
+        out.update({f"{p}.{k}": v for k, v in s.values.items()})
+        out.update({f"{p}.moments.{k}": v for k, v in s.moments.items()})
+        out.update({f"{p}.runtime.{k}": v for k, v in s.runtime.items()})
+        out.update({f"{p}.time.{k}": v for k, v in s.time_ps.items()})
+        out[f"{p}.time.ideal"] = s.ideal_ps
+        out[f"{p}.peak_moment"] = str(s.peak_moment)
+        out[f"{p}.param_count"] = s.param_count
+        out[f"{p}.host_bytes"] = s.host_bytes
+        out[f"{p}.reserve"] = (s.reserve, s.reserve_oom, s.reserve_releases)
+    return out
+
+
+def _baseline() -> list[tuple[str, object, object, dict | str, set[str]]]:
     if not _BASE:
         install_reader()
         serve(None)
-        for cfg, over in variants():
-            _READS.clear()
-            nums = _estimate_numbers(cfg, over)
-            if isinstance(nums, str):
-                print(f"mutate: variant {cfg} {' '.join(over)} fails unmutated, left out: {nums[:200]}",
-                      file=sys.stderr)
-                continue
-            _BASE.append((cfg, over, nums, set(_READS)))
+        if SPACE[0][0] == "variants":
+            for cfg, over in variants():
+                _READS.clear()
+                nums = _estimate_numbers(cfg, over)
+                if isinstance(nums, str):
+                    print(f"mutate: variant {cfg} {' '.join(over)} fails unmutated, left out: {nums[:200]}",
+                          file=sys.stderr)
+                    continue
+                _BASE.append((f"{cfg} {' '.join(over)}".strip(), cfg, over, nums, set(_READS)))
+        else:
+            raws = dict(_bases())
+            stored = _space_file(SPACE[0]) if SPACE[0][0] == "draws" else None
+            if stored is not None and stored.exists():
+                import pickle
+                drawn, rows = pickle.loads(stored.read_bytes())
+                _DRAWN[:] = drawn
+                _BASE.extend((label, raws[base], over, nums, reads) for label, base, over, nums, reads in rows)
+                return _BASE
+            if SPACE[0][0] == "given":
+                _DRAWN[:] = SPACE[0][1]
+            else:
+                _, seed, n, time_model, targeted = SPACE[0]
+                _DRAWN[:] = draw_configs(seed, n or DEFAULT_DRAWS, time_model=time_model, targeted=targeted)
+            rows = []
+            for d in _DRAWN:
+                _READS.clear()
+                nums = _draw_numbers(raws[d.base], d.overrides)
+                if not isinstance(nums, str):
+                    _BASE.append((d.label(), raws[d.base], d.overrides, nums, set(_READS)))
+                    rows.append((d.label(), d.base, d.overrides, nums, set(_READS)))
+            if stored is not None:
+                import pickle
+                part = stored.with_suffix(f".{os.getpid()}.part")
+                part.write_bytes(pickle.dumps((list(_DRAWN), rows)))
+                os.replace(part, stored)
     return _BASE
+
+
+def _space_file(space: tuple) -> Path:
+    """Where a drawn space's unmutated numbers are kept between runs (the temporary directory; named by a
+    digest of the space's parameters, bench/mutate.py, the bundled configs, every formula file and memform's
+    code: any change draws and estimates it again)."""
+    import hashlib
+    h = hashlib.sha256(repr(space).encode())
+    for p in [Path(__file__).resolve(), *sorted((ROOT / "configs").glob("*.yaml")),
+              *sorted((ROOT / "formulas").rglob("*.mf")), *sorted((ROOT / "src" / "memform").rglob("*.py"))]:
+        h.update(p.as_posix().encode() + b"\0" + p.read_bytes())
+    return Path(tempfile.gettempdir()) / f"memform-mutate-space-{h.hexdigest()[:24]}.pickle"
 
 
 def _memory(nums: dict[str, float]) -> dict[str, float]:
@@ -448,25 +552,29 @@ def _memory(nums: dict[str, float]) -> dict[str, float]:
 
 
 def classify(m: Mutant, time_model: bool = False) -> tuple[str, str]:
-    """``("invalid", why)``, ``("equivalent", "")``, ``("time", config)`` -- only step-time numbers change
-    (:data:`TIME_KEYS`; ``live`` when ``time_model``) -- or ``("live", the first config it changes)``."""
+    """``("invalid", why)``, ``("equivalent", "")``, ``("time", point)`` -- only step-time numbers change
+    (:data:`TIME_KEYS`; ``live`` when ``time_model``) -- or ``("live", the first point of the space that
+    tells it apart)``: a drawn config (``draw I (base key=value ...)``) or a variant."""
     base = _baseline()
+    drawn = SPACE[0][0] != "variants"
     time_only = ""
     key = str((ROOT / m.file).resolve())
     serve(m)
     try:
         with tagged_loader():
-            for cfg, over, nums, reads in base:
+            for where, cfg, over, nums, reads in base:
                 if key not in reads:
                     continue
                 try:
-                    got = _estimate_numbers(cfg, over)
+                    got = _draw_numbers(cfg, over) if drawn else _estimate_numbers(cfg, over)
                 except LoadError as exc:
                     return "invalid", " ".join(str(exc).split())[:160]
-                except (ArithmeticError, RecursionError, ValueError, TypeError, OverflowError) as exc:
-                    return "live", f"{cfg} {' '.join(over)} raises {type(exc).__name__}"
+                except Exception as exc:     # ZeroDivisionError, numeric.Inexact (an irrational value), ...
+                    import traceback
+                    last = traceback.extract_tb(exc.__traceback__)[-1]
+                    return "live", (f"{where} raises {type(exc).__name__}: {str(exc)[:80]} "
+                                    f"({Path(last.filename).name}:{last.lineno})")
                 if got != nums:
-                    where = f"{cfg} {' '.join(over)}".strip()
                     if time_model or isinstance(got, str) or _memory(got) != _memory(nums):
                         return "live", where
                     time_only = time_only or where
@@ -477,6 +585,296 @@ def classify(m: Mutant, time_model: bool = False) -> tuple[str, str]:
 
 def _classify_batch(mutants: list[Mutant], time_model: bool = False) -> list[tuple[str, str]]:
     return [classify(m, time_model) for m in mutants]
+
+
+# ------------------------------------------------------------------------------ the drawn config space
+
+#: framework profiles a draw picks from (formulas/frameworks/NAME.mf)
+PROFILES = ("megatron", "deepspeed", "fsdp2", "hf-trainer", "torch", "mindspore")
+#: draws the equivalence check estimates by default (per --seed); every mutant is checked against the
+#: draws that read its file, stopping at the first that tells it apart
+DEFAULT_DRAWS = 48
+#: the seed of the draws (fixed: the same space for every --seed, which picks the sample)
+DRAW_SEED = 35
+#: a draw the loader refuses is drawn again (a new set of choices), at most this many times
+REDRAWS = 8
+#: a value no draw reached gets this many targeted draws (on bases whose files declare its option)
+TARGET_TRIES = 4
+#: toy architectures beside the bundled configs: the hybrid stack (mamba.mf) at 8 layers with every
+#: layer kind in reach (M Mamba-2, * attention, - MLP, E MoE, P parallel hybrid, S Mamba-1, C LFM2 conv),
+#: and a vision tower in front of a MoE language model (vision-moe.mf), so that every formula file is read
+TOY_BASES: dict[str, dict] = {
+    "toy-hybrid": {"name": "toy-hybrid", "formulas": ["mamba.mf"], "model": {
+        "hidden_size": 256, "num_heads": 8, "num_kv_heads": 4, "num_layers": 8, "ffn_hidden_size": 512,
+        "vocab_size": 1024, "seq_length": 512, "hybrid_pattern": "M*-ESCPM", "norm": "rmsnorm", "bias": False,
+        "position_embedding": "rope", "activation": "swiglu", "mamba_num_heads": 8, "mamba_head_dim": 64,
+        "mamba_num_groups": 2, "mamba_state_dim": 16, "num_experts": 4, "moe_top_k": 2,
+        "moe_ffn_hidden_size": 256},
+        "parallel": {"dp": 2}, "training": {"micro_batch_size": 1, "num_micro_batches": 4}},
+    "toy-vision-moe": {"name": "toy-vision-moe", "formulas": ["vision-moe.mf"], "model": {
+        "hidden_size": 256, "num_heads": 8, "num_kv_heads": 4, "num_layers": 4, "ffn_hidden_size": 512,
+        "vocab_size": 1024, "seq_length": 512, "norm": "rmsnorm", "bias": False, "position_embedding": "rope",
+        "activation": "swiglu", "num_experts": 4, "moe_top_k": 2, "moe_ffn_hidden_size": 256,
+        "vision": {"hidden_size": 128, "num_heads": 4, "num_layers": 2, "ffn_hidden_size": 256, "patch_size": 14,
+                   "temporal_patch_size": 2, "in_channels": 3, "image_size": 224, "images_per_sample": 1,
+                   "spatial_merge_size": 2}},
+        "parallel": {"dp": 2}, "training": {"micro_batch_size": 1, "num_micro_batches": 4}},
+}
+#: structural keys a draw sets (the interpreter's, not declared by an option): value lists
+STRUCTURAL_DRAWS: dict[str, tuple] = {
+    "training.recompute": ("none", "selective", "full"),
+    "parallel.pp": (1, 2, 4),
+    "parallel.vpp": (1, 1, 2),
+    "training.num_micro_batches": (1, 4, 8),
+}
+#: symbols (kept symbolic in closed forms, so not options) a draw sets too: the parallel degrees and batch
+SYMBOL_DRAWS: dict[str, tuple] = {
+    "parallel.dp": (1, 2, 4, 8), "parallel.tp": (1, 2, 4), "parallel.cp": (1, 1, 2), "parallel.ep": (1, 2, 4),
+    "parallel.expert_tp": (1, 2), "training.micro_batch_size": (1, 2), "parallel.zero": (0, 1, 2, 3),
+    "parallel.sequence_parallel": (False, True), "parallel.distributed_optimizer": (False, True),
+}
+#: dtype names a dtype option draws from
+DTYPES = ("fp32", "bf16", "fp16", "fp8")
+
+
+@dataclasses.dataclass
+class Draw:
+    index: int | str                # the draw's number (``T<k>``: a targeted draw)
+    base: str                       # a bundled config's path or a TOY_BASES name
+    overrides: dict                 # dotted key -> value
+    attempts: int = 1
+
+    def label(self) -> str:
+        over = " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in self.overrides.items())
+        return f"draw {self.index} ({self.base} {over})"
+
+
+def _bases() -> list[tuple[str, dict]]:
+    """(name, raw config) of every architecture a draw starts from: the bundled configs and :data:`TOY_BASES`;
+    the bundled configs' device counts and global batch sizes are dropped (a draw sets the degrees itself)."""
+    import yaml
+
+    out = []
+    for p in sorted((ROOT / "configs").glob("*.yaml")):
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+        raw.setdefault("formulas", ["dense.mf"])
+        raw["formulas"] = [str((p.parent / f).resolve()) if (p.parent / f).exists() else f for f in raw["formulas"]]
+        for sect, key in (("parallel", "devices"), ("training", "global_batch_size"), ("parallel", "stage_layers"),
+                          ("training", "recompute_num_layers"), ("training", "recompute_layers"),
+                          ("training", "selective_recompute_num_layers")):
+            (raw.get(sect) or {}).pop(key, None)
+        out.append((str(p.relative_to(ROOT)), raw))
+    out += [(name, json.loads(json.dumps(raw))) for name, raw in TOY_BASES.items()]
+    return out
+
+
+def _value_of(rng: random.Random, spec, default=None):
+    """A value of an option's type (:class:`memform.lang.ast.TypeSpec`), or ``_NO`` where it has no finite
+    or small set of values worth drawing (real numbers: a few; unranged integers: a few small ones)."""
+    kind = spec.kind
+    if spec.or_bool and rng.random() < 0.5:
+        return rng.choice([True, False])
+    if kind == "bool":
+        return rng.choice([True, False])
+    if kind == "enum":
+        return rng.choice(list(spec.choices))
+    if kind == "set":
+        return sorted(c for c in spec.choices if rng.random() < 0.5)
+    if kind == "dtype":
+        return rng.choice(DTYPES)
+    if kind == "real":
+        return rng.choice([0, 0.1, 0.5, 1, 2])
+    if kind == "int":
+        lo = spec.lo if spec.lo is not None else 0
+        hi = spec.hi if spec.hi is not None else 8
+        cands = sorted({v for v in (lo, lo + 1, 2, 3, 4, 8, hi) if lo <= v <= hi})
+        return rng.choice(cands)
+    return _NO
+
+
+_NO = object()
+
+
+def _program_of(raw: dict, overrides: dict):
+    from memform.engine.config import apply_overrides, normalize
+    from memform.engine.model import _program
+    return _program(normalize(apply_overrides(raw, overrides), None), None)
+
+
+def _draw_once(rng: random.Random, raw: dict, p_option: float, time_model: bool = False) -> dict:
+    over: dict = {"training.framework": rng.choice(PROFILES)}
+    for key, values in STRUCTURAL_DRAWS.items():
+        over[key] = rng.choice(values)
+    program = _program_of(raw, over)
+    over["parallel.pp_schedule"] = rng.choice(sorted(program.schedules()))
+    layers = (raw.get("model") or {}).get("num_layers", 0)
+    for b in sorted(program.bindings.values(), key=lambda b: b.path):
+        if not time_model and any(fnmatch.fnmatch(Path(b.loc.file).name, t) or b.loc.file.endswith("/" + t)
+                                  for t in TIME_FILES):
+            continue       # the step-time model's own keys change only ``time`` numbers
+        if b.path in SYMBOL_DRAWS:
+            if rng.random() < 0.6:
+                over[b.path] = rng.choice(SYMBOL_DRAWS[b.path])
+        elif b.keyword != "option" or rng.random() >= p_option:
+            continue
+        elif b.type.kind == "names":
+            if 0 < layers <= 16 and b.type.choices:     # a toy's per-layer kinds, one name per layer
+                over[b.path] = [rng.choice(b.type.choices) for _ in range(layers)]
+        else:
+            value = _value_of(rng, b.type)
+            if value is not _NO:
+                over[b.path] = value
+    return over
+
+
+def _repair(raw: dict, over: dict, rng: random.Random, keep: tuple[str, ...] = ()) -> int:
+    """Take drawn keys back until the numeric estimate accepts ``over`` (in place): the keys an error names
+    (else one at random; never ``training.framework`` nor ``keep``). The attempts it took, or 0."""
+    import memform.engine.model as model
+
+    for attempt in range(1, REDRAWS + 1):
+        try:
+            model.estimate(raw, over, numeric=True)
+            return attempt
+        except Exception as exc:     # MemformError, or an inexact (irrational) value
+            text = str(exc)
+            fixed = ("training.framework", *keep)
+            drop = [k for k in over if k not in fixed and (k in text or f"'{k.split('.')[0]}'" in text)]
+            if "schedule" in text and "parallel.pp_schedule" not in fixed:
+                drop.append("parallel.pp_schedule")
+            free = [k for k in over if k not in fixed]
+            if not [k for k in drop if k in over]:
+                if not free:
+                    return 0
+                drop = [rng.choice(free)]
+            for k in drop:
+                over.pop(k, None)
+    return 0
+
+
+def draw_configs(seed: int, n: int, p_option: float = 0.35, time_model: bool = False,
+                 targeted: bool = True) -> list[Draw]:
+    """``n`` valid configs drawn with ``seed``: architecture ``i % len(bases)`` (every bundled config and
+    toy in turn), a framework profile, pipeline schedule, recompute mode, pipeline/virtual-pipeline sizes,
+    micro-batches, parallel degrees (dp, tp, cp, ep, expert tp, ZeRO, sequence parallelism, the distributed
+    optimizer) and each ``option`` of the loaded formula files with probability ``p_option``, from its
+    type's values (:func:`_value_of`; the step-time model's keys only with ``time_model``). A draw the
+    loader, a ``require`` or the estimate refuses is repaired (:func:`_repair`: the drawn keys the error
+    names are taken back); one still refused is left out (its index is missing from the result).
+
+    ``targeted``: then, for every value of a finite-valued option (:func:`option_coverage`) no draw has
+    reached, up to :data:`TARGET_TRIES` more draws with that value forced (``draw T<k>``): bases that load its file in turn,
+    under the profile that declares it; the first the loader accepts is kept."""
+    from memform.errors import MemformError
+
+    bases = _bases()
+    out = []
+    for i in range(n):
+        name, raw = bases[i % len(bases)]
+        rng = random.Random(f"{seed}:{i}")
+        try:
+            over = _draw_once(rng, raw, p_option, time_model)
+        except MemformError:
+            continue
+        attempts = _repair(raw, over, rng)
+        if attempts:
+            out.append(Draw(i, name, over, attempts))
+    if not targeted:
+        return out
+    _, _, missing = option_coverage(out)
+    raws = dict(bases)
+    k = 0
+    for item in missing:
+        key, value = item.split("=", 1)
+        where = _declared_in(key)
+        profile = next((p for p in PROFILES if where and (f"frameworks/{p}.mf" in where or f"frameworks/{p}/" in where)),
+                       None)
+        rng = random.Random(f"{seed}:{item}")
+        tries = 0
+        for t in range(len(bases)):
+            name, raw = bases[(k + t) % len(bases)]
+            if tries == TARGET_TRIES:
+                break
+            try:
+                over = _draw_once(rng, raw, p_option, time_model)
+            except MemformError:
+                continue
+            if profile:
+                over["training.framework"] = profile
+            over[key] = _parse_value(value)
+            if not _declares(raw, over, key):
+                continue
+            tries += 1
+            attempts = _repair(raw, over, rng, keep=(key,))
+            if attempts:
+                out.append(Draw(f"T{k}", name, over, attempts))
+                break
+        k += 1
+    return out
+
+
+_DECLARED: dict[str, str] = {}
+
+
+def _declared_in(key: str) -> str:
+    """The formula file that declares config key ``key`` (an option's file), '' when none does."""
+    if not _DECLARED:
+        from memform.lang.parser import parse_text
+        for p in sorted((ROOT / "formulas").rglob("*.mf")):
+            try:
+                decls = parse_text(p.read_text(encoding="utf-8"), str(p)).decls
+            except Exception:
+                continue
+            for d in decls:
+                if getattr(d, "path", None) and getattr(d, "keyword", None):
+                    _DECLARED.setdefault(d.path, p.relative_to(ROOT).as_posix())
+        _DECLARED.setdefault("", "")
+    return _DECLARED.get(key, "")
+
+
+def _declares(raw: dict, over: dict, key: str) -> bool:
+    try:
+        return any(b.path == key for b in _program_of(raw, over).bindings.values())
+    except Exception:
+        return False
+
+
+def _parse_value(text: str):
+    return {"true": True, "false": False}.get(text, text)
+
+
+def option_coverage(draws: list[Draw]) -> tuple[int, int, list[str]]:
+    """(values reached, values in all, the unreached ``key=value``) over every finite-valued option
+    (bool, enum, dtype; a set's each name) of the formula files the draws load, and the profiles."""
+    from memform.engine.config import get_path
+    raws = dict(_bases())
+    seen: dict[str, set] = {}
+    values: dict[str, set] = {}
+    for d in draws:
+        from memform.engine.model import load_model
+        try:
+            m = load_model(raws[d.base], d.overrides, numeric=True)
+        except Exception:
+            continue
+        for name, b in m.program.bindings.items():
+            if b.keyword != "option":
+                continue
+            t = b.type
+            allv = ({"true", "false"} if t.kind == "bool" or t.or_bool else set(t.choices) if t.kind in ("enum", "set")
+                    else set(DTYPES) if t.kind == "dtype" else None)
+            if not allv:
+                continue
+            values.setdefault(b.path, set()).update(allv)
+            v = m.bound.value_of(name)
+            vs = list(v) if isinstance(v, (list, tuple)) else [v]
+            if t.kind == "bool" or (t.or_bool and v in (True, False)):
+                vs = ["true" if v else "false"]
+            elif t.kind == "dtype":
+                vs = [str(get_path(m.data, b.path, None) or "")]
+            seen.setdefault(b.path, set()).update(str(x) for x in vs)
+    total = sum(len(v) for v in values.values())
+    missing = sorted(f"{k}={v}" for k, vs in values.items() for v in vs if v not in seen.get(k, set()))
+    return total - len(missing), total, missing
 
 
 # ------------------------------------------------------------------------------ the in-process test oracle
@@ -515,7 +913,7 @@ class Oracle:
         _patch_measurements()
         _patch_spawn()
         if self.mode == "baseline":
-            _BLOCK_SPAWN[0] = True
+            _BLOCK_SPAWN[0] = bool(self.spec.get("no_subprocess"))
             try:
                 self._baseline(session.items)
             finally:
@@ -539,8 +937,13 @@ class Oracle:
                 ok = self._run(item)
                 took = time.perf_counter() - start
                 reads = set(_READS)
-                if _SPAWNED[0]:      # first: the blocked subprocess may have failed it
+                if _SPAWNED[0] and _BLOCK_SPAWN[0]:      # first: the blocked subprocess may have failed it
                     why = "runs a subprocess (would read the files on disk)"
+                elif _SPAWNED[0] and ok:
+                    # its subprocess may read any formula file (of the tree MEMFORM_FORMULAS_DIR names)
+                    reads |= {str(p.resolve()) for p in (ROOT / "formulas").rglob("*.mf")}
+                if why:
+                    pass
                 elif not ok:
                     why = "fails or skips unmutated"
                 elif not reads:
@@ -548,7 +951,7 @@ class Oracle:
                 elif took > self.spec["max_test_s"]:
                     why = f"slower than {self.spec['max_test_s']:g} s"
             self.results.append({"nodeid": item.nodeid, "excluded": why, "reads": sorted(reads),
-                                 "seconds": round(took, 4)})
+                                 "seconds": round(took, 4), "spawns": bool(_SPAWNED[0])})
 
     def _mutants(self, items) -> None:
         reads = {n: set(r) for n, r in self.spec["reads"].items()}
@@ -558,9 +961,11 @@ class Oracle:
         good = sorted(items, key=lambda it: self.spec["seconds"].get(it.nodeid, 0.0))
         per_file: dict[str, list] = {}
         progress = self.spec.get("progress")
+        tree = _mutable_tree()
         for i, m in enumerate(self.spec_mutants()):
             key = str((ROOT / m.file).resolve())
             serve(m)
+            tree.write(m)
             killer, why, ran = None, "", 0
             start = time.perf_counter()
             signal.signal(signal.SIGALRM, _alarm)
@@ -577,6 +982,7 @@ class Oracle:
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 serve(None)
+                tree.write(None)
             if _TIMED_OUT[0]:     # the alarm may have fired inside a test, which pytest reports as failed
                 killer, why = None, "timeout"
                 _TIMED_OUT[0] = False
@@ -594,6 +1000,41 @@ class Oracle:
 
     def spec_mutants(self) -> list[Mutant]:
         return [Mutant(**m) for m in self.spec["mutants"]]
+
+
+class _Tree:
+    """A copy of formulas/ that the subprocesses of the tests read (memform.resources.FORMULAS_ENV):
+    :meth:`write` puts a mutant's text in place of its file, or (None) the original back."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.last: str | None = None
+
+    def write(self, m: Mutant | None) -> None:
+        if self.last is not None:
+            rel = Path(self.last).relative_to("formulas")
+            (self.root / rel).write_text((ROOT / self.last).read_text(encoding="utf-8"), encoding="utf-8")
+            self.last = None
+        if m is not None:
+            (self.root / Path(m.file).relative_to("formulas")).write_text(m.text, encoding="utf-8")
+            self.last = m.file
+
+
+def _mutable_tree() -> _Tree:
+    """This worker's copy of formulas/, named to its subprocesses through memform's formula-directory
+    variable (its own formula reader keeps the checkout's: the directory is looked up once per process,
+    here before the variable is set; served mutants reach it through :func:`serve`)."""
+    import atexit
+    import shutil
+
+    from memform.resources import FORMULAS_ENV, formulas_dir
+
+    formulas_dir()
+    tmp = Path(tempfile.mkdtemp(prefix="memform-mutate-tree-"))
+    atexit.register(shutil.rmtree, tmp, True)
+    shutil.copytree(ROOT / "formulas", tmp / "formulas")
+    os.environ[FORMULAS_ENV] = str(tmp / "formulas")
+    return _Tree(tmp / "formulas")
 
 
 class _Timeout(Exception):
@@ -705,9 +1146,10 @@ def _workers(specs: list[dict]) -> list[list[dict]]:
     return results
 
 
-def select_tests(tests: list[str], jobs: int, max_test_s: float) -> list[dict]:
-    """The baseline: every collected test once, unmutated, shared out over ``jobs`` workers."""
-    base = {"mode": "baseline", "tests": tests, "max_test_s": max_test_s}
+def select_tests(tests: list[str], jobs: int, max_test_s: float, no_subprocess: bool = False) -> list[dict]:
+    """The baseline: every collected test once, unmutated, shared out over ``jobs`` workers (``no_subprocess``:
+    a test that starts a subprocess is stopped there and left out, as before issue 35)."""
+    base = {"mode": "baseline", "tests": tests, "max_test_s": max_test_s, "no_subprocess": no_subprocess}
     return [row for part in _workers([dict(base, share=[i, jobs]) for i in range(jobs)]) for row in part]
 
 
@@ -763,6 +1205,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time", action="store_true",
                     help="also mutate the step-time model: its files, and count a mutant that changes only "
                          "step-time numbers as live (by default both are skipped and counted apart)")
+    ap.add_argument("--draws", type=int, default=DEFAULT_DRAWS, metavar="N",
+                    help=f"configs drawn for the equivalence check (with --draw-seed; default {DEFAULT_DRAWS}, and the targeted draws)")
+    ap.add_argument("--draw-seed", type=int, default=DRAW_SEED, metavar="N",
+                    help=f"seed of the drawn configs (default {DRAW_SEED}, fixed; --seed picks the sample)")
+    ap.add_argument("--space", choices=("draws", "variants"), default="draws",
+                    help="the equivalence space: drawn configs (default), or the bundled configs and override "
+                         "variants the tool used before issue 35 (for comparison)")
+    ap.add_argument("--no-subprocess", action="store_true",
+                    help="leave out the tests that start a subprocess (the tool before issue 35)")
+    ap.add_argument("--classify-only", action="store_true",
+                    help="classify the sample (invalid / equivalent / step-time / live, and the draw that told "
+                         "each live one apart) and stop: no tests")
     ap.add_argument("--list", action="store_true", help="print the mutants and stop")
     ap.add_argument("--json", metavar="PATH", help="also write every mutant's outcome as JSON")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
@@ -788,27 +1242,48 @@ def main(argv: list[str] | None = None) -> int:
                          key=lambda m: (m.file, m.line, m.col, m.kind, m.desc))
         sampled = f"sampled {len(mutants)} of {total} mutants (--limit {args.limit} --seed {args.seed})"
         print(sampled)
+    set_space(args.space, args.draw_seed, args.draws, args.time)
+    base = _baseline()
+    if args.space == "draws":
+        reached, values, missing = option_coverage(_DRAWN)
+        print(f"equivalence space: {len(base)} valid configs: {sum(isinstance(d.index, int) for d in _DRAWN)} of "
+              f"{args.draws} draws (--draw-seed {args.draw_seed} --draws {args.draws}) and "
+              f"{sum(not isinstance(d.index, int) for d in _DRAWN)} targeted; they reach {reached} of {values} values of the finite-valued options "
+              f"(unreached: {' '.join(missing) or 'none'}); {time.perf_counter() - start:.0f} s so far", flush=True)
     print(f"{len(mutants)} mutants of {len(files)} formula files; classifying against "
-          f"{len(variants())} configs ...", flush=True)
+          f"{len(base)} configs ...", flush=True)
     classes = _classify_all(mutants, args.jobs, args.time)
     invalid = [(m, why) for m, (c, why) in zip(mutants, classes) if c == "invalid"]
     equivalent = [m for m, (c, _) in zip(mutants, classes) if c == "equivalent"]
     timed = [m for m, (c, _) in zip(mutants, classes) if c == "time"]
     live = [m for m, (c, _) in zip(mutants, classes) if c == "live"]
+    told = {m.label(): why for m, (c, why) in zip(mutants, classes) if c == "live"}
     print(f"{len(invalid)} invalid (rejected by the loader/checker), {len(equivalent)} equivalent "
           f"(no estimate number changes on any config), "
           + (f"{len(timed)} step-time only (skipped: --time), " if timed else "")
           + f"{len(live)} to test; {time.perf_counter() - start:.0f} s so far", flush=True)
+    if args.classify_only:
+        for m, (c, why) in zip(mutants, classes):
+            print(f"  {c:<10} {m.label()}" + (f"\n      {why}" if why else ""))
+        valid = len(mutants) - len(invalid)
+        print(f"equivalent {len(equivalent)} of the {valid} valid mutants "
+              f"({100 * len(equivalent) / valid if valid else 0:.1f} %); step-time only {len(timed)}; live {len(live)}; "
+              f"{time.perf_counter() - start:.0f} s" + (f"; {sampled}" if sampled else ""))
+        if args.json:
+            Path(args.json).write_text(json.dumps({"sampled": sampled, "classes": [[m.label(), c, why] for m, (c, why)
+                                                                                   in zip(mutants, classes)]}, indent=1))
+        return 0
     tests = expand_tests(args.tests or list(DEFAULT_TESTS) + (list(TIME_TESTS) if args.time else []))
     # the run's workers share their PyTorch measurements (see _patch_measurements)
     measured = tempfile.TemporaryDirectory(prefix="memform-mutate-measured-")
     os.environ.setdefault(MEASURE_DIR, measured.name)
-    baseline = select_tests(tests, args.jobs, args.max_test_seconds) if live else []
+    baseline = select_tests(tests, args.jobs, args.max_test_seconds, args.no_subprocess) if live else []
     excluded: dict[str, int] = {}
     for r in baseline:
         if r["excluded"]:
             excluded[r["excluded"]] = excluded.get(r["excluded"], 0) + 1
-    print(f"tests: {sum(not r['excluded'] for r in baseline)} of {len(baseline)} selected from "
+    print(f"tests: {sum(not r['excluded'] for r in baseline)} of {len(baseline)} selected "
+          f"({sum(not r['excluded'] and r.get('spawns', False) for r in baseline)} of them start a subprocess) from "
           f"{' '.join(tests)}" + ("; left out: " + ", ".join(f"{n} {why}" for why, n in sorted(excluded.items()))
                                    if excluded else "") + f"; {time.perf_counter() - start:.0f} s so far", flush=True)
     results = run_oracle(live, tests, baseline, args.jobs)
@@ -824,17 +1299,21 @@ def main(argv: list[str] | None = None) -> int:
     survivors = [r for r in results if not r["killed"]]
     for r in survivors:
         print(f"  {r['label']}" + ("   (timed out: not decided, counted as surviving)" if r["by"] == "timeout" else ""))
+        print(f"      told apart by {told.get(r['label'], '?')}")
     killed = sum(r["killed"] for r in results)
     n = len(results)
     if args.json:
         Path(args.json).write_text(json.dumps({
             "sampled": sampled, "total": total, "invalid": [[m.label(), w] for m, w in invalid],
             "equivalent": [m.label() for m in equivalent], "time": [m.label() for m in timed],
-            "results": results}, indent=1), encoding="utf-8")
+            "told_apart_by": told, "results": results}, indent=1), encoding="utf-8")
     print(f"\n{len(invalid)} invalid, {len(equivalent)} equivalent"
           + (f", {len(timed)} step-time only" if timed else "") + f"; {time.perf_counter() - start:.0f} s"
           + (f"; {sampled}" if sampled else ""))
-    print(f"killed {killed} of {n} ({100 * killed / n if n else 100:.1f} %)")
+    valid = len(mutants) - len(invalid)
+    print(f"killed {killed} of {n} ({100 * killed / n if n else 100:.1f} %); equivalent {len(equivalent)} of the "
+          f"{valid} valid mutants ({100 * len(equivalent) / valid if valid else 0:.1f} %)"
+          + (f", step-time only {len(timed)}" if timed else ""))
     return 0
 
 

@@ -528,3 +528,57 @@ def test_vision_encoder_comes_before_the_language_model():
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# ---- context parallelism under the generic profiles (issue 35: mutants no test told apart) -----------------
+# A toy MoE with MLA (h 256, 8 heads, s 512, b 1, bf16, flash attention, fused SwiGLU, no biases or dropout;
+# 2 shared experts of moe_ffn_hidden_size 256: f_sh = 512; MLA d_c' 48, d_c 32, d_h^R 8, d_h = d_v 16), one
+# layer's quantity from the numeric evaluator. Context parallelism splits every kept tensor's tokens:
+# s·b / cp per rank (Megatron-LM context parallelism; Liu et al. 2023, Ring Attention).
+CP_TOY = {"name": "cp-toy", "formulas": ["moe.mf"], "model": {
+    "hidden_size": 256, "num_heads": 8, "num_layers": 2, "ffn_hidden_size": 512, "vocab_size": 1024,
+    "seq_length": 512, "activation": "swiglu", "norm": "rmsnorm", "bias": False, "dropout": False,
+    "flash_attention": True, "position_embedding": "rope", "swiglu_impl": "fused", "num_experts": 4,
+    "moe_top_k": 2, "moe_ffn_hidden_size": 256, "num_shared_experts": 2},
+    "training": {"micro_batch_size": 1, "precision": {"activations": "bf16"}}}
+CP_MLA = {**CP_TOY, "formulas": ["moe.mf", "mla.mf"], "model": {
+    **CP_TOY["model"], "attention": "mla", "q_lora_rank": 48, "kv_lora_rank": 32, "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16, "v_head_dim": 16}}
+
+
+def _one_layer(cfg: dict, block: str, overrides: dict) -> int:
+    from memform.engine.model import _layer_quantity, load_model
+    model = load_model(cfg, overrides, numeric=True)
+    return _layer_quantity(model, model.evaluator(keep=frozenset()), block, "act")
+
+
+# Shared experts (DeepSeek-V3 §2.1.2: always-active, on every token; Korthikanti et al. 2022 §4.1 with
+# SwiGLU's two f-wide GEMMs): per token the [gate | up] GEMM output 2·2·f_sh and the SwiGLU output 2·f_sh
+# = 3072 bytes, over s·b / cp tokens of the rank, split t ways -- under every profile that keeps moe.mf's
+# shared_experts (megatron's redefinition is tests/test_reference_layers.py's). t = 1, cp = 2 and t = 2,
+# cp = 1 tell t·cp from t² and cp² (the issue's surviving `t * cp` -> `t * t`).
+@pytest.mark.parametrize("framework, t, cp, expected", [
+    ("fsdp2", 1, 2, 3072 * 512 // 2),
+    ("deepspeed", 1, 2, 3072 * 512 // 2),
+    ("mindspore", 1, 2, 3072 * 512 // 2),
+    ("mindspore", 2, 1, 3072 * 512 // 2),
+    ("mindspore", 1, 1, 3072 * 512),
+])
+def test_shared_experts_split_their_tokens_over_cp_under_generic_profiles(framework, t, cp, expected):
+    got = _one_layer(CP_TOY, "shared_experts", {"training.framework": framework, "parallel.tp": t,
+                                                  "parallel.cp": cp, "parallel.sequence_parallel": t > 1})
+    assert got == expected
+
+
+# MLA under context parallelism, from tensor shapes (DeepSeek-V2 eqs. (9)-(19), as
+# tests/test_reference_layers.py::test_layer_bytes_by_hand_mla_flash; bf16), per token: the down projections'
+# input 2h = 512; c^Q 2·48 = 96 and its RMSNorm output 96; [c^KV | k^R] 2·(32 + 8) = 80 and the normalised
+# c^KV 2·32 = 64; Q and K 2·n_h·(d_h + d_h^R) = 384 each; V 2·n_h·d_v = 256; the output / W^O input
+# 2·n_h·d_v = 256; flash's fp32 log-sum-exp 4·n_h = 32 (Dao et al. 2022 §3.1): 2160 bytes, over the rank's
+# s·b / cp tokens.
+@pytest.mark.parametrize("framework, cp", [("fsdp2", 2), ("deepspeed", 2), ("megatron", 2), ("fsdp2", 1),
+                                           ("mindspore", 4)])
+def test_mla_attention_splits_its_tokens_over_cp(framework, cp):
+    per_token = 512 + 96 + 96 + 80 + 64 + 2 * 384 + 256 + 256 + 32
+    got = _one_layer(CP_MLA, "attention", {"training.framework": framework, "parallel.cp": cp})
+    assert got == per_token * 512 // cp

@@ -81,17 +81,54 @@ def test_dropping_a_term_keeps_parentheses_balanced(mutate, tmp_path):
 
 
 def test_classification_invalid_live_and_equivalent(mutate, dense):
-    # `default a` -> `default g` in g's own declaration: the checker reports a cycle
-    invalid = _find(dense, "symbol", "a -> g", "symbol g : int = model.num_kv_heads")
-    assert mutate.classify(invalid)[0] == "invalid"
-    # the decoder's full-recompute input at width f: megatron-core.mf shadows it, frameworks/torch.mf
-    # does not, so the Mixtral + torch variant sees it
-    live = _find(dense, "symbol", "h -> f", "act[full] = bytes_norm_in")
-    assert mutate.classify(live)[0] == "live"
-    # the sliding-window option's upper bound is in a type range, not an expression, so take a term no
-    # bundled config or variant reaches: Gemma's attention soft-capping (attn_softcap is false in all)
-    equivalent = _find(dense, "op", "+ -> -", "(bytes_core + attn_softcap * bytes_a)")
-    assert mutate.classify(equivalent)[0] == "equivalent"
+    """Classified over a pinned set of draws (the drawn space's numeric path; seconds, not the full space)."""
+    plain = mutate.Draw(8, "configs/llama3-8b.yaml", {"training.framework": "torch", "parallel.zero": 0})
+    moe = mutate.Draw(9, "configs/mixtral-8x7b.yaml", {"training.framework": "torch"})
+    soft = mutate.Draw(7, "configs/llama3-8b.yaml", {"training.framework": "megatron", "model.attn_softcap": True,
+                                                     "model.flash_attention": False})
+    mutate.set_draws([plain, moe])
+    try:
+        # `default a` -> `default g` in g's own declaration: the checker reports a cycle
+        invalid = _find(dense, "symbol", "a -> g", "symbol g : int = model.num_kv_heads")
+        got = mutate.classify(invalid)
+        assert got[0] == "invalid", got
+        # the decoder's full-recompute input at width f: megatron-core.mf shadows it, frameworks/torch.mf
+        # does not, so Mixtral (full recompute) under torch sees it -- and the draw is named
+        live = _find(dense, "symbol", "h -> f", "act[full] = bytes_norm_in")
+        assert mutate.classify(live) == ("live", moe.label())
+        # Gemma's attention soft-capping: no bundled config sets model.attn_softcap, and the override
+        # variants did not either -- the hole issue 35 names ("equivalent" = "no bundled set-up tells it
+        # apart"); a drawn config that sets it (eager attention) tells it apart
+        softcap = _find(dense, "op", "+ -> -", "(bytes_core + attn_softcap * bytes_a)")
+        assert mutate.classify(softcap)[0] == "equivalent"
+        mutate.set_draws([plain, moe, soft])
+        assert mutate.classify(softcap) == ("live", soft.label())
+    finally:
+        mutate.set_space("draws")
+
+
+def test_draws_are_seeded_valid_and_span_profiles_and_architectures(mutate):
+    """The drawn space (issue 35): a seed gives the same draws; every draw loads and estimates; the
+    draws go through every architecture base in turn, and a forced value is kept by the repair."""
+    a = mutate.draw_configs(11, 5, targeted=False)
+    b = mutate.draw_configs(11, 5, targeted=False)
+    assert [(d.index, d.base, d.overrides) for d in a] == [(d.index, d.base, d.overrides) for d in b]
+    assert len(a) >= 3, [d.label() for d in a]
+    raws = dict(mutate._bases())
+    bases = [name for name, _ in mutate._bases()]
+    assert {"toy-hybrid", "toy-vision-moe", "configs/gpt3-175b.yaml"} <= set(bases)
+    for d in a:
+        assert d.base == bases[d.index]        # the bases in turn
+        assert not isinstance(mutate._draw_numbers(raws[d.base], d.overrides), str), d.label()
+        # an option of the loaded files beside the structural keys and degrees
+        assert set(d.overrides) - set(mutate.STRUCTURAL_DRAWS) - set(mutate.SYMBOL_DRAWS) - {
+            "training.framework", "parallel.pp_schedule"}, d.label()
+    assert mutate.draw_configs(12, 1, targeted=False) != a[:1]
+    # a value forced on a draw survives the repair (here: one the toy hybrid refuses with the draw's tp 3 removed)
+    import random
+    over = {"training.framework": "megatron", "model.mamba1_dt_norms": True, "parallel.tp": 3}
+    assert mutate._repair(raws["toy-hybrid"], over, random.Random(0), keep=("model.mamba1_dt_norms",))
+    assert over["model.mamba1_dt_norms"] is True and "parallel.tp" not in over
 
 
 def test_a_known_bad_mutant_is_killed_and_the_original_survives(mutate, dense):
@@ -125,12 +162,68 @@ def test_the_step_time_model_is_left_out_unless_asked_for(mutate, tmp_path):
 
 
 def test_the_baseline_stops_a_test_that_starts_a_subprocess(mutate, tmp_path):
-    """A test that starts a subprocess is left out (the subprocess would read the formula files on disk,
-    not the served mutant); the baseline stops it at its first Popen instead of waiting for it."""
+    """With --no-subprocess (the tool before issue 35) a test that starts a subprocess is left out; the
+    baseline stops it at its first Popen instead of waiting for it."""
     probe = tmp_path / "test_probe_spawn.py"
     probe.write_text("import subprocess, sys\n\n\ndef test_spawns():\n"
                      "    subprocess.run([sys.executable, '-c', 'import time; time.sleep(120)'], check=True)\n",
                      encoding="utf-8")
-    [row] = mutate.select_tests([str(probe)], 1, 5.0)
+    [row] = mutate.select_tests([str(probe)], 1, 5.0, no_subprocess=True)
     assert row["excluded"] == "runs a subprocess (would read the files on disk)"
     assert row["seconds"] < 60
+
+
+def test_the_formula_directory_variable_reaches_a_subprocess(tmp_path):
+    """memform.resources.FORMULAS_ENV: a child memform reads its formula files from the named copy (what
+    bench/mutate.py points the subprocesses of the tests at); unset, the bundled files."""
+    import json
+    import os
+    import shutil
+    import subprocess
+
+    from memform.resources import FORMULAS_ENV
+
+    tree = tmp_path / "formulas"
+    shutil.copytree(ROOT / "formulas", tree)
+    dense = tree / "dense.mf"
+    text = dense.read_text(encoding="utf-8")
+    assert text.count("params = (h * (qw + 2 * kv)") == 1
+    dense.write_text(text.replace("params = (h * (qw + 2 * kv)", "params = (h * (qw + 3 * kv)"), encoding="utf-8")
+
+    def params(env_extra):
+        env = {k: v for k, v in os.environ.items() if k != FORMULAS_ENV}
+        env.update(env_extra, PYTHONPATH=str(ROOT / "src"), MEMFORM_CACHE_DIR=str(tmp_path / "cache"))
+        out = subprocess.run([sys.executable, "-m", "memform", "estimate", str(ROOT / "configs" / "llama3-8b.yaml"),
+                              "--json"], capture_output=True, text=True, env=env, check=True).stdout
+        return json.loads(out)["stages"][0]["param_count"]
+
+    # Llama-3-8B (configs/llama3-8b.yaml: h 4096, 8 KV heads of 128 = 1024-wide K/V, 32 layers, tp 4):
+    # one more K/V-wide block per layer is 4096 · 1024 · 32 / 4 more parameters per rank
+    assert params({FORMULAS_ENV: str(tree)}) - params({}) == 4096 * 1024 * 32 // 4
+
+
+@pytest.mark.slow     # a worker process, its baseline and two mutants, each starting memform's CLI
+def test_a_test_that_starts_a_subprocess_kills_through_the_formula_copy(mutate, dense, tmp_path):
+    """Issue 35: subprocess tests are run too -- their child reads the worker's copy of formulas/, where
+    the mutant's text is in place. A probe that only checks the CLI's number kills the K/V mutant."""
+    import json
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "memform", "estimate", str(ROOT / "configs" / "llama3-8b.yaml"),
+                          "--json"], capture_output=True, text=True, check=True,
+                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")}).stdout
+    want = json.loads(out)["stages"][0]["param_count"]
+    probe = tmp_path / "test_probe_cli.py"
+    probe.write_text(
+        "import json, os, subprocess, sys\n\n\ndef test_cli_params():\n"
+        f"    out = subprocess.run([sys.executable, '-m', 'memform', 'estimate', {str(ROOT / 'configs' / 'llama3-8b.yaml')!r},"
+        " '--json'], capture_output=True, text=True, check=True).stdout\n"
+        f"    assert json.loads(out)['stages'][0]['param_count'] == {want}\n", encoding="utf-8")
+    bad = _find(dense, "number", "2 -> 3", "params = (h * (qw + 2 * kv)")
+    same = mutate.Mutant(bad.file, bad.line, bad.col, "none", "unchanged",
+                         (ROOT / bad.file).read_text(encoding="utf-8"))
+    baseline = mutate.select_tests([str(probe)], 1, 60.0)
+    assert [(r["excluded"], r["spawns"]) for r in baseline] == [("", True)]
+    results = {r["label"]: r for r in mutate.run_oracle([bad, same], [str(probe)], baseline, 1)}
+    assert results[bad.label()]["killed"], results
+    assert not results[same.label()]["killed"], results

@@ -7,6 +7,7 @@ a source checkout they sit at the repository root. Both layouts are searched so 
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -16,9 +17,19 @@ VERSION = "0.1.0"
 _PACKAGE = Path(__file__).resolve().parent
 
 
+#: environment variable naming a directory that replaces the bundled ``formulas`` (a whole copy of the
+#: tree: ``include`` and the framework profiles are looked up in it); read once per process. bench/mutate.py
+#: sets it for the subprocesses of the tests it runs, pointing at a copy holding the mutated file
+FORMULAS_ENV = "MEMFORM_FORMULAS_DIR"
+
+
 @lru_cache(maxsize=None)
 def data_dir(name: str) -> Path:
-    """The directory holding bundled ``grammar``, ``formulas`` or ``configs``."""
+    """The directory holding bundled ``grammar``, ``formulas`` or ``configs`` (``formulas``: the directory
+    :data:`FORMULAS_ENV` names, when set)."""
+    override = os.environ.get(FORMULAS_ENV) if name == "formulas" else None
+    if override:
+        return Path(override).resolve()
     for candidate in (_PACKAGE / "_data" / name, _PACKAGE.parent.parent / name):
         if candidate.is_dir():
             return candidate
