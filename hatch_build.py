@@ -20,8 +20,9 @@ class ParsedFormulas(BuildHookInterface):
         sys.path.insert(0, str(Path(self.root) / "src"))
         try:
             from memform.lang import bundled
+            from memform.lang.parser import parse_text
             target = Path(tempfile.mkdtemp(prefix="memform-parsed-")) / "formulas.pickle"
-            bundled.build(target)
+            bundled.build(target, parse_text)
         finally:
             sys.path.pop(0)
         build_data["force_include"][str(target)] = "memform/_parsed/formulas.pickle"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from memform.lang import bundled, parser
+from memform.lang.parser import parse_text
 from memform.resources import formulas_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def built(tmp_path_factory):
     """A store built as the wheel's hook builds it (once for the module)."""
     target = tmp_path_factory.mktemp("store") / "formulas.pickle"
-    assert bundled.build(target) == len(list(formulas_dir().rglob("*.mf")))
+    assert bundled.build(target, parse_text) == len(list(formulas_dir().rglob("*.mf")))
     return target
 
 
@@ -87,7 +88,7 @@ def test_a_text_served_in_place_of_the_file_is_parsed_but_not_stored(tmp_path, m
     monkeypatch.setattr(bundled, "_STORE", [])
     dense = formulas_dir() / "dense.mf"
     mutant = dense.read_text(encoding="utf-8").replace("2 * kv", "3 * kv", 1)
-    assert bundled.remember(dense, "formulas/dense.mf", mutant) is None and not target.exists()
+    assert bundled.remember(dense, "formulas/dense.mf", mutant, parse_text) is None and not target.exists()
     monkeypatch.setattr(parser, "_PARSED", {})
     monkeypatch.setattr(parser, "read_text", lambda path, what: mutant)
     assert parser.parse_file(dense) == parser.parse_text(mutant, str(dense)) and not target.exists()

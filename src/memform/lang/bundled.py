@@ -22,6 +22,7 @@ import os
 import pickle
 import tempfile
 from functools import lru_cache
+from typing import Callable
 from pathlib import Path
 
 from ..resources import VERSION, formulas_dir, grammar_file
@@ -113,19 +114,19 @@ def dump(tree: ast.File) -> bytes:
     return buf.getvalue()
 
 
-def remember(path: Path, shown: str, text: str) -> ast.File | None:
+def remember(path: Path, shown: str, text: str, parse: Callable[[str, str], ast.File]) -> ast.File | None:
     """Parse bundled file ``path`` and add its tree to the store (first use in a source checkout; a package
     that is not writable keeps no store, and parses as before); the tree, named
     ``shown``. None for a file that is not bundled, a text other than the file's own (one served in its place,
     as bench/mutate.py serves mutants: parsed and cached as a user's file) or one that does not parse (the
-    caller's parse raises its error)."""
+    caller's parse raises its error). ``parse``: the parser's ``parse_text`` (passed in: the parser reads
+    this store, so this module does not import it)."""
     rel = _relative(path)
     if rel is None or _on_disk(path) != text:
         return None   # not bundled, or a text served in the file's place (bench/mutate.py's mutants): the cache's
     from ..errors import MemformError
-    from .parser import parse_text
     try:
-        data = dump(parse_text(text, PLACEHOLDER))
+        data = dump(parse(text, PLACEHOLDER))
     except MemformError:
         return None
     if _WRITABLE[0]:
@@ -161,11 +162,10 @@ def write(entries: dict, target: Path) -> bool:
         return False
 
 
-def build(target: Path) -> int:
-    """Parse every bundled formula file into a store at ``target`` (the wheel's build hook); the number of
-    files stored."""
+def build(target: Path, parse_text: Callable[[str, str], ast.File]) -> int:
+    """Parse every bundled formula file with ``parse_text`` (the parser's) into a store at ``target`` (the
+    wheel's build hook); the number of files stored."""
     from ..cachedir import enabled, set_enabled
-    from .parser import parse_text
     root = formulas_dir()
     entries = {}
     was = enabled()

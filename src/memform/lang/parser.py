@@ -114,7 +114,7 @@ def parse_file(path: str | Path) -> ast.File:
             _PARSED.clear()
         # a bundled file's tree comes from the installation's store (parsed once per install, see
         # memform.lang.bundled), any other file's from the cache directory
-        tree = bundled.lookup(p, str(p), text) or bundled.remember(p, str(p), text) or _stored_tree(str(p), text)
+        tree = bundled.lookup(p, str(p), text) or bundled.remember(p, str(p), text, parse_text) or _stored_tree(str(p), text)
         _PARSED[key] = tree
     return tree
 
