@@ -61,3 +61,15 @@ def test_bad_input_through_console_script(case):
     assert case["fragment"] in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
     assert r.stdout == ""
+
+
+def test_a_requirement_on_lets_alone_names_only_its_location():
+    # finetune.mf's `require not quant_on or lora_on` reads two lets and no config value: the message ends
+    # with the requirement's location, without an empty "(; " in front of it (engine/model.py _check_requires)
+    import memform
+    from memform.errors import MemformError
+    with pytest.raises(MemformError) as err:
+        memform.estimate(str(Path(__file__).resolve().parent.parent / "configs" / "llama2-7b.yaml"),
+                         {"lora.base_quant": "nf4"})
+    msg = str(err.value)
+    assert "(requirement at " in msg and "finetune.mf" in msg and "(; " not in msg, msg

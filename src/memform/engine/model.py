@@ -200,7 +200,8 @@ def _check_requires(program: Program, bound: Bound) -> None:
         if not ok:
             names = sorted({n.name for n in _refs(r.expr) if n.name in program.bindings})
             detail = ", ".join(f"{program.bindings[n].path} = {_show(bound.value_of(n))}" for n in names)
-            raise MemformError(f"{r.message} ({detail}; requirement at {r.loc})")
+            # a requirement on lets alone names no config value: no empty "(; " in front of its location
+            raise MemformError(f"{r.message} ({detail + '; ' if detail else ''}requirement at {r.loc})")
 
 
 def _show(v: Any) -> str:
