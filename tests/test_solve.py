@@ -223,3 +223,29 @@ def test_a_refused_structure_keeps_its_error_with_the_store(tmp_path, monkeypatc
     (entry,) = sorted((tmp_path / "cache" / "solve").rglob("*.json"))
     stored = json.loads(entry.read_text())
     assert stored["body"] is None and "do not split evenly" in stored["reason"]
+
+
+def test_closed_form_conditions_are_checked_at_every_admissible_value():
+    # llama3-70b, smallest tp that fits: requirements admit t = 1, 2, 4, 8 (heads, kv heads, vocabulary,
+    # sequence and ffn width divisible). Conditions every one of them satisfies (t <= 8, t divides 16, the
+    # padded vocabulary's ceiling comparisons) say nothing and leave the default view; "t > 2" stays, and
+    # the closed form is the binding stage's peak exactly at the values where every condition holds
+    model = load_model(CONFIGS / "llama3-70b.yaml")
+    sol = solve(model, "parallel.tp")
+    assert sol.value == 8 and sol.admissible == [1, 2, 4, 8]
+    from memform.engine.symbolic import assumption_lines, simplify_assumptions, split_on_domain
+    open_, implied, valid = split_on_domain(simplify_assumptions(sol.assumptions), "t", sol.admissible)
+    assert "t > 2" in open_ and "t <= 8" in implied and len(implied) >= 5
+    assert valid == [4, 8]
+    for v in valid:  # where the conditions hold, the closed form is the interpreter's peak
+        est = memform.estimate(CONFIGS / "llama3-70b.yaml", overrides={"parallel.tp": v, "parallel.devices": None})
+        closed = sol.closed_form.xreplace({s: v for s in sol.closed_form.free_symbols if s.name == "t"})
+        assert int(closed) == est.stages[sol.binding_stage].peak_bytes, v
+    where = assumption_lines(sol.assumptions, domain=("t", sol.admissible))[1:]
+    assert len(where) <= 5 and all(len(line) <= 100 for line in where), where
+    assert "  so the closed form is the peak at t = 4, 8 of the admissible 1, 2, 4, 8" in where
+    full = assumption_lines(sol.assumptions, shown=None, domain=("t", sol.admissible))
+    assert sum(line.endswith("(holds at every admissible t)") for line in full) == len(implied)
+    # the console script prints the same lines
+    out = _memform("solve", str(CONFIGS / "llama3-70b.yaml"), "--for", "parallel.tp").stdout
+    assert "\n".join("  " + line for line in where) in out

@@ -28,6 +28,8 @@ from .compiled import CompiledModel, compile_structures, interpreted_peaks
 #: keys whose value changes the stage partition itself: solved by re-evaluating per value
 STRUCTURAL_KEYS = ("parallel.pp", "parallel.vpp")
 DEFAULT_LIMIT = 1 << 20
+#: at most this many admissible values: each closed-form condition is checked at every one of them
+ADMISSIBLE_SHOWN = 64
 
 
 @dataclass
@@ -45,6 +47,9 @@ class Solution:
     other_peaks: list[int] = field(default_factory=list)
     closed_form: sympy.Expr | None = None  # binding stage's peak as a function of the symbol
     assumptions: list[str] = field(default_factory=list)
+    #: the symbol's values in the searched range that the requirements accept, when few enough
+    #: (:data:`ADMISSIBLE_SHOWN`) to check each condition at every one of them; None otherwise
+    admissible: list[int] | None = None
     continuous: list[sympy.Expr] = field(default_factory=list)  # real roots of peak = capacity
     derivative: sympy.Expr | None = None   # d peak / d symbol at the answer (bytes per unit)
     notes: list[str] = field(default_factory=list)
@@ -167,6 +172,9 @@ def solve(model: Model, key: str, *, limit: int | None = None, cache: bool = Tru
         sol.binding_stage = int(np.argmax(peaks[neighbour]))
     else:
         sol.binding_stage = int(np.argmax(peaks[pick]))
+    admissible = xs[valid]
+    if len(admissible) <= ADMISSIBLE_SHOWN:
+        sol.admissible = [int(v) for v in admissible]
     _verify(base, key, sol, derive_m)
     _closed_form(base, sym, sol, derive_m, gbs, other, key)
     return sol

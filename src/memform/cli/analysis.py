@@ -147,7 +147,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
             "closed_form": None if sol.closed_form is None else sympy.sstr(sol.closed_form),
             "continuous": [str(r) for r in sol.continuous],
             "bytes_per_unit": None if sol.derivative is None else str(sol.derivative),
-            "assumptions": sol.assumptions, "notes": sol.notes,
+            "assumptions": sol.assumptions, "admissible": sol.admissible, "notes": sol.notes,
             "refused_value": sol.refused_value, "refused_by": sol.refused_by, "refused_values": sol.refused_values,
         }, indent=2))
         return 0 if sol.value is not None else 1
@@ -191,7 +191,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
         if sol.assumptions:
             from ..engine.symbolic import SHOWN_ASSUMPTIONS, assumption_lines
             for line in assumption_lines(sol.assumptions, "  closed form valid where:", "    ",
-                                         shown=None if args.assumptions else SHOWN_ASSUMPTIONS):
+                                         shown=None if args.assumptions else SHOWN_ASSUMPTIONS,
+                                         domain=(x, sol.admissible) if sol.admissible else None):
                 print(line)
     for n in sol.notes:
         print(f"  note: {n}")

@@ -171,12 +171,84 @@ def simplify_assumptions(assumptions: list[str]) -> list[str]:
     return lines
 
 
+_DIVIDES_LINE = re.compile(r"^(?P<x>[A-Za-z_]\w*) divides (?P<g>\d+)( \(so .*\))?$")
+
+
+def _test_at(line: str, symbol: str) -> "Any":
+    """A simplified condition (:func:`simplify_assumptions`'s wording) as a test of one integer value of
+    ``symbol``; None when the line is prose, names another symbol, or cannot be read."""
+    d = _DIVIDES_LINE.match(line) or _DIVIDES.match(line)
+    if d:
+        g = int(d["g"] if "g" in d.groupdict() else d["n"])
+        return (lambda v: g % v == 0) if d["x"] == symbol else None
+    mult = _MULTIPLE.match(line)
+    if mult:
+        try:
+            e = sympy.sympify(mult["e"]) / int(mult["n"])
+        except (sympy.SympifyError, SyntaxError, TypeError, ValueError):
+            return None
+        rel, integer = e, True
+    elif _PROSE.search(line):
+        return None
+    else:
+        rel, integer = _relation(line), False
+        if rel is None:
+            return None
+    names = {s.name for s in rel.free_symbols}
+    if names != {symbol}:
+        return None
+    x = next(iter(rel.free_symbols))
+
+    def test(v: int) -> bool | None:
+        try:
+            r = rel.xreplace({x: sympy.Integer(v)})
+            return bool(r.is_integer) if integer else bool(r)
+        except (TypeError, ValueError):  # undecidable: keep the condition
+            return None
+    return test
+
+
+def split_on_domain(lines: list[str], symbol: str, values: list[int]) -> tuple[list[str], list[str], list[int]]:
+    """Simplified conditions on one integer ``symbol`` checked at each of its admissible ``values`` (those
+    the formula files' requirements accept): ``(open, implied, valid_at)``. A condition every admissible
+    value satisfies says nothing there (``t <= 8`` when t is 1, 2, 4 or 8; the padded vocabulary's
+    ceiling comparisons), so it is ``implied``; the rest stay ``open``, and ``valid_at`` are the values at
+    which every readable condition holds: where the closed form is the peak."""
+    open_, implied, valid = [], [], set(values)
+    for line in lines:
+        test = _test_at(line, symbol)
+        results = [test(v) for v in values] if test is not None else [None]
+        if all(r is True for r in results):
+            implied.append(line)
+            continue
+        open_.append(line)
+        if None not in results:
+            valid -= {v for v, r in zip(values, results) if not r}
+    return open_, implied, sorted(valid)
+
+
 def assumption_lines(assumptions: list[str], head: str = "valid where:", indent: str = "  ",
-                     shown: int | None = SHOWN_ASSUMPTIONS) -> list[str]:
+                     shown: int | None = SHOWN_ASSUMPTIONS,
+                     domain: tuple[str, list[int]] | None = None) -> list[str]:
     """``valid where:`` followed by one condition per line, simplified (:func:`simplify_assumptions`);
-    at most ``shown`` of them, then a line naming how many more ``--assumptions`` shows (None: all)."""
+    at most ``shown`` of them, then a line naming how many more ``--assumptions`` shows (None: all).
+    ``domain`` (a symbol and its admissible integer values): conditions that every one of those values
+    satisfies are left out of the default view and counted in the head (:func:`split_on_domain`)."""
     lines = simplify_assumptions(assumptions)
+    tail: list[str] = []
+    if domain is not None:
+        x, values = domain
+        lines, implied, valid = split_on_domain(lines, x, values)
+        said = ", ".join(map(str, values))
+        if shown is None:  # every condition: the implied ones after the rest, said so
+            lines += [f"{a}   (holds at every admissible {x})" for a in implied]
+        elif implied:
+            tail.append(f"... and {len(implied)} more that every admissible {x} ({said}) satisfies "
+                        f"(--assumptions shows them)")
+        if valid != values:
+            tail.append(f"so the closed form is the peak at {x} = {', '.join(map(str, valid)) or 'none'} "
+                        f"of the admissible {said}")
     if shown is not None and len(lines) > shown + 1:
         rest = len(lines) - shown
         lines = lines[:shown] + [f"... and {rest} more (--assumptions shows every condition)"]
-    return [head] + [indent + a for a in lines]
+    return [head] + [indent + a for a in lines + tail]
