@@ -151,6 +151,19 @@ def test_markdown_report_numbers_equal_json(config):
         assert cells[k + 2] == human_bytes(s["reserved_bytes"])
         assert cells[k + 4] == ("yes" if s["fits"] else "**NO**")
     assert text.count("\\begin{aligned}") == len(d["stages"])
+    # the conditions of the closed forms: a readable sentence, the rest counted (issue 32: deepseek-v3's
+    # had been 33 kB of sympy on one line)
+    from memform.engine.symbolic import READABLE_MAX, SHOWN_ASSUMPTIONS, simplify_assumptions
+    said = [line for line in lines if line.startswith("The closed forms hold where:")]
+    conditions = simplify_assumptions(est.assumptions)
+    assert len(said) == (1 if conditions else 0)
+    if conditions:
+        quoted = re.findall(r"`([^`]*)`", said[0])
+        shown = [q for q in quoted if not q.startswith("memform estimate")]
+        assert shown == [c for c in conditions if len(c) <= READABLE_MAX][:SHOWN_ASSUMPTIONS]
+        rest = len(conditions) - len(shown)
+        assert (f"and {rest} more condition" in said[0]) == (rest > 0)
+        assert len(said[0]) <= SHOWN_ASSUMPTIONS * (READABLE_MAX + 4) + 200
 
 
 @pytest.mark.parametrize("config", CONFIGS)

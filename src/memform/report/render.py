@@ -23,7 +23,7 @@ import sympy
 from ..engine.interpreter import CATEGORIES, MODEL, QUANTITY_OF, STATIC, LayerReport, StageResult, to_bytes
 from ..engine.model import Estimate
 from ..engine.symbolic import (assumption_lines, closed_form_latex, closed_form_text, ordered_assumptions,
-                               simplify_assumptions, tidy)
+                               simplify_assumptions, summary_assumptions, tidy)
 from ..errors import MemformError
 from ..lang.program import Program
 from ..resources import resolve_display_path, templates_dir
@@ -396,6 +396,7 @@ def _add_filters(env: jinja2.Environment) -> jinja2.Environment:
     env.filters["assumption_lines"] = assumption_lines
     env.filters["ordered_assumptions"] = ordered_assumptions
     env.filters["simplified_assumptions"] = simplify_assumptions
+    env.filters["summary_assumptions"] = summary_assumptions
     env.filters["wrap_prose"] = wrap_prose
     env.filters["signed_bytes"] = signed_bytes
     env.filters["signed_seconds"] = signed_seconds
