@@ -30,6 +30,7 @@ DEFAULT_LIMIT_MIB = 256
 #: what each folder of the cache directory holds (``memform cache info``)
 PURPOSES = {"estimate": "compiled estimate structures", "search": "compiled search structures",
             "solve": "compiled solve and sensitivity structures",
+            "whatif": "compiled what-if page structures (one folder per page code version)",
             "syntax": "parsed formula files", "checked": "formula programs that passed the checker",
             "lark": "the grammar's parser tables"}
 
