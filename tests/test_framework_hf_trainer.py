@@ -207,8 +207,9 @@ def test_bytes_per_parameter_of_the_anatomy_page(setting, overrides, w, g, o):
     n = est.param_count
     assert est.values["params"] == w * n and est.values["grads"] == g * n
     # 8-bit AdamW also keeps an fp32 absmax per 256-element block of each state (below): 2·4/256 = 1.6 % of
-    # the page's 2 bytes
-    assert abs(est.values["optimizer"] / n - o) <= (0.016 if "8-bit" in setting else 0.005) * o
+    # the page's 2 bytes, and fp32 states for the LayerNorms' 1024-value tensors (under bitsandbytes'
+    # min_8bit_size 4096: 0.09 % more)
+    assert abs(est.values["optimizer"] / n - o) <= (0.0175 if "8-bit" in setting else 0.005) * o
 
 
 def test_eight_bit_and_adafactor_states_of_bert():
