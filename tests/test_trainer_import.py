@@ -163,3 +163,20 @@ def test_the_trainers_8bit_adamw_measured_on_cpu(index):
     assert row.measured["params"] == row.estimated["params"] and row.measured["grads"] == row.estimated["grads"]
     assert abs(row.error("optimizer")) < 0.002, (row.measured, row.estimated)
     assert abs(row.error("activations")) < 0.02 and abs(row.error("activations_peak")) < 0.02
+
+
+# (dtype in the arguments, bf16, fp16) -> (training.precision.params, hf_trainer.amp): autocast over an fp32
+# model is hf-trainer.mf's AMP; over a 16-bit model it casts nothing
+PRECISION = [("float32", True, False, "fp32", "bf16"), ("float32", False, True, "fp32", "fp16"),
+             ("float32", False, False, "fp32", "none"), ("bfloat16", True, False, "bf16", "none"),
+             ("float16", False, False, "fp16", "none")]
+
+
+@pytest.mark.parametrize("dtype, bf16, fp16, params, amp", PRECISION, ids=[f"{r[0]}-{r[3]}-{r[4]}" for r in PRECISION])
+def test_the_load_dtype_and_autocast(tmp_path, dtype, bf16, fp16, params, amp):
+    data = {**json.loads((TRAINER / "llama-3.1-8b-qlora.training_args.json").read_text()),
+            "dtype": dtype, "bf16": bf16, "fp16": fp16, "optim": "adamw_torch"}
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps(data))
+    draft = imported(LLAMA31, path)
+    assert (draft.get("training.precision.params"), draft.get("hf_trainer.amp")) == (params, amp)
