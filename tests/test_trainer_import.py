@@ -92,7 +92,8 @@ REFUSED = [
     # a real GRPO job (TRL GRPOConfig) with its adapter: not one supervised step
     ("grpo-llama-3.1-8b.training_args.json", {}, "field 'num_generations' is set: this is a TRL GRPO"),
     ("llama-3.1-8b-qlora.training_args.json", {"deepspeed": "ds_config.json"},
-     "field 'deepspeed' is \"ds_config.json\": the Trainer hands the step to DeepSpeed"),
+     "field 'deepspeed' is \"ds_config.json\": the Trainer hands the step to DeepSpeed, which memform sizes with "
+     "the deepspeed profile: run `memform import deepspeed ds_config.json --model"),
     ("llama-3.1-8b-qlora.training_args.json", {"fsdp": "full_shard auto_wrap"}, "field 'fsdp'"),
     ("llama-3.1-8b-qlora.training_args.json", {"torch_compile": True}, "field 'torch_compile'"),
     ("llama-3.1-8b-qlora.training_args.json", {"optim": "galore_adamw"},

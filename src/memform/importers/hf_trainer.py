@@ -171,6 +171,7 @@ def convert(path: Path, draft: Draft, given: set[str] | dict, *, adapter: bool =
             raise args.error(key, f"is set: this is a TRL {kind} configuration. memform sizes one supervised "
                                   f"training step (Trainer / SFTTrainer); preference and RL trainers also keep a "
                                   f"reference model or generate and score completions, which it does not model")
+    _deepspeed(args, draft, path)
     for key, (allowed, why) in MUST_BE.items():
         value = args.raw(key)
         if value not in allowed:
@@ -190,6 +191,33 @@ def convert(path: Path, draft: Draft, given: set[str] | dict, *, adapter: bool =
     _seq(args, draft, given)
     _peft(args, draft, adapter)
     draft.refuse_unused(args, NEUTRAL)
+
+
+def _deepspeed(args: Fields, draft: Draft, path: Path) -> None:
+    """A job that hands the step to DeepSpeed (TrainingArguments deepspeed: a ds_config path or dict) is the
+    deepspeed profile's: refused here with the command that imports it, its "auto" batch, accumulation and
+    checkpointing filled from these arguments (HfTrainerDeepSpeedConfig.trainer_config_process fills them)."""
+    value = args.raw("deepspeed")
+    if value in (None, "", {}):
+        return
+    sets = []
+    micro = args.raw("per_gpu_train_batch_size") or args.raw("per_device_train_batch_size") or 8
+    sets.append(f"training.micro_batch_size={micro}")
+    sets.append(f"training.num_micro_batches={args.raw('gradient_accumulation_steps') or 1}")
+    if args.raw("activation_checkpointing") is True or args.raw("gradient_checkpointing") is True:
+        sets.append("training.recompute=full")
+    length = args.raw("max_length") or args.raw("max_seq_length")
+    if length:
+        sets.append(f"model.seq_length={length}")
+    if isinstance(value, str):
+        found = [p for p in (path.parent / value, Path(value)) if p.is_file()]
+        ds = str(found[0]) if found else value
+    else:
+        ds = "DS_CONFIG.json (the 'deepspeed' mapping of this file, saved as JSON)"
+    raise args.error("deepspeed", f"is {json.dumps(value)}: the Trainer hands the step to DeepSpeed, which memform "
+                                  f"sizes with the deepspeed profile: run `memform import deepspeed {ds} --model "
+                                  f"{draft.source} " + " ".join(f"--set {s}" for s in sets) + "` (the ds_config's "
+                                  f"\"auto\" values are these arguments')")
 
 
 def _batch(args: Fields, draft: Draft) -> None:
