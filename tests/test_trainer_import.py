@@ -181,3 +181,16 @@ def test_the_load_dtype_and_autocast(tmp_path, dtype, bf16, fp16, params, amp):
     path.write_text(json.dumps(data))
     draft = imported(LLAMA31, path)
     assert (draft.get("training.precision.params"), draft.get("hf_trainer.amp")) == (params, amp)
+
+
+@pytest.mark.parametrize("frozen", [["embedding"], ["output"]])
+def test_adafactor_keeps_no_factors_for_a_frozen_matrix(frozen):
+    # transformers Adafactor: a v×h matrix keeps a v-vector and an h-vector of fp32 second moments
+    # (optimization.py Adafactor.step, exp_avg_sq_row / _col); a frozen one has no gradient and no state.
+    # Llama-3-8B: v 128256, h 4096
+    over = {"training.framework": "hf-trainer", "hf_trainer.optim": "adafactor", "parallel.tp": 1,
+            "parallel.pp": 1, "parallel.dp": 1}
+    cfg = ROOT / "configs" / "llama3-8b.yaml"
+    full = memform.estimate(cfg, over).stages[0].values["optimizer"]
+    part = memform.estimate(cfg, {**over, "training.frozen": frozen}).stages[0].values["optimizer"]
+    assert full - part == (128256 + 4096) * 4

@@ -85,8 +85,23 @@ class OptimCase(HFCase):
 
 
 def measure(case: OptimCase, seed: int = 0) -> Step:
-    """:func:`.hf.measure` of the case (warm-up step with the optimizer's first step, then the traced one)."""
-    return _measure(case, seed)
+    """:func:`.hf.measure` of the case (warm-up step with the optimizer's first step, then the traced one).
+    bitsandbytes' GlobalOptimManager is a process-wide singleton: the Trainer's embedding override stays in
+    it, by (group, parameter) index too (optim/optimizer.py check_overrides: index2config), and a later
+    8-bit optimizer in the same process would inherit it -- so it is cleared before and after the step."""
+    _reset_bnb()
+    try:
+        return _measure(case, seed)
+    finally:
+        _reset_bnb()
+
+
+def _reset_bnb() -> None:
+    try:
+        from bitsandbytes.optim import GlobalOptimManager
+    except ImportError:
+        return
+    GlobalOptimManager.get_instance().initialize()
 
 
 O = OptimCase(**{k: getattr(BASE, k) for k in ("h", "L", "heads", "kv_heads", "ffn", "vocab", "b", "s")})
