@@ -36,6 +36,7 @@ DOC_CONTEXT, DOC_MODEL_LOADED = 1343, 2631
 GA = {"training.micro_batch_size": 1, "training.num_micro_batches": 4}
 GC = {**GA, "training.recompute": "full"}
 FP16 = {"hf_trainer.amp": "fp16"}
+OWN_BNB = {"hf_trainer.bnb_embedding_fp32": False}
 DOC_ROWS = [  # (TrainingArguments of the row, memform overrides, GPU memory occupied in MiB)
     ("per_device_train_batch_size=4", {}, 14949),
     ("batch 1, gradient_accumulation_steps=4", GA, 8681),
@@ -44,8 +45,10 @@ DOC_ROWS = [  # (TrainingArguments of the row, memform overrides, GPU memory occ
     ("batch 1, accumulation 4, checkpointing, fp16", {**GC, **FP16}, 7275),
     ("batch 4, optim=adafactor", {"hf_trainer.optim": "adafactor"}, 12295),
     ("batch 1, accumulation 4, checkpointing, fp16, adafactor", {**GC, **FP16, "hf_trainer.optim": "adafactor"}, 4847),
-    ("batch 4, bnb.optim.Adam8bit", {"hf_trainer.optim": "adamw_8bit"}, 13085),
-    ("batch 1, accumulation 4, checkpointing, fp16, Adam8bit", {**GC, **FP16, "hf_trainer.optim": "adamw_8bit"}, 5363),
+    # the doc builds bnb.optim.Adam8bit itself and passes Trainer(optimizers=(adam_bnb_optim, None)): no
+    # 32-bit override for the embeddings (Trainer.create_optimizer does not run)
+    ("batch 4, bnb.optim.Adam8bit", {"hf_trainer.optim": "adamw_8bit", **OWN_BNB}, 13085),
+    ("batch 1, accumulation 4, checkpointing, fp16, Adam8bit", {**GC, **FP16, "hf_trainer.optim": "adamw_8bit", **OWN_BNB}, 5363),
 ]
 DOC = {name: (over, mib) for name, over, mib in DOC_ROWS}
 
@@ -193,7 +196,8 @@ def test_ddp_buckets_hold_a_second_gradient_copy():
 ANATOMY = [  # (setting, overrides, weights, gradients, optimizer state)
     ("fp32 AdamW", {}, 4, 4, 8),
     ("fp16 AdamW", FP16, 4, 4, 8),
-    ("bf16 8-bit AdamW", {"hf_trainer.amp": "bf16", "hf_trainer.optim": "adamw_8bit"}, 4, 4, 2),
+    # (the page's rate is bitsandbytes' own: without the Trainer's 32-bit states for the embeddings)
+    ("bf16 8-bit AdamW", {"hf_trainer.amp": "bf16", "hf_trainer.optim": "adamw_8bit", **OWN_BNB}, 4, 4, 2),
 ]
 
 
@@ -203,8 +207,9 @@ def test_bytes_per_parameter_of_the_anatomy_page(setting, overrides, w, g, o):
     n = est.param_count
     assert est.values["params"] == w * n and est.values["grads"] == g * n
     # 8-bit AdamW also keeps an fp32 absmax per 256-element block of each state (below): 2·4/256 = 1.6 % of
-    # the page's 2 bytes
-    assert abs(est.values["optimizer"] / n - o) <= (0.016 if "8-bit" in setting else 0.005) * o
+    # the page's 2 bytes, and fp32 states for the LayerNorms' 1024-value tensors (under bitsandbytes'
+    # min_8bit_size 4096: 0.09 % more)
+    assert abs(est.values["optimizer"] / n - o) <= (0.0175 if "8-bit" in setting else 0.005) * o
 
 
 def test_eight_bit_and_adafactor_states_of_bert():
@@ -218,9 +223,12 @@ def test_eight_bit_and_adafactor_states_of_bert():
     # transformers/optimization.py Adafactor (beta1 None, as the Trainer makes it): a matrix keeps fp32 row
     # and column sums of its squared gradients, a vector its full fp32 second moment
     ada = sum(4 * (t[0] + t[1]) if len(t) == 2 else 4 * t[0] for t in tensors)
-    opt = {o: memform.estimate(BERT, {"hf_trainer.optim": o}).stages[0].values["optimizer"]
+    # (bitsandbytes' own rules: an optimizer built over the model, without the Trainer's 32-bit embedding
+    # override, hf_trainer.bnb_embedding_fp32)
+    opt = {o: memform.estimate(BERT, {"hf_trainer.optim": o, **OWN_BNB}).stages[0].values["optimizer"]
            for o in ("adamw_8bit", "adafactor", "adamw_torch")}
-    assert abs(opt["adamw_8bit"] - bnb) / bnb < 0.005        # memform leaves out the min_8bit_size rule
+    # memform counts the norms under min_8bit_size (finetune.mf small_params), not the biases
+    assert abs(opt["adamw_8bit"] - bnb) / bnb < 0.005
     assert abs(opt["adafactor"] - ada) < MIB                  # 2n/h bounds the matrices, misses the vectors
     assert opt["adafactor"] < 0.002 * opt["adamw_torch"] and ada < 0.002 * opt["adamw_torch"]
 

@@ -126,10 +126,33 @@ def test_qlora_step_matches_bitsandbytes_and_peft():
     assert last.peak_by_op.get(":dequantize_4bit", 0) == 2 * 512 * 2048
 
 
-def test_a_4bit_base_under_routed_experts_is_refused():
-    over = {**ONE, "parallel.ep": 1, "training.framework": "megatron", "training.precision.params": "bf16"}
-    with pytest.raises(MemformError, match="modelled for dense decoders only"):
-        memform.estimate(ROOT / "configs" / "mixtral-8x7b.yaml", overrides={**over, "lora.base_quant": "nf4"})
+# Mixtral-8x7B (configs/mixtral-8x7b.yaml: h 4096, 32 layers, 32 heads / 8 KV heads of 128, 8 experts of
+# 14336, vocabulary 32000) with a 4-bit base, as transformers 5 + bitsandbytes load it (finetune-moe.mf; the
+# toy-size step: bench/validate.py --frameworks --only 'moe4x2 qlora'): q/k/v/o 4-bit with an fp32 absmax
+# per 64 values and 16 fp32 code values per matrix; the fused experts, the router, norms, embedding and head
+# in bf16; LoRA r 8 on q and v in fp32
+H, F, E, V, LAYERS = 4096, 14336, 8, 32000, 32
+ATTN = 2 * H * H + 2 * H * 1024
+MIXTRAL_4BIT = (2 * 2 * V * H + 2 * H
+                + LAYERS * (ATTN * (0.5 + 4 / 64) + 4 * 16 * 4 + 2 * (E * 3 * H * F + E * H + 2 * H)
+                            + 4 * 8 * ((H + H) + (H + 1024))))
+
+
+@pytest.mark.parametrize("quant, expected", [("nf4", MIXTRAL_4BIT),
+                                             ("none", MIXTRAL_4BIT - LAYERS * (ATTN * (0.5 + 4 / 64) + 4 * 64)
+                                              + LAYERS * 2 * ATTN)])
+def test_a_4bit_base_under_routed_experts_quantizes_the_attention_only(quant, expected):
+    over = {**ONE, "parallel.ep": 1, "training.framework": "hf-trainer", "training.precision.params": "bf16",
+            "lora.rank": 8, "lora.base_quant": quant, "lora.double_quant": False}
+    est = memform.estimate(ROOT / "configs" / "mixtral-8x7b.yaml", overrides=over).stages[0]
+    assert est.values["params"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_lora_on_routed_experts_is_refused():
+    over = {**ONE, "parallel.ep": 1, "training.framework": "hf-trainer", "training.precision.params": "bf16",
+            "lora.rank": 8, "lora.gate_proj": True}
+    with pytest.raises(MemformError, match="LoRA on a MoE model's MLP projections"):
+        memform.estimate(ROOT / "configs" / "mixtral-8x7b.yaml", overrides=over)
 
 
 def test_prepare_model_for_kbit_training_is_the_fp32_profile_over_a_4bit_base():

@@ -40,6 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "config.json (only its shape is taken)")
     p.add_argument("--adapter", metavar="JSON",
                    help="hf: PEFT's adapter_config.json of a LoRA job (rank, target_modules, lora_dropout: lora.*)")
+    p.add_argument("--trainer", metavar="FILE",
+                   help="hf: the job's TrainingArguments (training_args.json, TrainingArguments.to_json_string) or a "
+                        "TRL-style YAML recipe: batch, gradient accumulation, bf16/fp16, optim, gradient "
+                        "checkpointing, TRL's LoRA / 4-bit fields (training.framework: hf-trainer)")
     p.add_argument("--accept", action="append", default=[], metavar="FIELD[,FIELD]",
                    help="a source field memform does not read, vouched for as memory-neutral (the import "
                         "refuses unread fields otherwise; repeatable)")
@@ -77,7 +81,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     source = files if len(files) > 1 else files[0]
     draft = import_config(args.format, source, Options(devices=args.devices, name=args.name,
                                                        overrides=overrides, model=args.model,
-                                                       adapter=args.adapter,
+                                                       adapter=args.adapter, trainer=args.trainer,
                                                        accept=tuple(a for arg in args.accept
                                                                     for a in arg.split(",")),
                                                        script_args=_script_args(args.script_args,

@@ -59,6 +59,7 @@ class Options:
     check: bool = True
     model: str | None = None  # a model file for formats that describe only training (TAKES_MODEL)
     adapter: str | None = None  # hf: PEFT's adapter_config.json of a LoRA fine-tuning job
+    trainer: str | None = None  # hf: the job's TrainingArguments (training_args.json) or TRL YAML recipe
     #: unread source fields the user vouches for as memory-neutral (``--accept``; see Draft.check_unread)
     accept: tuple[str, ...] = ()
     #: megatron: the launch script's own positional arguments (``--args "a b c"``: $1, $2, ..., $#, $@)
@@ -101,11 +102,18 @@ def import_config(fmt: str, path: str | Path | Sequence[str | Path], options: Op
     if options.adapter is not None and fmt != "hf":
         raise MemformError(f"--adapter is read by 'memform import hf' only (a PEFT adapter_config.json over a "
                            f"Hugging Face model), not by 'memform import {fmt}'")
+    if options.trainer is not None and fmt != "hf":
+        raise MemformError(f"--trainer is read by 'memform import hf' only (a Hugging Face Trainer's "
+                           f"TrainingArguments), not by 'memform import {fmt}'")
     hinted = module.convert(source, draft, dict(options.overrides), **extra)
     if options.adapter is not None:
         from . import peft
 
         peft.convert(Path(options.adapter), draft)
+    if options.trainer is not None:   # hf_trainer.py: batch, precision, optimizer, checkpointing, TRL's LoRA
+        from . import hf_trainer
+
+        hf_trainer.convert(Path(options.trainer), draft, dict(options.overrides), adapter=options.adapter is not None)
     draft.apply(options.overrides)
     adjust = getattr(module, "adjust", None)  # an importer's reading of --set values (megatron: vocab padding)
     if adjust is not None:

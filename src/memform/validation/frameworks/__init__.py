@@ -44,6 +44,7 @@ FRAMEWORKS: dict[str, tuple[str, str]] = {"hf": ("hf", "transformers"), "hf-nas"
                                           "hf_lfm2": ("hf_lfm2", "transformers"),
                                           "hf_qlora": ("hf_qlora", "bitsandbytes"),
                                           "hf_frozen": ("hf_frozen", "transformers"),
+                                          "hf_optim": ("hf_optim", "bitsandbytes"),
                                           "titan": ("titan", "torchtitan"),
                                           "deepspeed": ("deepspeed", "deepspeed"), "mcore": ("mcore", "megatron.core")}
 

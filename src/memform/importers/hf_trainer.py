@@ -1,0 +1,374 @@
+"""A Hugging Face Trainer job's training arguments → the ``hf-trainer`` keys of a memform config
+(``memform import hf config.json --trainer training_args.json [--adapter adapter_config.json]``).
+
+Two shapes of one set of field names are read:
+
+- ``TrainingArguments`` as transformers writes it (``TrainingArguments.to_json_string()`` /
+  ``to_dict()``, the ``training_args.json`` many fine-tuning scripts save next to the model; TRL's
+  ``SFTConfig`` adds its own fields to the same object);
+- a TRL-style YAML recipe (``TrlParser``: ``ModelConfig`` + ``SFTConfig`` + the script's own arguments in
+  one mapping, as the alignment-handbook recipes are): ``dtype`` / ``torch_dtype``, ``attn_implementation``,
+  ``load_in_4bit``, ``use_peft`` and ``lora_*`` beside the TrainingArguments fields.
+
+What sizes the step (transformers trainer.py / training_args.py, TRL sft_config.py / model_config.py):
+``per_device_train_batch_size`` (the micro-batch), ``gradient_accumulation_steps`` (micro-batches per
+optimizer step: the ``.grad`` tensors persist across them), ``bf16`` / ``fp16`` (the forward under
+torch.autocast), ``optim`` (the optimizer class ``Trainer.get_optimizer_cls_and_kwargs`` picks),
+``gradient_checkpointing`` (torch.utils.checkpoint per decoder layer), ``max_grad_norm`` (clipping, in
+place), TRL's ``max_length`` (the longest row). Fields that hand the step to another engine (``deepspeed``,
+``fsdp``, ``torch_compile``, Liger kernels) or to another kind of training (GRPO / DPO / PPO trainers'
+fields) stop the import with the field named; fields that cannot change device memory are listed in
+NEUTRAL with the reason; any other field is refused at the end of the import unless ``--accept`` names it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..engine.config import load_yaml
+from ..errors import MemformError
+from .draft import Draft, Fields, describe, dtype_name, read_json
+
+TITLE = "Hugging Face TrainingArguments"
+
+#: TrainingArguments optim -> hf_trainer.optim (formulas/frameworks/hf-trainer.mf), with what the Trainer
+#: builds for it (trainer_optimizer.py handlers)
+OPTIM: dict[str, tuple[str, str]] = {
+    "adamw_torch": ("adamw_torch", "torch.optim.AdamW"),
+    "adamw_torch_fused": ("adamw_torch", "torch.optim.AdamW(fused=True): the same two moments"),
+    "adamw_8bit": ("adamw_8bit", "bitsandbytes AdamW(optim_bits=8)"),
+    "adamw_bnb_8bit": ("adamw_8bit", "bitsandbytes AdamW(optim_bits=8)"),
+    "paged_adamw_8bit": ("adamw_8bit", "bitsandbytes AdamW(optim_bits=8, is_paged=True)"),
+    "adafactor": ("adafactor", "transformers Adafactor (no first moment)"),
+    "sgd": ("sgd", "torch.optim.SGD (momentum 0: no state)"),
+    "lion_32bit": ("lion_32bit", "bitsandbytes Lion(optim_bits=32)"),
+    "paged_lion_32bit": ("lion_32bit", "bitsandbytes Lion(optim_bits=32, is_paged=True)"),
+    "lion_8bit": ("lion_8bit", "bitsandbytes Lion(optim_bits=8)"),
+    "paged_lion_8bit": ("lion_8bit", "bitsandbytes Lion(optim_bits=8, is_paged=True)"),
+}
+#: paged bitsandbytes optimizers keep their states in CUDA unified memory (bitsandbytes GlobalPageManager,
+#: cudaMallocManaged): on the device until memory runs short, then paged to the host by the driver
+PAGED_NOTE = ("a paged bitsandbytes optimizer: its states are in CUDA unified memory, on the device until it "
+              "runs short, then evicted to the host page by page; memform counts them on the device (the "
+              "peak before any eviction)")
+
+#: fields of TRL's preference / RL trainers (trl/trainer/*_config.py): a step that generates, scores or
+#: keeps a reference model is not one supervised step
+OTHER_TRAINERS: dict[str, str] = {
+    "num_generations": "GRPO (GRPOConfig)", "max_completion_length": "GRPO / online DPO / RLOO",
+    "max_prompt_length": "DPO / ORPO / KTO / GRPO", "use_vllm": "GRPO / online DPO", "reward_weights": "GRPO",
+    "ref_model_sync_steps": "DPO / GRPO", "precompute_ref_log_probs": "DPO / KTO", "rpo_alpha": "DPO",
+    "desirable_weight": "KTO", "num_ppo_epochs": "PPO", "kl_coef": "PPO / RLOO",
+}
+
+#: fields that change memory in a way the hf-trainer profile does not model, at any value but these
+MUST_BE: dict[str, tuple[tuple[Any, ...], str]] = {
+    "deepspeed": ((None, "", {}), "the Trainer hands the step to DeepSpeed: import that ds_config with `memform "
+                                  "import deepspeed DS_CONFIG --model config.json` (training.framework: deepspeed)"),
+    "fsdp": ((None, "", [], False), "the Trainer wraps the model in accelerate's FSDP, which the hf-trainer "
+                                    "profile does not model (its own `fsdp2` profile is torchtitan's FSDP2)"),
+    "torch_compile": ((None, False), "torch.compile fuses kernels and changes what the forward saves; the "
+                                     "hf-trainer profile sizes eager PyTorch"),
+    "torchdynamo": ((None, ""), "a torch.compile backend (see torch_compile)"),
+    "use_liger_kernel": ((None, False), "Liger kernels (fused RMSNorm, SwiGLU, linear + cross-entropy) keep "
+                                        "other tensors than transformers' eager modules"),
+    "use_liger": ((None, False), "Liger kernels (see use_liger_kernel)"),
+    "label_smoothing_factor": ((None, 0, 0.0), "the Trainer's LabelSmoother keeps its own fp32 log-softmax of "
+                                               "the logits"),
+    "neftune_noise_alpha": ((None,), "NEFTune adds a noise tensor to every embedding output"),
+    "tp_size": ((None, 0, 1), "tensor parallelism through transformers' tp_plan"),
+    "parallelism_config": ((None, {}), "accelerate ParallelismConfig (tp / cp / dp shard sizes)"),
+    "optim_target_modules": ((None, [], ""), "GaLore / APOLLO projections of the named modules"),
+    "optim_args": ((None, ""), "optimizer arguments (e.g. Adafactor's beta1, which adds a first moment)"),
+    "activation_offloading": ((None, False), "TRL activation offloading to the host"),
+    "load_in_8bit": ((None, False), "an 8-bit (LLM.int8) base, which finetune.mf does not size"),
+    "use_dora": ((None, False), "DoRA adds a magnitude vector per adapted matrix"),
+    "lora_modules_to_save": ((None, []), "modules trained in full beside the adapters"),
+    "lora_target_parameters": ((None, []), "adapters on parameters (MoE experts) rather than modules"),
+    "model_init_kwargs": ((None, {}), "from_pretrained keyword arguments (give the dtype as dtype: instead)"),
+}
+
+_EVAL = "evaluation runs between optimizer steps, under no_grad"
+_LOG = "logging, saving, hub, reporting or run bookkeeping"
+_SCHED = "a learning-rate, schedule or loss-scale value: a scalar, no tensor"
+_DATA = "data loading on the host (the batch shape is per_device_train_batch_size × the row length)"
+_RUNTIME = "a runtime or launcher value that to_json_string writes (device placement, process state)"
+_KERNEL = "a numerics or kernel switch that keeps the same tensors"
+_MODEL = "which checkpoint is loaded (its config.json is the model memform reads)"
+NEUTRAL: dict[str, str] = {
+    **dict.fromkeys(("per_device_eval_batch_size", "per_gpu_eval_batch_size", "eval_accumulation_steps",
+                     "eval_delay", "eval_steps", "eval_strategy", "evaluation_strategy", "do_eval", "do_predict",
+                     "eval_do_concat_batches", "eval_on_start", "eval_use_gather_object", "batch_eval_metrics",
+                     "prediction_loss_only", "bf16_full_eval", "fp16_full_eval", "jit_mode_eval",
+                     "include_inputs_for_metrics", "include_for_metrics", "metric_for_best_model",
+                     "greater_is_better", "load_best_model_at_end", "predict_with_generate",
+                     "generation_max_length", "generation_num_beams", "generation_config", "sortish_sampler",
+                     "use_legacy_prediction_loop", "past_index", "label_names", "eval_packing"), _EVAL),
+    **dict.fromkeys(("output_dir", "overwrite_output_dir", "do_train", "logging_dir", "logging_strategy",
+                     "logging_first_step", "logging_steps", "logging_nan_inf_filter", "log_level",
+                     "log_level_replica", "log_on_each_node", "save_strategy", "save_steps", "save_total_limit",
+                     "save_safetensors", "save_on_each_node", "save_only_model", "run_name", "report_to",
+                     "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo",
+                     "hub_always_push", "hub_revision", "push_to_hub_model_id", "push_to_hub_organization",
+                     "push_to_hub_token", "resume_from_checkpoint", "restore_callback_states_from_checkpoint",
+                     "ignore_data_skip", "disable_tqdm", "skip_memory_metrics", "include_tokens_per_second",
+                     "include_num_input_tokens_seen", "ray_scope", "trackio_space_id", "project",
+                     "liger_kernel_config", "log_completions", "enable_jit_checkpoint", "save_steps_frequency",
+                     "model_revision", "trust_remote_code", "lora_task_type", "seed", "data_seed",
+                     "full_determinism", "hub_model_revision", "wandb_entity", "wandb_project",
+                     "wandb_run_group"), _LOG),
+    **dict.fromkeys(("learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "num_train_epochs",
+                     "max_steps", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_ratio", "warmup_steps",
+                     "lora_alpha", "use_rslora", "average_tokens_across_devices", "loss_type"), _SCHED),
+    **dict.fromkeys(("dataloader_drop_last", "dataloader_num_workers", "dataloader_prefetch_factor",
+                     "dataloader_pin_memory", "dataloader_persistent_workers", "group_by_length",
+                     "length_column_name", "remove_unused_columns", "dataset_text_field", "dataset_kwargs",
+                     "dataset_num_proc", "dataset_batch_size", "dataset_mixture", "dataset_name", "dataset_config",
+                     "dataset_train_split", "dataset_test_split", "dataset_streaming", "chat_template",
+                     "chat_template_path", "completion_only_loss", "assistant_only_loss", "eos_token", "pad_token",
+                     "packing", "packing_strategy", "pad_to_multiple_of", "shuffle_dataset", "train_sampler_random",
+                     "accelerator_config", "dispatch_batches", "split_batches", "ignore_bias_buffers"), _DATA),
+    **dict.fromkeys(("local_rank", "_n_gpu", "distributed_state", "__cached__setup_devices", "deepspeed_plugin",
+                     "no_cuda", "use_cpu", "use_mps_device", "use_ipex", "tpu_num_cores", "tpu_metrics_debug",
+                     "ddp_backend", "ddp_timeout", "ddp_find_unused_parameters", "ddp_bucket_cap_mb",
+                     "ddp_broadcast_buffers", "mp_parameters", "debug", "fsdp_min_num_params",
+                     "fsdp_transformer_layer_cls_to_wrap", "fsdp_config", "torch_compile_backend",
+                     "torch_compile_mode", "auto_find_batch_size", "torch_empty_cache_steps"), _RUNTIME),
+    **dict.fromkeys(("tf32", "fp16_opt_level", "half_precision_backend", "fp16_backend", "use_bnb_nested_quant",
+                     "bnb_4bit_quant_type", "bnb_4bit_quant_storage"), _KERNEL),
+    **dict.fromkeys(("trackio_bucket_id", "trackio_static_space_id", "dataloader_multiprocessing_context",
+                     "dataloader_in_order", "train_sampling_strategy"), _DATA),
+    "ddp_static_graph": "DDP's static-graph optimisation: the same gradient buckets",
+    "use_cache": "the KV cache the forward returns: dropped before backward (Trainer.compute_loss keeps the loss)",
+    "model_name_or_path": _MODEL,
+    "padding_free": "flash attention over one packed row of the batch's tokens: at most b × max_length tokens",
+}
+#: memform's LoRA target keys when TRL's lora_target_modules is null: PEFT's per-model default
+#: (peft/utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: q_proj and v_proj for the
+#: Llama family), which are lora.q_proj / lora.v_proj's own defaults (formulas/common.mf)
+PEFT_DEFAULT_QV = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "qwen2_moe",
+                   "qwen3_moe")
+
+
+def read(path: Path) -> dict:
+    """The arguments file: JSON (training_args.json) or YAML (a TRL recipe), by its content."""
+    if path.suffix.lower() in (".yaml", ".yml"):
+        data = load_yaml(path, "training arguments YAML")
+        if not isinstance(data, dict):
+            raise MemformError(f"{path}: training arguments must be a YAML mapping, got {describe(data)}")
+        return data
+    return read_json(path, "training_args.json")
+
+
+def convert(path: Path, draft: Draft, given: set[str] | dict, *, adapter: bool = False) -> None:
+    """Set ``draft``'s hf-trainer keys from the training arguments at ``path`` (``adapter``: a PEFT
+    adapter_config.json was given too, with ``--adapter``)."""
+    args = Fields(read(path), path)
+    for key, kind in OTHER_TRAINERS.items():
+        if args.has(key):
+            raise args.error(key, f"is set: this is a TRL {kind} configuration. memform sizes one supervised "
+                                  f"training step (Trainer / SFTTrainer); preference and RL trainers also keep a "
+                                  f"reference model or generate and score completions, which it does not model")
+    _deepspeed(args, draft, path)
+    for key, (allowed, why) in MUST_BE.items():
+        value = args.raw(key)
+        if value not in allowed:
+            raise args.error(key, f"is {json.dumps(value)}: {why}. memform cannot size this job with the hf-trainer "
+                                  f"profile, so it refuses the file rather than estimate a different step")
+    draft.set("training.framework", "hf-trainer", "the Hugging Face Trainer (formulas/frameworks/hf-trainer.mf)")
+    _batch(args, draft)
+    _precision(args, draft)
+    _optimizer(args, draft)
+    _checkpointing(args, draft)
+    clip = args.number("max_grad_norm", 1.0)    # TrainingArguments default 1.0
+    draft.set("training.grad_clip", clip > 0, f"max_grad_norm {clip} (clip_grad_norm_: in place)")
+    attn = args.string("attn_implementation", None)
+    if attn is not None:
+        draft.set("model.flash_attention", attn != "eager",
+                  f"attn_implementation {attn}" + ("" if attn == "eager" else ": no a·s² scores kept"))
+    _seq(args, draft, given)
+    _peft(args, draft, adapter)
+    draft.refuse_unused(args, NEUTRAL)
+
+
+def _deepspeed(args: Fields, draft: Draft, path: Path) -> None:
+    """A job that hands the step to DeepSpeed (TrainingArguments deepspeed: a ds_config path or dict) is the
+    deepspeed profile's: refused here with the command that imports it, its "auto" batch, accumulation and
+    checkpointing filled from these arguments (HfTrainerDeepSpeedConfig.trainer_config_process fills them)."""
+    value = args.raw("deepspeed")
+    if value in (None, "", {}):
+        return
+    sets = []
+    micro = args.raw("per_gpu_train_batch_size") or args.raw("per_device_train_batch_size") or 8
+    sets.append(f"training.micro_batch_size={micro}")
+    sets.append(f"training.num_micro_batches={args.raw('gradient_accumulation_steps') or 1}")
+    if args.raw("activation_checkpointing") is True or args.raw("gradient_checkpointing") is True:
+        sets.append("training.recompute=full")
+    length = args.raw("max_length") or args.raw("max_seq_length")
+    if length:
+        sets.append(f"model.seq_length={length}")
+    if isinstance(value, str):
+        found = [p for p in (path.parent / value, Path(value)) if p.is_file()]
+        ds = str(found[0]) if found else value
+    else:
+        ds = "DS_CONFIG.json (the 'deepspeed' mapping of this file, saved as JSON)"
+    raise args.error("deepspeed", f"is {json.dumps(value)}: the Trainer hands the step to DeepSpeed, which memform "
+                                  f"sizes with the deepspeed profile: run `memform import deepspeed {ds} --model "
+                                  f"{draft.source} " + " ".join(f"--set {s}" for s in sets) + "` (the ds_config's "
+                                  f"\"auto\" values are these arguments')")
+
+
+def _batch(args: Fields, draft: Draft) -> None:
+    # TrainingArguments: per_gpu_train_batch_size (deprecated) wins when set (training_args.py
+    # train_batch_size); per_device_train_batch_size defaults to 8
+    key, micro = args.first(("per_gpu_train_batch_size", "per_device_train_batch_size"), args.integer)
+    if key is None:
+        draft.default("training.micro_batch_size", 8, "TrainingArguments per_device_train_batch_size default")
+    else:
+        draft.set("training.micro_batch_size", micro, key)
+    steps = args.integer("gradient_accumulation_steps", 1)
+    draft.set("training.num_micro_batches", steps, "gradient_accumulation_steps (.grad kept across them)")
+    if args.raw("auto_find_batch_size") is True:
+        draft.warn("auto_find_batch_size: the Trainer halves the batch after an out-of-memory error; memform "
+                   f"sizes the batch the file states ({draft.get('training.micro_batch_size')})")
+
+
+def _precision(args: Fields, draft: Draft) -> str:
+    """training.precision.params and hf_trainer.amp; returns the parameters' dtype."""
+    bf16 = args.boolean("bf16", False)
+    fp16 = args.boolean("fp16", False)
+    if bf16 and fp16:
+        raise args.error("fp16", "and 'bf16' are both true: TrainingArguments refuses that (pick one)")
+    key, dtype = args.alias(("dtype", "torch_dtype"), args.string)
+    if dtype is not None and dtype != "auto":
+        params = dtype_name(dtype, args, key)
+        draft.set("training.precision.params", params, f"{key} {dtype} (from_pretrained dtype)")
+    else:
+        params = _checkpoint_dtype(draft)
+    amp = "bf16" if bf16 else ("fp16" if fp16 else "none")
+    if amp != "none" and params != "fp32":
+        # autocast over 16-bit weights: the GEMMs run in the weights' dtype already, no weight copies are made
+        # (hf-trainer.mf models autocast over fp32 weights: its casts and fp32 residual stream)
+        draft.set("hf_trainer.amp", "none", f"{amp} true over a {params} model: autocast casts nothing "
+                                            f"(the weights are {params})")
+        if amp == "fp16" and params == "bf16":
+            draft.warn("fp16 true over a bf16 model: sized as a bf16 step (autocast to fp16 of bf16 weights "
+                       "is not modelled)")
+    else:
+        draft.set("hf_trainer.amp", amp, "bf16 / fp16 (torch.autocast)" if amp != "none" else "bf16 / fp16 false")
+    return params
+
+
+def _checkpoint_dtype(draft: Draft) -> str:
+    """The load dtype when the arguments do not say: transformers 5's from_pretrained dtype 'auto' loads
+    the checkpoint's own dtype (modeling_utils.py from_pretrained: dtype None -> "auto"), config.json's
+    dtype / torch_dtype."""
+    try:
+        data = read_json(Path(draft.source))
+    except MemformError:
+        data = {}
+    stored = data.get("dtype") or data.get("torch_dtype")
+    if not isinstance(stored, str):
+        draft.default("training.precision.params", "fp32", "no dtype in the arguments or config.json: fp32")
+        return "fp32"
+    params = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(stored.removeprefix("torch."), "fp32")
+    draft.default("training.precision.params", params,
+                  f"the checkpoint's dtype {stored} (config.json), what from_pretrained loads in transformers 5")
+    draft.warn(f"the training arguments do not say the dtype the model is loaded in: taken as config.json's "
+               f"{stored} (from_pretrained dtype='auto', transformers 5); transformers 4 loads fp32 unless the "
+               f"script passes torch_dtype: then pass --set training.precision.params=fp32")
+    return params
+
+
+def _optimizer(args: Fields, draft: Draft) -> None:
+    name = args.string("optim", "adamw_torch")
+    if args.raw("adafactor") is True:       # the deprecated switch (training_args.py: optim = adafactor)
+        name = "adafactor"
+    if name not in OPTIM:
+        raise args.error("optim", f"is {name!r}: the hf-trainer profile sizes {', '.join(sorted(OPTIM))} "
+                                  f"(the optimizers whose states it counts, measured by bench/validate.py "
+                                  f"--frameworks --only optim=); another optimizer's states are not modelled")
+    optim, what = OPTIM[name]
+    draft.set("hf_trainer.optim", optim, f"optim {name}: {what}")
+    if name.startswith("paged_"):
+        draft.warn(f"optim {name}: {PAGED_NOTE}")
+
+
+def _checkpointing(args: Fields, draft: Draft) -> None:
+    # transformers 5: activation_checkpointing, with gradient_checkpointing its deprecated alias (training_args.py
+    # __post_init__ copies one to the other; to_json_string writes both)
+    same = "activation_checkpointing and gradient_checkpointing are one setting (transformers 5) and disagree"
+    key, on = args.alias(("activation_checkpointing", "gradient_checkpointing"), args.boolean, same)
+    on = bool(on)
+    draft.set("training.recompute", "full" if on else "none",
+              f"{key}: torch.utils.checkpoint per decoder layer" if on else f"{key or 'gradient_checkpointing'} false")
+    _, kwargs = args.alias(("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"), args.raw, same)
+    if on and isinstance(kwargs, dict) and kwargs.get("use_reentrant") is True:
+        draft.warn("gradient_checkpointing_kwargs use_reentrant true: sized as the non-reentrant checkpoint "
+                   "(the same saved layer inputs; bench/validate.py --frameworks measures the non-reentrant one)")
+
+
+def _seq(args: Fields, draft: Draft, given) -> None:  # noqa: ANN001 - a mapping of --set keys
+    """TRL's max_length (max_seq_length before TRL 0.20): the longest row, what a packed row holds."""
+    key, length = args.alias(("max_length", "max_seq_length"), args.integer,
+                             "TRL reads max_length (max_seq_length is its former name)")
+    if key is None or "model.seq_length" in given:
+        return
+    draft.set("model.seq_length", length, f"{key} (rows padded or packed up to it: the step's largest)")
+    draft.warnings[:] = [w for w in draft.warnings if not w.startswith("model.seq_length = ")]
+
+
+def _peft(args: Fields, draft: Draft, adapter: bool) -> None:
+    """TRL ModelConfig: use_peft with lora_r / lora_dropout / lora_target_modules, load_in_4bit with
+    bnb_4bit_quant_type / use_bnb_nested_quant (trl/trainer/utils.py get_peft_config, get_quantization_config)."""
+    use_peft = args.boolean("use_peft", False)
+    lora_fields = [k for k in ("lora_r", "lora_dropout", "lora_target_modules") if args.has(k)]
+    if not use_peft:
+        args.used.update(("lora_r", "lora_dropout", "lora_target_modules"))
+        if lora_fields:
+            draft.warn(f"{', '.join(lora_fields)} set but use_peft is false: TRL trains the whole model "
+                       f"(get_peft_config returns None)")
+    elif adapter:
+        raise args.error("use_peft", "is true and --adapter gives an adapter_config.json too: give the LoRA "
+                                     "settings once")
+    else:
+        from . import peft
+
+        r = args.integer("lora_r", 16)                      # ModelConfig defaults: r 16, dropout 0.05
+        draft.set("lora.rank", r, "lora_r" if args.has("lora_r") else "TRL ModelConfig lora_r default")
+        draft.set("lora.dropout", float(args.number("lora_dropout", 0.05)), "lora_dropout")
+        targets = args.raw("lora_target_modules")
+        if targets is None:
+            model_type = _model_type(draft)
+            if model_type not in PEFT_DEFAULT_QV:
+                raise args.missing("lora_target_modules", f" (PEFT's default targets for model_type "
+                                                          f"{model_type!r} are not read: name the modules)")
+            draft.warn("lora_target_modules not set: PEFT's default for this model type, q_proj and v_proj")
+            targets = ["q_proj", "v_proj"]
+        on = peft._targets(Fields({"target_modules": targets}, args.file, args.where))
+        for key in peft.TARGETS:
+            draft.set(f"lora.{key}", key in on, "lora_target_modules")
+    if args.boolean("load_in_4bit", False):
+        if not use_peft and not adapter:
+            raise args.error("load_in_4bit", "is true without LoRA (use_peft, or --adapter): a 4-bit base is "
+                                             "frozen, transformers refuses to train it alone")
+        kind = args.string("bnb_4bit_quant_type", "nf4")
+        if kind not in ("nf4", "fp4"):
+            raise args.error("bnb_4bit_quant_type", f"is {kind!r}: bitsandbytes 4-bit types are nf4 and fp4")
+        draft.set("lora.base_quant", kind, "load_in_4bit, bnb_4bit_quant_type (TRL default nf4)")
+        draft.set("lora.double_quant", args.boolean("use_bnb_nested_quant", False), "use_bnb_nested_quant")
+        # TRL's BitsAndBytesConfig: bnb_4bit_compute_dtype = the model dtype; quant_storage = it too, the
+        # same packed bytes in a 16-bit view
+        draft.set("lora.compute_dtype", draft.get("training.precision.params", "fp32"),
+                  "bnb_4bit_compute_dtype = dtype (TRL get_quantization_config)")
+
+
+def _model_type(draft: Draft) -> str:
+    try:
+        data = read_json(Path(draft.source))
+    except MemformError:
+        return ""
+    kind = data.get("model_type")
+    return kind if isinstance(kind, str) else ""
