@@ -107,3 +107,15 @@ def test_pipeline_stage0_matches_the_trace(recompute, grads, act, peak, comm):
     assert st.values["activations"] / MiB == pytest.approx(peak, rel=0.06)
     # the embedding's copy-in without gradient sync: the reduce-scatter input only (fp32, 4 B per parameter)
     assert st.values["comm"] / MiB == pytest.approx(comm, rel=0.001)
+
+
+def test_pipeline_last_stage_keeps_the_norm_gradient_s_head_sized_buffer():
+    # stage 1 (2 blocks, the final norm and the head, chunked loss): the sharded gradients + the fp32
+    # accumulator (3,668 MiB) + the head shard the final norm's gradient view keeps alive (501 MiB)
+    cfg = config(PP["fsdp2"], {**PP["training"], "recompute": "selective"}, PP["parallel"], PP["model"])
+    st = stage(cfg, 1)
+    assert st.values["grads"] / MiB == pytest.approx(5086, rel=0.001)
+    assert st.values["activations"] / MiB == pytest.approx(3036, rel=0.001)
+    one = config(PP["fsdp2"], {"num_micro_batches": 1, "recompute": "selective"}, {**PP["parallel"]}, PP["model"])
+    # one micro-batch: no accumulation, no second reduce-scatter for the norm to share
+    assert stage(one, 1).values["grads"] / MiB == pytest.approx(917, rel=0.001)
