@@ -657,7 +657,8 @@ def float8_sweep() -> list[TitanCase]:
     recipes set it): the 8B recipe cut to 2 blocks with each torchao recipe, tensorwise with the fp8 all-gather
     (torchtitan <= 0.2's 70B / 405B tomls), and with full AC; the 70B recipe (FSDP 32 x TP 8) with the fp8
     all-gather; the 405B recipe as torchtitan 0.3 configures it (rowwise, filter lm_head), cut to 2 blocks;
-    and the whole 8B recipe, rowwise (32 blocks: the reserve is checked).
+    and the whole 8B recipe, rowwise (32 blocks: the reserve is checked), and the whole 405B recipe with its own
+    converter (126 blocks: a 14-minute trace on 2 shared cores).
     Activations are bf16's (Float8Linear saves its high-precision operands); the peak is a linear's eager
     fp8 casts in backward (fsdp2.mf f8_bwd)."""
     return [TitanCase("llama3_8b", world=8, layers=2, float8=r) for r in ("tensorwise", "rowwise", "rowwise_with_gw_hp")] + [
@@ -665,7 +666,7 @@ def float8_sweep() -> list[TitanCase]:
         TitanCase("llama3_8b", world=8, layers=2, ac="full", float8="rowwise"),
         TitanCase("llama3_70b", world=256, tp=8, layers=2, float8="tensorwise", fp8_all_gather=True),
         TitanCase("llama3_405b", world=128, tp=8, layers=2, float8="rowwise"),
-        TitanCase("llama3_8b", world=8, float8="rowwise")]
+        TitanCase("llama3_8b", world=8, float8="rowwise"), TitanCase("llama3_405b", world=128, tp=8, float8="rowwise")]
 
 
 def pipeline_sweep() -> list[TitanCase]:
