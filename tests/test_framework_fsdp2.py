@@ -295,13 +295,15 @@ def test_import_hsdp_pipeline_recompute_pattern():
                                                               29, 31]
 
 
-def test_import_cli_refuses_float8_training(tmp_path):
-    # the 405B recipe's converters = "float8" (torchao Float8Linear): fp8 casts and all-gathers are not
-    # modelled, so the import stops and names the field rather than estimating bf16 training
+def test_import_cli_maps_float8_training(tmp_path):
+    # the 405B recipe's converters = "float8" with [float8] enable_fsdp_float8_all_gather, filter_fqns "output"
+    # (torchao Float8Linear, tensorwise by default): fsdp2.float8 / fsdp2.float8_all_gather, and it estimates
     out = tmp_path / "titan.yaml"
     r = run_memform("import", "torchtitan", FIXTURES / "llama3_405b.toml", "--devices", "128", "-o", out)
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "field 'model.converters'" in r.stderr and "float8" in r.stderr and not out.exists()
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    text = out.read_text()
+    assert "float8: tensorwise" in text and "float8_all_gather: true" in text
+    assert run_memform("estimate", out).returncode == 0
 
 
 def test_import_cli_writes_a_config_that_estimates(tmp_path):

@@ -161,6 +161,15 @@ FIXTURES = [
                              "parallel.dp": 64, "training.micro_batch_size": 8, "fsdp2.selective_ac": "op"}),
     ("2024_llama3_8b.toml", {"model.ffn_hidden_size": 14336, "model.seq_length": 8192, "parallel.dp": 64,
                              "training.micro_batch_size": 2, "training.recompute": "full"}),
+    # Float8 (torchao Float8Linear, the head filtered): v0.2.2's converters = ["float8"] with
+    # [quantize.linear.float8], and an earlier 405B preset's converters = "float8" with [float8]; neither
+    # names a recipe_name, which is torchao's default Float8LinearConfig (tensorwise)
+    ("llama3_405b.toml", {"fsdp2.float8": "tensorwise", "fsdp2.float8_all_gather": True, "parallel.tp": 8,
+                          "training.recompute": "full"}),
+    ("01424cb_llama3_405b.toml", {"fsdp2.float8": "tensorwise", "fsdp2.float8_all_gather": True,
+                                  "parallel.tp": 8, "training.micro_batch_size": 2}),
+    # its 70B preset leaves the converter commented out: bf16, whatever [quantize.linear.float8] says
+    ("llama3_70b.toml", {"fsdp2.float8": None}),
 ]
 
 
@@ -191,7 +200,6 @@ REFUSED = [
     ("exp_vlm_debug_model.toml", "field 'model.name' is 'vlm'"),
     ("exp_transformers_modeling_backend_full.toml", "pass --model config.json"),
     ("exp_transformers_modeling_backend_debug_model.toml", "pass --model config.json"),
-    ("llama3_405b.toml", "field 'model.converters' is ['float8']"),          # converters = ["float8"]
     ("llama3_ft_debug_model.toml", "field 'fault_tolerance.semi_sync_method' is 'diloco'"),
 ]
 
@@ -245,6 +253,19 @@ def test_unknown_field_is_refused_unless_accepted(tmp_path):
     ('[validation]\nenable = true\n', "field 'validation.enable'"),
     ('[model]\nname = "simple_fsdp.llama3"\n', "SimpleFSDP"),
     ('[model]\nname = "llama3"\nconverters = ["quantize.linear.mx"]\n', "field 'model.converters'"),
+    # Float8 with the head converted too, with other linears left bf16, the fp8 all-gather without
+    # tensorwise scaling (torchao refuses it), an emulated GEMM, and 2024's [training] switch likewise
+    ('[model]\nname = "llama3"\nconverters = ["float8"]\n', "field 'float8.filter_fqns' is []"),
+    ('[model]\nname = "llama3"\nconverters = ["float8"]\n[float8]\nfilter_fqns = ["output", "attention.wk"]\n',
+     "also filters ['attention.wk']"),
+    ('[model]\nname = "llama3"\nconverters = ["quantize.linear.float8"]\n[quantize.linear.float8]\n'
+     'recipe_name = "rowwise"\nenable_fsdp_float8_all_gather = true\nfilter_fqns = ["output"]\n',
+     "field 'quantize.linear.float8.enable_fsdp_float8_all_gather' is true with recipe 'rowwise'"),
+    ('[model]\nname = "llama3"\nconverters = ["float8"]\n[float8]\nemulate = true\nfilter_fqns = ["output"]\n',
+     "field 'float8.emulate'"),
+    # torchtitan's MoE Float8 converter (grouped GEMMs) is not modelled; Float8Linear with MoE blocks neither
+    ('[model]\nname = "llama3"\nconverters = ["float8", "quantize.grouped_mm.float8"]\n[float8]\n'
+     'filter_fqns = ["output"]\n', "field 'model.converters' is ['quantize.grouped_mm.float8']"),
     ('[model]\nname = "qwen3"\nflavor = "30B-A3B"\n[parallelism]\nexpert_parallel_degree = 8\n'
      'expert_parallel_comm_backend = "deepep"\n', "DeepEP"),
     ('[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = "1F1B"\n'
@@ -277,3 +298,25 @@ def test_op_sac_keeps_the_query_width_of_qwen3(tmp_path):
     b, s, h, qw, kv, f, a = 4, 4096, 1024, 2048, 1024, 3072, 16
     assert layer.mode == "selective"
     assert layer.per_layer_values["activations"] == 2 * b * s * (h + qw + kv + qw + f + h) + 4 * b * a * s
+
+
+@pytest.mark.parametrize("text, recipe, all_gather", [
+    # 2024: [training] enable_float8_linear (the head skipped by torchtitan: fqn != "output")
+    ('[training]\nenable_float8_linear = true\nenable_fsdp_float8_all_gather = true\n', "tensorwise", True),
+    # early 2025: [float8] enable_float8_linear
+    ('[float8]\nenable_float8_linear = true\n', "tensorwise", False),
+    # late 2025: converters + [quantize.linear.float8] with a recipe
+    ('[model]\nname = "llama3"\nconverters = ["quantize.linear.float8"]\n[quantize.linear.float8]\n'
+     'recipe_name = "rowwise"\nfilter_fqns = ["output"]\n', "rowwise", False),
+])
+def test_float8_settings_of_each_release_map_to_fsdp2_float8(tmp_path, text, recipe, all_gather):
+    draft = import_config("torchtitan", _toml(tmp_path, text), Options(devices=8))
+    assert draft.get("fsdp2.float8") == recipe and draft.get("fsdp2.float8_all_gather") == all_gather
+    assert draft.load_error is None
+
+
+def test_float8_with_moe_blocks_is_refused_by_the_profile(tmp_path):
+    text = ('[model]\nname = "deepseek_v3"\nflavor = "16B"\nconverters = ["float8"]\n[float8]\n'
+            'filter_fqns = ["output"]\n[parallelism]\nexpert_parallel_degree = 8\n')
+    draft = import_config("torchtitan", _toml(tmp_path, text), Options(devices=8))
+    assert draft.load_error is not None and "fsdp2.float8 with MoE layers" in draft.load_error

@@ -802,27 +802,83 @@ def _converters(s: _Sections) -> list[str]:
     return raw
 
 
+#: the converter names of torchtitan's dense Float8Linear (components/quantization/float8.py
+#: Float8LinearConverter; "quantize.linear.float8" from late 2025 on)
+FLOAT8_CONVERTERS = ("float8", "quantize.linear.float8")
+#: module names whose filtering keeps the output head in bf16 ("output" until 2026, "lm_head" in 0.3)
+HEAD_FQNS = ("output", "lm_head")
+
+
+def _float8(s: _Sections, draft: Draft, sec, what: str, head_skipped: bool = False) -> None:  # noqa: ANN001
+    """torchtitan's Float8 training of the dense linears (torchao Float8Linear) as fsdp2.float8 /
+    fsdp2.float8_all_gather: its recipe (``recipe_name``; unset: torchao's default Float8LinearConfig,
+    tensorwise), the fp8 all-gather, and the filter that keeps the head in bf16, which the profile assumes.
+    ``head_skipped``: the releases before ``filter_fqns`` (2024's [training] switches, [float8]
+    enable_float8_linear) skipped the head themselves (float8.py ``convert_to_float8_training(...,
+    module_filter_fn=lambda mod, fqn: fqn != "output")``)."""
+    recipe = sec.raw("recipe_name", None) if sec.has("recipe_name") else None
+    recipe = "tensorwise" if recipe in (None, "") else recipe
+    if recipe not in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
+        raise sec.error("recipe_name", f"is {recipe!r}: torchao Float8LinearRecipeName is tensorwise, rowwise or "
+                                       f"rowwise_with_gw_hp")
+    if sec.boolean("emulate", False):
+        raise sec.error("emulate", "is true: the emulated float8 GEMMs upcast their operands (torchao "
+                                   "ScaledMMConfig emulate), whose temporaries memform does not model")
+    _, ag = sec.first(("enable_fsdp_float8_all_gather", "enable_fsdp_fp8_all_gather"), sec.boolean)
+    ag = bool(ag)
+    if ag and recipe != "tensorwise":
+        raise sec.error("enable_fsdp_float8_all_gather", f"is true with recipe {recipe!r}: torchao's fp8 all-gather "
+                                                         f"supports tensorwise scaling only (Float8LinearConfig)")
+    raw = sec.raw("filter_fqns", ["output"] if head_skipped else [])
+    fqns = [f.strip() for f in raw.split(",") if f.strip()] if isinstance(raw, str) else raw
+    if not isinstance(fqns, list) or not all(isinstance(f, str) for f in fqns):
+        raise sec.error("filter_fqns", f"must be a list of module names, got {describe(raw)}")
+    if not any(f in HEAD_FQNS for f in fqns):
+        raise sec.error("filter_fqns", f"is {fqns!r}: the output head is converted to Float8Linear too, which "
+                                       f"memform's fsdp2.float8 (the head in bf16, as torchtitan's recipes filter "
+                                       f"it) does not model; add \"output\" to estimate")
+    other = [f for f in fqns if f not in HEAD_FQNS]
+    if other:
+        raise sec.error("filter_fqns", f"also filters {other!r}: those linears stay bf16, which memform's "
+                                       f"fsdp2.float8 (every block linear in float8) does not model")
+    # the scale precompute (one amax per weight after the step), delayed scaling's amax histories (16 fp32 per
+    # cast tensor, torchao Float8Linear buffers) and the fp8 weight recompute option: bytes, not megabytes
+    sec.used.update(("precompute_float8_dynamic_scale_for_fsdp", "precompute_float8_amax", "enable_float8_linear",
+                     "force_recompute_fp8_weight_in_bwd", "scaling_type_input", "scaling_type_weight",
+                     "scaling_type_grad_output"))
+    draft.set("fsdp2.float8", recipe, f"{what}: torchao Float8Linear on every block linear, the head filtered "
+                                      f"(bf16); recipe {recipe}")
+    draft.set("fsdp2.float8_all_gather", ag, "enable_fsdp_float8_all_gather: FSDP2 all-gathers the float8 weights"
+              if ag else "weights all-gathered in bf16")
+
+
 def _refusals(s: _Sections, draft: Draft) -> None:
     """Features that change device memory in ways the fsdp2 profile does not model: refused with the reason."""
     converters = _converters(s)
     float8 = s.top.section("float8")   # releases before [quantize]: [float8] enable_float8_linear
-    if float8.boolean("enable_float8_linear", False):
-        converters = converters or ["float8"]
+    if float8.boolean("enable_float8_linear", False):     # (the head skipped by torchtitan itself then)
+        _float8(s, draft, float8, "float8.enable_float8_linear = true", head_skipped=True)
+        converters = [c for c in converters if c not in FLOAT8_CONVERTERS]
     # 2024 releases: [training] fp8_linear ("" or a recipe name; false), enable_fp8_linear,
-    # enable_float8_linear; their companions (fp8 all-gather, amax precompute) act only with float8
+    # enable_float8_linear, with [training] enable_fsdp_fp8_all_gather / enable_fsdp_float8_all_gather
     for key in ("fp8_linear", "enable_fp8_linear", "enable_float8_linear"):
         value = s.training.raw(key, False)
         if value not in (False, "", None):
-            raise s.training.error(key, f"is {value!r}: float8 training (torchao Float8Linear) keeps fp8 casts and "
-                                        f"scales and all-gathers in fp8, which memform's fsdp2 profile does not "
-                                        f"model; set it false to estimate bf16 training")
+            _float8(s, draft, s.training, f"training.{key} = {value!r}", head_skipped=True)
+            converters = [c for c in converters if c not in FLOAT8_CONVERTERS]
     s.training.used.update(("enable_fsdp_fp8_all_gather", "enable_fsdp_float8_all_gather", "precompute_float8_amax",
                             "precompute_float8_dynamic_scale_for_fsdp"))
+    dense8 = [c for c in converters if c in FLOAT8_CONVERTERS]
+    if dense8:
+        # the converter's section: [quantize.linear.float8] (late 2025), [float8] before
+        quant = s.top.section("quantize").section("linear").section("float8")
+        _float8(s, draft, quant if quant.data else float8, f"model.converters {converters!r}")
+        converters = [c for c in converters if c not in FLOAT8_CONVERTERS]
     if converters:
         low = [c for c in converters if "float8" in c or "mx" in c.split(".") or c in ("fp8", "mx")]
-        why = ("float8 / MX training (torchao Float8Linear, MXLinear, grouped-MM converters) keeps low-precision "
-               "casts and scales and all-gathers in fp8, which memform's fsdp2 profile does not model; remove "
-               "the converters to estimate bf16 training") if low else \
+        why = ("MX training and float8 grouped GEMMs (torchao MXLinear, Float8GroupedExperts) keep "
+               "low-precision casts and scales that memform's fsdp2 profile does not model (fsdp2.float8 covers "
+               "Float8Linear only); remove the converters to estimate bf16 training") if low else \
             "a model converter rewrites the model's modules (LoRA adapters, quantization), which is not modelled"
         raise s.model.error("converters", f"is {converters!r}: {why}")
     name = s.optimizer.string("name", "AdamW")

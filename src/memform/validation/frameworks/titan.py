@@ -44,7 +44,12 @@ For the DeepSeek-V3 recipes (``models/deepseek_v3``: MLA, MoE with EP), the 405B
   which fake tensors lack: balanced splits (each rank sends and receives T·K/ep routed tokens);
 - the recipes' compiled loss (``compile.components ["loss"]``) runs inductor's CPU kernels on the fake
   tensors' absent data: it runs eagerly;
-- the 405B recipe's Float8 converters need torchao (not installed): the recipe is built without them;
+- torchtitan's Float8 converter (torchao ``Float8LinearConverter``) refuses a machine without an SM89 GPU
+  (``has_cuda_capability(8, 9)``): the recipes are built without their converters, and a case's ``float8``
+  builds torchtitan's converter with that check passed (:meth:`TitanCase._float8_converter`); torchao's casts
+  and ``torch._scaled_mm`` run under FakeTensorMode on CPU as they are (its meta kernel gives the bf16
+  output). torchtitan 0.3 builds ``Float8Linear`` without wrapping its weight, so torchao's
+  ``enable_fsdp_float8_all_gather`` is applied as torchao's ``from_float`` does (:func:`_float8_all_gather`);
 - torch 2.13's pipeline schedules open with a warm-up vote and metadata exchange between the stages' ranks
   (``.item()``, ``recv_object_list``) that a fake process group cannot answer: each stage gets its static
   metadata (token ids in, bf16 hidden states between stages), as if every rank voted STATIC; and
@@ -82,6 +87,8 @@ class TitanCase:
     stage: int = 0            # the pipeline stage whose first rank is traced (rank stage · world / pp)
     batch: int = 0            # > 0: training.local_batch_size (pp > 1: micro-batches of pipeline_parallel_microbatch_size)
     seq: int = 0              # > 0: training.seq_len
+    float8: str = ""          # torchtitan's Float8LinearConverter recipe ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+    fp8_all_gather: bool = False   # torchao enable_fsdp_float8_all_gather (tensorwise only)
 
     @property
     def family(self) -> str:
@@ -100,8 +107,9 @@ class TitanCase:
         ep = self.job().parallelism.expert_parallel_degree if self.family == "deepseek_v3" else 1
         pp = f" pp{self.pp} {self.schedule} stage{self.stage}" if self.pp > 1 else ""
         shape = (f" b{self.batch}" if self.batch else "") + (f" s{self.seq}" if self.seq else "")
+        fp8 = (f" float8-{self.float8}" + (" fp8-ag" if self.fp8_all_gather else "")) if self.float8 else ""
         return (f"titan {self.recipe}{cut} fsdp{self.world // self.tp // self.pp}" + (f" tp{self.tp}" if self.tp > 1 else "")
-                + (f" ep{ep}" if ep > 1 else "") + pp + shape + (f" {self.ac}-ac" if self.ac else "") + " fake")
+                + (f" ep{ep}" if ep > 1 else "") + pp + shape + (f" {self.ac}-ac" if self.ac else "") + fp8 + " fake")
 
     def job(self):  # noqa: ANN201 - torchtitan's Trainer.Config
         _shim()
@@ -110,8 +118,8 @@ class TitanCase:
         config_registry = importlib.import_module(f"torchtitan.models.{self.family}.config_registry")
         model_registry = importlib.import_module(f"torchtitan.models.{self.family}").model_registry
         # the recipe's Float8 converters (llama3_405b: Float8LinearConverter, components/quantization/
-        # float8.py) need torchao, which this venv does not have (ImportError when the recipe is built):
-        # the recipe's model is built without its converters, i.e. in bf16 (the README says so)
+        # float8.py) refuse a machine without an SM89 GPU when the recipe is built: the recipe's model is
+        # built without its converters (bf16), and `float8` applies torchtitan's converter below
         registered = config_registry.model_registry
         config_registry.model_registry = lambda flavor, converters=None, **kw: registered(flavor, **kw)
         try:
@@ -120,6 +128,8 @@ class TitanCase:
             config_registry.model_registry = registered
         flavor = config.model_spec.flavor
         config.model_spec = model_registry(flavor, attn_backend="sdpa")
+        if self.float8:
+            config.model_spec.model = self._float8_converter(config).convert(config.model_spec.model)
         config.parallelism.spmd_backend = "partial_dtensor"
         config.parallelism.tensor_parallel_degree = self.tp
         # the deepseek_v3 recipes compile the loss (compile.components ["loss"]): inductor's CPU code runs
@@ -141,6 +151,29 @@ class TitanCase:
             config.activation_checkpoint = FullAC.Config() if self.ac == "full" else SelectiveAC.Config()
         return config
 
+    def _float8_converter(self, config):  # noqa: ANN001, ANN202 - torchtitan's Float8LinearConverter
+        """torchtitan's Float8LinearConverter (components/quantization/float8.py) for the case's recipe, as the
+        recipes configure it (llama3_405b: filter_fqns ["lm_head"], the head stays bf16). Two shims:
+        the converter refuses a machine without an SM89 GPU (``has_cuda_capability(8, 9)``; ``emulate``
+        would replace the recipe by an upcasting emulation whose temporaries are not a GPU's), so the check
+        passes; and torchtitan 0.3's recipe names are rowwise / rowwise_with_gw_hp, torchao's
+        ``Float8LinearConfig.from_recipe_name`` also takes "tensorwise" (the default of torchtitan <= 0.2's
+        ``[float8]`` section, whose 70B / 405B tomls set ``enable_fsdp_float8_all_gather``): that flag is
+        set on the converter's torchao config here and acted on by :func:`_float8_all_gather`."""
+        import dataclasses
+
+        import torchtitan.components.quantization.float8 as f8
+
+        capability = f8.has_cuda_capability
+        f8.has_cuda_capability = lambda major, minor: True
+        try:
+            converter = f8.Float8LinearConverter.Config(recipe_name=self.float8, filter_fqns=["lm_head"]).build()
+        finally:
+            f8.has_cuda_capability = capability
+        if self.fp8_all_gather:
+            converter.torchao_config = dataclasses.replace(converter.torchao_config, enable_fsdp_float8_all_gather=True)
+        return converter
+
     def memform_config(self) -> dict[str, Any]:
         """The same job in memform's keys (the fsdp2 profile), read off torchtitan's config objects."""
         config = self.job()
@@ -153,6 +186,8 @@ class TitanCase:
         parallel, training = self._common(config)
         fsdp2 = {"param_dtype": "bf16", "reduce_dtype": "fp32", "selective_ac": "op",
                  "fused_qkv": type(qkv).__qualname__.startswith("FusedQKVLinear")}
+        if self.float8:
+            fsdp2.update({"float8": self.float8, "float8_all_gather": self.fp8_all_gather})
         if self.pp > 1 and config.parallelism.fsdp_reshard_after_forward == "default":
             fsdp2["reshard_after_forward"] = False     # get_fsdp_reshard_after_forward_policy: not pp_enabled
         return {
@@ -475,6 +510,8 @@ def measure(case: TitanCase) -> Step:
         mc.update_from_config(config=config)
         with torch.device("meta"), set_default_dtype(getattr(torch, config.training.dtype)):
             model = mc.build()
+            if case.fp8_all_gather:
+                _float8_all_gather(model)
         loss_fn = config.loss.build(compile_config=config.compile)
         # parallelized on meta, as the Trainer does (outside fake mode: DeviceMesh bookkeeping reads real
         # rank tensors); materialised as fake tensors. With PP: pipeline_llm splits the model into this
@@ -546,6 +583,26 @@ def measure(case: TitanCase) -> Step:
     return Step(measured, by_op.get("activations_peak", {}), by_op)
 
 
+def _float8_all_gather(model) -> None:  # noqa: ANN001
+    """torchao's ``enable_fsdp_float8_all_gather``: each Float8Linear's weight becomes a
+    ``WeightWithDynamicFloat8CastTensor``, whose FSDP2 hooks (fsdp_pre_all_gather / fsdp_post_all_gather,
+    torchao/float8/fsdp_utils.py) cast the local shard to float8 with a tensorwise scale and all-gather the
+    fp8 bytes. torchao does this in ``Float8Linear.from_float`` (float8_linear.py), which torchtitan <= 0.2
+    reached through ``convert_to_float8_training``; torchtitan 0.3's ``Float8Linear`` is built through
+    ``__init__`` (components/quantization/float8.py), which never wraps the weight, so the flag alone does
+    nothing there: this does what ``from_float`` does, on the meta model before ``parallelize_fn``."""
+    import torch
+    from torchao.float8.float8_linear import Float8Linear
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    for mod in model.modules():
+        if isinstance(mod, Float8Linear) and mod.config.enable_fsdp_float8_all_gather:
+            mod.weight = torch.nn.Parameter(
+                WeightWithDynamicFloat8CastTensor(mod.weight, mod.linear_mm_config,
+                                                  mod.config.cast_config_weight.target_dtype),
+                requires_grad=mod.weight.requires_grad)
+
+
 def _pipeline_forward(config, schedule, first, last, inputs, labels, tokens, probe):  # noqa: ANN001, ANN202
     """One step of torchtitan's pipeline schedule on this rank's stage (Trainer.pp_forward_backward_step), as
     a "forward" whose loss has nothing left to differentiate: the schedule runs the stage's forwards and
@@ -592,7 +649,36 @@ def sweep() -> list[TitanCase]:
             TitanCase("llama3_8b", world=8, tp=2), TitanCase("llama3_8b", world=8, tp=2, layers=2),
             TitanCase("llama3_8b", world=16, tp=4),
             TitanCase("llama3_70b", world=256, tp=8), TitanCase("llama3_70b", world=256, tp=8, layers=2),
-            *deepseek_sweep()]
+            *deepseek_sweep(), *float8_sweep(), *pipeline_sweep()]
+
+
+def float8_sweep() -> list[TitanCase]:
+    """torchtitan's Float8 training (torchao Float8Linear on the blocks' linears, the head filtered, as the
+    recipes set it): the 8B recipe cut to 2 blocks with each torchao recipe, tensorwise with the fp8 all-gather
+    (torchtitan <= 0.2's 70B / 405B tomls), and with full AC; the 70B recipe (FSDP 32 x TP 8) with the fp8
+    all-gather; the 405B recipe as torchtitan 0.3 configures it (rowwise, filter lm_head), cut to 2 blocks;
+    and the whole 8B recipe, rowwise (32 blocks: the reserve is checked), and the whole 405B recipe with its own
+    converter (126 blocks: a 14-minute trace on 2 shared cores).
+    Activations are bf16's (Float8Linear saves its high-precision operands); the peak is a linear's eager
+    fp8 casts in backward (fsdp2.mf f8_bwd)."""
+    return [TitanCase("llama3_8b", world=8, layers=2, float8=r) for r in ("tensorwise", "rowwise", "rowwise_with_gw_hp")] + [
+        TitanCase("llama3_8b", world=8, layers=2, float8="tensorwise", fp8_all_gather=True),
+        TitanCase("llama3_8b", world=8, layers=2, ac="full", float8="rowwise"),
+        TitanCase("llama3_70b", world=256, tp=8, layers=2, float8="tensorwise", fp8_all_gather=True),
+        TitanCase("llama3_405b", world=128, tp=8, layers=2, float8="rowwise"),
+        TitanCase("llama3_8b", world=8, float8="rowwise"), TitanCase("llama3_405b", world=128, tp=8, float8="rowwise")]
+
+
+def pipeline_sweep() -> list[TitanCase]:
+    """torchtitan's pipeline parallelism: the 8B recipe cut to 4 blocks, PP 2 (Schedule1F1B, 4 micro-batches
+    of 1) x FSDP 4, stage 0 with the recipe's op SAC and with full AC, and stage 1 (op SAC). Stage 1's comm reads
+    +25.0 %, at the suite's bound: its head unit's FSDP buffers are traced at 8 bytes per head parameter, where
+    fsdp2.mf counts the chunked loss's 10 (param_dtype + 2 · reduce_dtype) with the fp32 accumulator moved to
+    the gradients under PP; which 8 it is (the gathered weight, a bf16 gradient and the fp32 reduce-scatter
+    input, or two fp32 buffers) is not yet read."""
+    return [TitanCase("llama3_8b", world=8, layers=4, pp=2, batch=4, stage=0),
+            TitanCase("llama3_8b", world=8, layers=4, pp=2, batch=4, stage=0, ac="full"),
+            TitanCase("llama3_8b", world=8, layers=4, pp=2, batch=4, stage=1)]
 
 
 def deepseek_sweep() -> list[TitanCase]:
@@ -601,7 +687,7 @@ def deepseek_sweep() -> list[TitanCase]:
     (EP 8) on 8 ranks cut to its dense first block and one MoE block; deepseek_v3_671b (EP 2) on 64 ranks
     cut to its 3 dense blocks and 5 MoE blocks (an MoE block between MoE blocks: FSDP's prefetched unit is
     the size memform's layer term assumes). And the llama3_405b recipe (FSDP × TP 8, full AC; without its
-    Float8 converters: torchao is not installed) on 128 ranks, cut to 2 blocks and whole (126 blocks, a
+    Float8 converter: float8_sweep has it) on 128 ranks, cut to 2 blocks and whole (126 blocks, a
     5-minute trace)."""
     return [TitanCase("deepseek_v3_16b", world=8, layers=2), TitanCase("deepseek_v3_16b", world=8, layers=2, ac="full"),
             TitanCase("deepseek_v3_671b", world=64, layers=8), TitanCase("deepseek_v3_671b", world=64, layers=8, ac="full"),
@@ -614,21 +700,11 @@ def known_gaps() -> list[TitanCase]:
     size, where fsdp2.mf's layer term prefetches a unit of the layer's own size (true inside a whole model:
     the 8-block cut, +3 %).
 
-    And pipeline parallelism: torchtitan's llama3_8b recipe cut to 4 blocks, PP 2 (Schedule1F1B, 4
-    micro-batches of 1) × FSDP 4, stage 0 and stage 1 traced. The step runs (torchtitan's pipeline_llm, torch's
-    schedule, fake p2p; the one shim: static stage metadata, _shim); params, optimizer and stage 1's
-    activations and peak agree exactly, stage 0's activations -5.9 %, its peak +14 %. Not yet in bounds:
-    FSDP's unsharded fp32 gradient accumulation over the micro-batches (pipelining disables gradient sync
-    until the last backward), which memform counts as gradients (parallel.grad_accumulation_shard: false)
-    and the tracer as FSDP buffers (comm); stage 1's sharded gradients read one head shard more than memform.
-
     The whole deepseek_v3_16b recipe (27 blocks, 74 s): static, activations and comm exact, peak +0.2 %,
     but the allocator's reserve +13.2 % of the reserved bytes (memform's replay 12,654 MiB beyond the
     allocated peak, the trace's 4,068: the 25 MoE blocks' SAC-cached all-to-all outputs, 19 GB, are not
     the per-layer sequence memform's replay assumes)."""
-    return [TitanCase("deepseek_v3_16b", world=8), TitanCase("deepseek_v3_671b", world=64, layers=4),
-            TitanCase("llama3_8b", world=8, layers=4, pp=2, batch=4, stage=0),
-            TitanCase("llama3_8b", world=8, layers=4, pp=2, batch=4, stage=1)]
+    return [TitanCase("deepseek_v3_16b", world=8), TitanCase("deepseek_v3_671b", world=64, layers=4)]
 
 
 def quick_sweep() -> list[TitanCase]:
