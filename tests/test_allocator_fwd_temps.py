@@ -69,3 +69,78 @@ def test_recomputed_temporaries_in_the_backward():
                      fwd_slots=(1,), fwd_until=(1,))
     assert replay(from_estimate([lb])).peak_requested == (4 + 10 + 50 + 20) * MIB
     assert replay(from_estimate([replace(lb, fwd_temps=0)])).peak_requested == (4 + 30) * MIB
+
+
+# ---- the hf-trainer profile's Llama decoder (formulas/frameworks/hf-trainer.mf) ----------------------
+def _decoder(recompute: str, **over):
+    from memform.allocator.estimate import layer_blocks
+    from memform.engine.model import estimate_model, load_model
+
+    sets = {"training.framework": "hf-trainer", "training.precision.params": "bf16", "training.recompute": recompute,
+            "model.flash_attention": True, "model.position_embedding": "rope", "parallel.tp": 1, "parallel.dp": 1,
+            "parallel.sequence_parallel": False, "parallel.zero": 0, **over}
+    m = load_model("configs/llama3-8b.yaml", [f"{k}={v}" for k, v in sets.items()])
+    est = estimate_model(m)
+    return next(lb for lb in layer_blocks(est.stages[0], m, m.evaluator()) if isinstance(lb.fwd_temps, tuple))
+
+
+def test_hf_llama_decoder_temporaries():
+    # Llama-3-8B, s 8192, b 1, bf16 (MiB): LlamaRMSNorm's fp32 pow and x * rsqrt (4 bytes x 8192 x 4096 = 128),
+    # q 64 and k / v 16 (bf16 x 8192 x 4096 / 1024), the rotary halves, o_proj / down_proj outputs 64,
+    # the residual stream 64 (modeling_llama.py lines in hf-trainer.mf)
+    lb = _decoder("none")
+    mib = [x / MIB for x in lb.fwd_temps]
+    assert mib == [64, 128, 128, 0, 64, 16, 16, 64, 32, 64, 64, 16, 8, 16, 16, 16, 64, 64, 128, 128, 0, 64, 64]
+    assert len(lb.act_tensor) == 16 and len(lb.fwd_slots) == len(lb.fwd_until) == len(lb.fwd_temps)
+    # each slot an act_tensor entry or its end, each freed no earlier than allocated
+    assert all(0 <= a <= u <= 16 for a, u in zip(lb.fwd_slots, lb.fwd_until))
+    # one layer's list: the plan places every temporary among the saved tensors
+    assert sum(1 for _, j in forward_plan(lb) if j >= 0) == 2 * sum(1 for x in lb.fwd_temps if x)
+
+
+def test_hf_llama_checkpointed_decoder_replays_them_in_the_backward():
+    lb = _decoder("full")
+    assert isinstance(lb.transient_tensor, tuple) and not isinstance(lb.act_tensor, tuple)
+    # no KV cache under checkpointing, the input is the checkpoint's, the recompute stops before down_proj
+    temps = [x / MIB for x in lb.fwd_temps]
+    assert temps[0] == temps[6] == temps[15] == temps[21] == temps[22] == 0
+    assert sum(1 for _, j in forward_plan(lb, recompute=True) if j >= 0) == 2 * sum(1 for x in temps if x)
+
+
+# ---- real weight tensors of MoE and Mamba-2 layers under hf-trainer (frameworks/hf-trainer/{moe,mamba}.mf) --
+def _blocks(config: str, **over):
+    from memform.allocator.estimate import layer_blocks
+    from memform.engine.model import estimate_model, load_model
+
+    sets = {"training.framework": "hf-trainer", "training.precision.params": "bf16", "parallel.tp": 1,
+            "parallel.dp": 1, "parallel.pp": 1, "parallel.ep": 1, "parallel.sequence_parallel": False,
+            "parallel.distributed_optimizer": False, "parallel.zero": 0, **over}
+    m = load_model(config, [f"{k}={v}" for k, v in sets.items()])
+    return layer_blocks(estimate_model(m).stages[0], m, m.evaluator())
+
+
+def test_mixtral_fused_expert_weights():
+    # Mixtral-8x7B (configs/mixtral-8x7b.yaml: h 4096, f 14336, 8 experts, 32 / 8 heads of 128): q, k, v, o,
+    # the router 8 x 4096, gate_up_proj [8, 2 x 14336, 4096], down_proj [8, 4096, 14336] (modeling_mixtral.py
+    # 65-66, 102), no shared experts, the two norms' 2 x 4096
+    lb = next(lb for lb in _blocks("configs/mixtral-8x7b.yaml") if lb.params > 10 ** 9)
+    assert lb.weight_tensors == (4096 * 4096, 4096 * 1024, 4096 * 1024, 4096 * 4096, 0, 8 * 4096,
+                                 8 * 2 * 14336 * 4096, 8 * 4096 * 14336, 0, 2 * 4096)
+
+
+def test_nemotron_h_mamba_weights():
+    # Nemotron-H-8B's Mamba-2 sublayer (configs/nemotron-h-8b.yaml): its norm, then NemotronHMamba2Mixer's
+    # conv1d, in_proj, dt_bias, A_log, gated norm, D, out_proj (modeling_nemotron_h.py 606-635), summing to
+    # the layer's parameters
+    from memform.engine.model import load_model
+
+    m = load_model("configs/nemotron-h-8b.yaml", ["training.framework=hf-trainer", "parallel.tp=1",
+                                                    "parallel.sequence_parallel=false"])
+    h, H, P, G, N, K = (m.value_for_key(k) for k in ("model.hidden_size", "model.mamba_num_heads",
+                                                     "model.mamba_head_dim", "model.mamba_num_groups",
+                                                     "model.mamba_state_dim", "model.mamba_conv_kernel"))
+    d_in = H * P
+    d_conv = d_in + 2 * G * N
+    lb = next(lb for lb in _blocks("configs/nemotron-h-8b.yaml") if isinstance(lb.weight_tensors, tuple)
+              and len(lb.weight_tensors) == 9)
+    assert lb.weight_tensors == (h, d_conv * K, d_conv, h * (2 * d_in + 2 * G * N + H), H, H, d_in, H, d_in * h)
