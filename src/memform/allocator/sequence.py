@@ -23,7 +23,9 @@ Two sources:
   layer's granularity quantities (``formulas/common.mf``): a number of equal weight pieces and one
   activation size, or the real sizes as lists (``tensors(...)``: the weight tensors' element counts, the
   saved tensors' bytes, what a fully recomputed layer rebuilds). A forward's short-lived temporaries are
-  not replayed: a lower bound on the trace's reserve where they fragment.
+  replayed where the formulas list them (``fwd_tensor``, placed among the saved tensors by ``fwd_slot`` /
+  ``fwd_until``: :func:`forward_plan`; a fully recomputed layer's in its backward's rebuild); elsewhere
+  they are not: a lower bound on the trace's reserve where they fragment.
 """
 
 from __future__ import annotations
