@@ -23,7 +23,9 @@ Two sources:
   layer's granularity quantities (``formulas/common.mf``): a number of equal weight pieces and one
   activation size, or the real sizes as lists (``tensors(...)``: the weight tensors' element counts, the
   saved tensors' bytes, what a fully recomputed layer rebuilds). A forward's short-lived temporaries are
-  not replayed: a lower bound on the trace's reserve where they fragment.
+  replayed where the formulas list them (``fwd_tensor``, placed among the saved tensors by ``fwd_slot`` /
+  ``fwd_until``: :func:`forward_plan`; a fully recomputed layer's in its backward's rebuild); elsewhere
+  they are not: a lower bound on the trace's reserve where they fragment.
 """
 
 from __future__ import annotations
@@ -110,6 +112,17 @@ class LayerBlocks:
     #: the tensors its backward transient is (``bwd_tensor``): a size, or a tuple as ``act_tensor``'s (the
     #: activations a fully recomputed layer rebuilds); 0: ``act_tensor``'s largest entry
     transient_tensor: int | tuple[int, ...] = 0
+    #: its forward's short-lived temporaries (``fwd_tensor``: bytes each, a size or a tuple), allocated and
+    #: freed within the layer's forward (an RMSNorm's fp32 square, a rotary embedding's halves, a projection
+    #: output a later op copies): 0, none
+    fwd_temps: int | tuple[int, ...] = 0
+    #: where each temporary lives (``fwd_slot``): a tuple, one entry per temporary, the index of the
+    #: ``act_tensor`` entry (zeros counted) it is allocated before and freed after; an index past the list,
+    #: or a number here, places it after the layer's saved tensors, freed when its forward ends
+    fwd_slots: int | tuple[int, ...] = 0
+    #: the index of the ``act_tensor`` entry after which each is freed (``fwd_until``); a number: after its
+    #: slot's entry
+    fwd_until: int | tuple[int, ...] = 0
 
 
 #: at most this many tensors per block: a layer saves a few dozen tensors for its backward, so the cap
@@ -171,6 +184,70 @@ def transient_unit(lb: "LayerBlocks") -> int | tuple[int, ...]:
     return max(unit) if isinstance(unit, tuple) else unit
 
 
+def temp_sizes_all(lb: "LayerBlocks") -> tuple[int, ...]:
+    """The layer's ``fwd_temps`` as a tuple (at most ``MAX_PIECES``), zeros kept: indexed by ``fwd_slots``."""
+    t = lb.fwd_temps
+    return (t if isinstance(t, tuple) else (t,))[:MAX_PIECES]
+
+
+def temp_sizes(lb: "LayerBlocks") -> list[int]:
+    """The layer's forward temporaries (bytes each, the empty ones left out)."""
+    t = lb.fwd_temps
+    return [x for x in (t if isinstance(t, tuple) else (t,)) if x > 0][:MAX_PIECES]
+
+
+def forward_plan(lb: "LayerBlocks", recompute: bool = False) -> list[tuple[int, int]]:
+    """The layer's forward as allocations and frees: its saved tensors (:func:`act_pieces`) with its
+    forward temporaries placed by ``fwd_slots`` / ``fwd_until``. Each step is ``(size, j)``: ``j`` -1
+    allocates a saved tensor of ``size`` bytes, ``j`` >= 0 allocates temporary ``j`` (``size`` > 0) or frees
+    it (``size`` 0). Temporary ``j`` is allocated before the saved tensor ``act_tensor[fwd_slots[j]]`` and
+    freed after ``act_tensor[fwd_until[j]]`` (``fwd_until`` a number: after its own slot; an index past the
+    list: when the layer's forward ends). A slot that is a 0 entry of the list stands for the next non-zero
+    entry. Where ``act_tensor`` is not one layer's list (a figure that holds it other than once: the
+    remainder of it, a merged block) or the slots are not a list, every temporary comes after the layer's
+    saved tensors, allocated in order and freed at its end.
+
+    ``recompute``: the same for the backward's rebuild of a fully recomputed layer, whose list is
+    ``transient_tensor`` (``bwd_tensor``) and figure its ``transient``; no temporaries (an empty plan of
+    them) unless that list is one layer's list."""
+    total, unit = (lb.transient, lb.transient_tensor) if recompute else (lb.activations, lb.act_tensor)
+    acts = act_pieces(total, unit)
+    t = lb.fwd_temps
+    temps = (t if isinstance(t, tuple) else (t,))[:MAX_PIECES]
+    slots, until = lb.fwd_slots, lb.fwd_until
+    whole = sum(unit) if isinstance(unit, tuple) else 0
+    aligned = (isinstance(slots, tuple) and len(slots) >= len(temps) and whole > 0
+               and whole <= total < 2 * whole)
+    if recompute and not aligned:
+        return [(x, -1) for x in acts]
+    if not isinstance(until, tuple) or len(until) < len(temps):
+        until = slots
+    live = [j for j, x in enumerate(temps) if x > 0]
+    if not aligned:
+        return ([(x, -1) for x in acts] + [(temps[j], j) for j in live] + [(0, j) for j in live])
+    n = len(unit)
+    # each entry's slot and end, moved onto the non-zero entries (an index past the list: n)
+    nonzero = [k for k in range(n) if unit[k] > 0]
+
+    def at_or_after(k: int) -> int:
+        return next((q for q in nonzero if q >= k), n)
+
+    def at_or_before(k: int) -> int:
+        return max((q for q in nonzero if q <= k), default=-1) if k < n else n
+
+    start = {j: at_or_after(max(0, slots[j])) for j in live}
+    end = {j: max(start[j], at_or_before(until[j])) if until[j] < n else n for j in live}
+    plan: list[tuple[int, int]] = []
+    for k in nonzero:
+        plan += [(temps[j], j) for j in live if start[j] == k]
+        plan.append((unit[k], -1))
+        plan += [(0, j) for j in live if end[j] == k]
+    plan += [(x, -1) for x in acts[len(nonzero):]]          # the remainder beyond one list
+    plan += [(temps[j], j) for j in live if start[j] == n]
+    plan += [(0, j) for j in live if end[j] == n]
+    return plan
+
+
 def weight_count(lb: "LayerBlocks") -> int:
     w = lb.weight_tensors
     return len(w) if isinstance(w, tuple) else w
@@ -191,7 +268,7 @@ MAX_EVENTS = 100_000
 def events_of(lb: LayerBlocks, held: int) -> int:
     """About how many events :func:`from_estimate` makes for ``lb`` in one step."""
     acts = len(act_pieces(lb.activations, lb.act_tensor)) + len(act_pieces(lb.transient, transient_unit(lb)))
-    return 2 * (held * (acts + 2 + (lb.fwd_transient > 0)) + 4 * min(weight_count(lb), MAX_PIECES))
+    return 2 * (held * (acts + len(temp_sizes(lb)) + 2 + (lb.fwd_transient > 0)) + 4 * min(weight_count(lb), MAX_PIECES))
 
 
 def coarsen(layers: Sequence[LayerBlocks], budget: int = MAX_EVENTS) -> list[LayerBlocks]:
@@ -216,7 +293,7 @@ def coarsen(layers: Sequence[LayerBlocks], budget: int = MAX_EVENTS) -> list[Lay
         out.append(lb if n == 1 else LayerBlocks(
             lb.params * n, lb.grads * n, lb.optimizer * n, lb.activations * n, lb.comm * n, lb.inflight,
             lb.transient, lb.weight_tensors, _scaled(lb.act_tensor, n), lb.fwd_transient * n,
-            lb.transient_tensor))
+            lb.transient_tensor, _scaled(lb.fwd_temps, n), lb.fwd_slots, lb.fwd_until))
         i = j
     # micro-batches: thousands in flight (GPipe at a huge batch) are replayed as groups of m, each one
     # tensor set m times larger
@@ -226,7 +303,7 @@ def coarsen(layers: Sequence[LayerBlocks], budget: int = MAX_EVENTS) -> list[Lay
         m = min(held, -(-total // budget))
         out = [LayerBlocks(lb.params, lb.grads, lb.optimizer, lb.activations * m, lb.comm, -(-lb.inflight // m),
                            lb.transient, lb.weight_tensors, _scaled(lb.act_tensor, m), lb.fwd_transient * m,
-                           lb.transient_tensor)
+                           lb.transient_tensor, _scaled(lb.fwd_temps, m), lb.fwd_slots, lb.fwd_until)
                for lb in out]
     return out
 
@@ -265,6 +342,12 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False) ->
     n = len(layers)
     # each layer's tensors, the empty ones left out (they are neither allocated nor freed)
     acts = [[x for x in act_pieces(lb.activations, lb.act_tensor) if x] for lb in layers]
+    # a layer with forward temporaries: its forward as allocation steps (saved tensor, temporaries)
+    plans = [forward_plan(lb) if temp_sizes(lb) and not isinstance(lb.transient_tensor, tuple) else None
+             for lb in layers]
+    # a fully recomputed layer (its backward rebuilds a list, bwd_tensor) replays its temporaries there
+    replans = [forward_plan(lb, True) if temp_sizes(lb) and isinstance(lb.transient_tensor, tuple) else None
+               for lb in layers]
     transients = [[x for x in act_pieces(lb.transient, transient_unit(lb)) if x] for lb in layers]
     # autograd accumulates a layer's gradients in reverse of its forward (the last GEMM's first)
     grads = [[x for x in (w(lb, lb.grads)[::-1] if isinstance(lb.weight_tensors, tuple) else w(lb, lb.grads)) if x]
@@ -289,8 +372,20 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False) ->
                 if live:
                     act_key[mb, i] = key
                     m = len(acts[i])
-                    ev += zip(repeat("alloc", m), range(key, key + m), acts[i], repeat(COMPUTE, m))
-                    key += m
+                    if plans[i] is None:
+                        ev += zip(repeat("alloc", m), range(key, key + m), acts[i], repeat(COMPUTE, m))
+                        key += m
+                    else:
+                        # the saved tensors keep consecutive keys (their frees below); the temporaries
+                        # take the keys after them
+                        saved, tmp = key, key + m
+                        for x, j in plans[i]:
+                            if j < 0:
+                                ev.append(("alloc", saved, x, COMPUTE))
+                                saved += 1
+                            else:
+                                ev.append(("alloc", tmp + j, x, COMPUTE) if x else ("free", tmp + j))
+                        key = tmp + len(temp_sizes_all(layers[i]))
                 if comm:
                     ev.append(("free", comm_key))
                 # a layer's forward temporaries (fwd_extra) live until the next layer's forward has run
@@ -317,8 +412,18 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False) ->
                     comm_key, key = key, key + 1
                 transient_key = key
                 m = len(transients[i])
-                ev += zip(repeat("alloc", m), range(key, key + m), transients[i], repeat(COMPUTE, m))
-                key += m
+                if replans[i] is None:
+                    ev += zip(repeat("alloc", m), range(key, key + m), transients[i], repeat(COMPUTE, m))
+                    key += m
+                else:
+                    saved, tmp = key, key + m
+                    for x, j in replans[i]:
+                        if j < 0:
+                            ev.append(("alloc", saved, x, COMPUTE))
+                            saved += 1
+                        else:
+                            ev.append(("alloc", tmp + j, x, COMPUTE) if x else ("free", tmp + j))
+                    key = tmp + len(temp_sizes_all(layers[i]))
             if not grads_persist:
                 m = len(grads[i])
                 ev += zip(repeat("alloc", m), range(key, key + m), grads[i], repeat(COMPUTE, m))
