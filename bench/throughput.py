@@ -98,6 +98,8 @@ def config_of(run: dict[str, Any]) -> dict[str, Any]:
     if tr.get("fp8"):   # Transformer Engine fp8 GEMMs (frameworks/megatron/megatron-core.mf)
         cfg["megatron"] = {"fp8": tr["fp8"]["format"], "fp8_recipe": tr["fp8"]["recipe"],
                            "fp8_param_gather": bool(tr["fp8"].get("param_gather"))}
+    if par.get("tp_comm_overlap"):   # Transformer Engine userbuffers (megatron-core.mf tp_overlap)
+        cfg.setdefault("megatron", {})["tp_comm_overlap"] = True
     return cfg
 
 
