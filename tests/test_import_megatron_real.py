@@ -56,7 +56,8 @@ IMPORTS = [
      {"model.num_kv_heads": 8, "megatron.fp8": "hybrid", "model.vocab_size": 128384, "parallel.devices": 8},
      8.03e9, "Llama 3 8B: Meta-Llama-3-8B model card, 8.03B parameters"),
     ("megatron-lm_train_mixtral_8x7b_distributed.sh", {"overrides": {"model.vocab_size": 32000}, "devices": 64},
-     {"model.num_experts": 8, "model.moe_top_k": 2, "parallel.ep": 8, "parallel.pp": 4},
+     {"model.num_experts": 8, "model.moe_top_k": 2, "parallel.ep": 8, "parallel.pp": 4,
+      "megatron.moe_token_dispatcher_type": "alltoall"},
      46.7e9, "Mixtral 8x7B: Jiang et al. 2024 (arXiv:2401.04088), 47B parameters; 46.7B on its model card"),
     ("mindspeed-llm_pretrain_deepseek2_lite_16b_ptd_8p.sh", {},
      # --n-shared-experts 2, --first-k-dense-replace 1 (were dropped before issue 31), MindSpeed's flash attention
@@ -374,3 +375,29 @@ def test_bash_rows_agree_with_bash(text: str, args: list[str] | None, expected: 
     out = subprocess.run(["env", "-i", shutil.which("bash"), "-c", program, "bash", *(args or [])],
                          capture_output=True, text=True, timeout=30).stdout
     assert out[1:-1].split("><") == expected
+
+
+@pytest.mark.parametrize("flags, dispatcher, padded", [
+    # Megatron-Core transformer_config.py: moe_token_dispatcher_type alltoall | allgather | flex;
+    # alltoall_seq (megatron-core <= 0.12, MindSpeed) has the alltoall preprocess
+    ("--moe-token-dispatcher-type allgather", "allgather", False),
+    ("--moe-token-dispatcher-type alltoall_seq", "alltoall", False),
+    ("--moe-token-dispatcher-type flex --moe-pad-expert-input-to-capacity --moe-expert-capacity-factor 1.0",
+     "flex", True),
+])
+def test_dispatcher_flags_reach_the_step_time_keys(tmp_path, flags, dispatcher, padded):
+    # frameworks/megatron/moe.mf reads both (the dispatcher's per-layer host synchronisation, time.mf
+    # cost host); the import must not warn that no bundled file reads them
+    args = tmp_path / "args.txt"
+    args.write_text("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 "
+                    "--max-position-embeddings 512 --micro-batch-size 1 --global-batch-size 8 --swiglu --bf16 "
+                    "--vocab-size 1024 --num-experts 4 --moe-router-topk 2 --expert-model-parallel-size 2 "
+                    f"--moe-grouped-gemm {flags}\n")
+    out = tmp_path / "out.yaml"
+    r = run_memform("import", "megatron", str(args), "--devices", "2", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "no bundled formula file reads" not in r.stderr
+    text = out.read_text()
+    assert f"moe_token_dispatcher_type: {dispatcher}" in text
+    assert ("moe_pad_expert_input_to_capacity: true" in text) == padded
+    assert run_memform("estimate", str(out)).returncode == 0

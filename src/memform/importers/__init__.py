@@ -209,11 +209,22 @@ def _profile_keys(framework: object) -> frozenset[str]:
     """Config keys a bundled framework profile binds beyond dense.mf (its own knobs, e.g. ``fsdp2.*``)."""
     if not isinstance(framework, str) or framework.endswith(".mf"):
         return frozenset()
+    profile = f"frameworks/{framework}.mf"
     base = formulas.coverage([formulas.BASE])
-    with_profile = formulas.coverage([formulas.BASE, f"frameworks/{framework}.mf"])
+    with_profile = formulas.coverage([formulas.BASE, profile])
     if base is None or with_profile is None:
         return frozenset()
-    return with_profile.keys - base.keys
+    keys = set(with_profile.keys - base.keys)
+    # the profile's refinements of other model files (frameworks/NAME/F.mf, loaded after the profile when a
+    # config loads F.mf: engine/config.py) bind knobs too, e.g. megatron.moe_token_dispatcher_type
+    from ..resources import formulas_dir
+    for companion in sorted((formulas_dir() / "frameworks" / framework).glob("*.mf")):
+        model_file = companion.name
+        alone = formulas.coverage([model_file])
+        refined = formulas.coverage([model_file, profile, f"frameworks/{framework}/{model_file}"])
+        if alone is not None and refined is not None:
+            keys |= refined.keys - alone.keys
+    return frozenset(keys)
 
 
 def _check(draft: Draft) -> None:

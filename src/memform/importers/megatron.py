@@ -166,8 +166,8 @@ NEUTRAL: dict[str, str] = {
              "openai-gelu moe-router-load-balancing-type moe-router-score-function moe-router-topk-scaling-factor "
              "moe-router-num-groups moe-router-group-topk moe-router-enable-expert-bias moe-router-bias-update-rate "
              "moe-router-pre-softmax moe-router-dtype moe-router-force-load-balancing moe-aux-loss-coeff "
-             "moe-z-loss-coeff moe-input-jitter-eps moe-token-drop-policy moe-token-dispatcher-type "
-             "moe-shared-expert-overlap moe-pad-expert-input-to-capacity moe-router-topk-limited-devices "
+             "moe-z-loss-coeff moe-input-jitter-eps moe-token-drop-policy "
+             "moe-shared-expert-overlap moe-router-topk-limited-devices "
              "moe-router-padding-for-fp8 moe-router-padding-for-quantization norm-topk-prob seq-aux "
              "router-gating-in-fp32 topk-softmax-in-fp32 moe-device-level-aux-loss-coeff moe-comm-aux-loss-coeff "
              "mtp-loss-scaling-factor qk-clip qk-clip-alpha qk-clip-threshold embedding-multiplier-scale "
@@ -308,6 +308,7 @@ ARG_KEYS = {
     "padded-vocab-size": "model.vocab_size", "tokenizer-type": "model.vocab_size",
     "make-vocab-size-divisible-by": "model.vocab_size", "num-experts": "model.num_experts",
     "moe-router-topk": "model.moe_top_k", "moe-ffn-hidden-size": "model.moe_ffn_hidden_size",
+    "moe-token-dispatcher-type": "megatron.moe_token_dispatcher_type",
     "moe-layer-freq": "model.moe_layer_freq", "tensor-model-parallel-size": "parallel.tp",
     "pipeline-model-parallel-size": "parallel.pp", "context-parallel-size": "parallel.cp",
     "expert-model-parallel-size": "parallel.ep", "expert-tensor-parallel-size": "parallel.expert_tp",
@@ -1031,6 +1032,16 @@ def _moe(f: Fields, draft: Draft) -> None:
         draft.set("model.capacity_factor", capacity, "--moe-expert-capacity-factor")
     draft.set("model.moe_grouped_gemm", f.boolean("moe-grouped-gemm", False),
               "--moe-grouped-gemm" if f.has("moe-grouped-gemm") else "no --moe-grouped-gemm")
+    # the dispatcher's per-layer host synchronisation is step time (frameworks/megatron/moe.mf dispatcher,
+    # time.mf cost host); memory-neutral in memform's model
+    dispatcher = f.string("moe-token-dispatcher-type", None)
+    if dispatcher is not None:
+        # alltoall_seq (MoEAlltoAllSEQTokenDispatcher of megatron-core <= 0.12, kept by MindSpeed) has the
+        # alltoall dispatcher's preprocess, host synchronisation included
+        draft.set("megatron.moe_token_dispatcher_type", {"alltoall_seq": "alltoall"}.get(dispatcher, dispatcher),
+                  "--moe-token-dispatcher-type")
+    if f.boolean("moe-pad-expert-input-to-capacity", False):
+        draft.set("megatron.moe_pad_expert_input_to_capacity", True, "--moe-pad-expert-input-to-capacity")
     if f.has("moe-layer-freq"):
         _layer_freq(f, draft, draft.get("model.num_layers"))
 
