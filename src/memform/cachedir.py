@@ -29,6 +29,7 @@ LIMIT_ENV = "MEMFORM_CACHE_MAX_MIB"
 DEFAULT_LIMIT_MIB = 256
 #: what each folder of the cache directory holds (``memform cache info``)
 PURPOSES = {"estimate": "compiled estimate structures", "search": "compiled search structures",
+            "search-seen": "searches of structures not compiled yet (compiled after a few)",
             "syntax": "parsed formula files", "checked": "formula programs that passed the checker",
             "lark": "the grammar's parser tables"}
 

@@ -202,9 +202,10 @@ def compile_structures(model: Model, overrides: Sequence[Mapping[str, Any]], key
                        cache: bool = True, workers: int | None = None,
                        progress: Callable[[int, int], None] | None = None, purpose: str = "search",
                        extra: Callable[[Model, "CompiledModel"], Any] | None = None,
-                       ) -> list["CompiledModel | MemformError"]:
+                       compile: bool = True) -> list["CompiledModel | MemformError | None"]:
     """:meth:`CompiledModel.build` of ``rebind(model, o, check=False)`` for each ``o`` in
-    ``overrides``, or the :class:`MemformError` that structure raises.
+    ``overrides``, or the :class:`MemformError` that structure raises (``compile=False``: only
+    what the on-disk cache holds, None for every other structure).
 
     Structures found in the on-disk cache of :mod:`memform.analysis.cachestore` (purpose
     ``search``) need neither the rebind nor sympy; refused ones are cached with their message.
@@ -228,6 +229,8 @@ def compile_structures(model: Model, overrides: Sequence[Mapping[str, Any]], key
             except (KeyError, TypeError, ValueError, SyntaxError):
                 pass  # a damaged body: compiled again below
         todo.append(i)
+    if not compile:
+        return out
     done = len(overrides) - len(todo)
     if progress:
         progress(done, len(overrides))
