@@ -45,25 +45,8 @@ class Fallback(Exception):
     """This structure's walk cannot be decided row by row: compile it instead."""
 
 
-class _Overflow(Exception):
-    """An int64 product or sum could leave the int64 range: the value goes on in float64."""
-
-
 def _maxabs(a: np.ndarray) -> float:
     return float(np.abs(a).max()) if a.size else 0.0
-
-
-def _mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Exact elementwise int64 product, or :class:`_Overflow`."""
-    if _maxabs(a) * _maxabs(b) < _SAFE:
-        return a * b
-    raise _Overflow
-
-
-def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if _maxabs(a) + _maxabs(b) < _SAFE:
-        return a + b
-    raise _Overflow
 
 
 class Vec:
@@ -74,16 +57,29 @@ class Vec:
     keys hold values); arithmetic with another :class:`Vec` or a Python int / Fraction gives a
     :class:`Vec`."""
 
-    __slots__ = ("num", "den", "f")
+    __slots__ = ("num", "den", "f", "_hi", "_hd")
 
-    def __init__(self, num: np.ndarray | None, den: np.ndarray | None = None, f: np.ndarray | None = None):
-        if den is not None:
+    def __init__(self, num: np.ndarray | None, den: np.ndarray | None = None, f: np.ndarray | None = None,
+                 reduced: bool = False):
+        if den is not None and not reduced:
             g = np.gcd(num, den)
             if (g != 1).any():
                 num, den = num // g, den // g
             if not (den != 1).any():
                 den = None
         self.num, self.den, self.f = num, den, f
+        self._hi = self._hd = None
+
+    def hi(self) -> float:
+        """The largest magnitude of a numerator (computed once: values never change)."""
+        if self._hi is None:
+            self._hi = _maxabs(self.num)
+        return self._hi
+
+    def hd(self) -> float:
+        if self._hd is None:
+            self._hd = 1.0 if self.den is None else _maxabs(self.den)
+        return self._hd
 
     @staticmethod
     def of(x: Any, n: int) -> "Vec":
@@ -92,7 +88,7 @@ class Vec:
         if type(x) is Fraction:
             p, q = x.numerator, x.denominator
             if abs(p) < _SAFE and q < _SAFE:
-                return Vec(np.full(n, p, dtype=np.int64), np.full(n, q, dtype=np.int64))
+                return Vec(np.full(n, p, dtype=np.int64), np.full(n, q, dtype=np.int64), reduced=True)
             return Vec(None, None, np.full(n, float(x)))
         x = int(x)
         if abs(x) < _SAFE:
@@ -108,37 +104,49 @@ class Vec:
         return self, Vec.of(other, len(self.num if self.f is None else self.f))
 
     def __add__(self, other: Any) -> "Vec":
+        if self.f is None and type(other) is int and abs(other) < _SAFE:
+            if self.den is None:
+                if self.hi() + abs(other) < _SAFE:
+                    return Vec(self.num + other)
+            elif self.hi() + abs(other) * self.hd() < _SAFE:   # (num + k·den) / den stays reduced
+                return Vec(self.num + other * self.den, self.den, reduced=True)
         a, b = self._pair(other)
         if a.f is None and b.f is None:
-            try:
-                if a.den is None and b.den is None:
-                    return Vec(_add(a.num, b.num))
+            if a.den is None and b.den is None:
+                if a.hi() + b.hi() < _SAFE:
+                    return Vec(a.num + b.num)
+            elif a.hi() * b.hd() + b.hi() * a.hd() < _SAFE and a.hd() * b.hd() < _SAFE:
                 ad, bd = a.dens(), b.dens()
-                return Vec(_add(_mul(a.num, bd), _mul(b.num, ad)), _mul(ad, bd))
-            except _Overflow:
-                pass
+                return Vec(a.num * bd + b.num * ad, ad * bd)
         return Vec(None, None, a.floats() + b.floats())
 
     __radd__ = __add__
 
     def __neg__(self) -> "Vec":
-        return Vec(-self.num, self.den) if self.f is None else Vec(None, None, -self.f)
+        if self.f is not None:
+            return Vec(None, None, -self.f)
+        v = Vec(-self.num, self.den, reduced=True)
+        v._hi, v._hd = self._hi, self._hd
+        return v
 
     def __sub__(self, other: Any) -> "Vec":
+        if type(other) is int:
+            return self + (-other)
         return self + (-self._pair(other)[1])
 
     def __rsub__(self, other: Any) -> "Vec":
-        return self._pair(other)[1] + (-self)
+        return (-self) + other
 
     def __mul__(self, other: Any) -> "Vec":
+        if self.f is None and type(other) is int and abs(other) < _SAFE and self.hi() * abs(other) < _SAFE:
+            if self.den is None:
+                return Vec(self.num * other)
+            return Vec(self.num * other, self.den)
         a, b = self._pair(other)
-        if a.f is None and b.f is None:
-            try:
-                if a.den is None and b.den is None:
-                    return Vec(_mul(a.num, b.num))
-                return Vec(_mul(a.num, b.num), _mul(a.dens(), b.dens()))
-            except _Overflow:
-                pass
+        if a.f is None and b.f is None and a.hi() * b.hi() < _SAFE and a.hd() * b.hd() < _SAFE:
+            if a.den is None and b.den is None:
+                return Vec(a.num * b.num)
+            return Vec(a.num * b.num, a.dens() * b.dens())
         return Vec(None, None, a.floats() * b.floats())
 
     __rmul__ = __mul__
@@ -154,7 +162,9 @@ class Vec:
         if (self.num == 0).any():
             raise Fallback("a division by zero in some candidate rows")
         sign = np.where(self.num < 0, -1, 1)
-        return Vec(self.dens() * sign, self.num * sign)
+        v = Vec(self.dens() * sign, self.num * sign, reduced=True)
+        v._hi, v._hd = self._hd, self._hi
+        return v
 
     def sign(self) -> np.ndarray:
         return np.sign(self.num if self.f is None else self.f)
@@ -251,11 +261,11 @@ class VecEvaluator(NumericEvaluator):
         if not isinstance(a, Vec) and not isinstance(b, Vec):
             return super()._arith(op, a, b)
         if op == "+":
-            return self._v(a) + b
+            return a + b if isinstance(a, Vec) else b + a
         if op == "-":
-            return self._v(a) - b
+            return a - b if isinstance(a, Vec) else (-b) + a
         if op == "*":
-            return self._v(a) * b
+            return a * b if isinstance(a, Vec) else b * a
         if op == "/":
             return self._v(a) * self._v(b).reciprocal()
         if op == "%":   # a - b * floor(a / b), as Fraction's %
