@@ -34,9 +34,8 @@ from ..engine.binding import get_path
 from ..engine.model import Model
 from ..engine.results import PS_PER_SECOND
 from ..errors import MemformError
-from ..engine.model import rebind
 from .compiled import NUMERIC_KEYS, compile_structures
-from .vecwalk import Fallback, VecStructure, numeric_twin, seen
+from .vecwalk import Fallback, VecStructure, numeric_twin, seen, walk_all
 
 #: columns of a result row, in output order
 FIELDS = ("dp", "tp", "pp", "vpp", "cp", "ep", "zero", "recompute", "schedule", "micro_batch_size",
@@ -376,18 +375,19 @@ def search(model: Model, space: SearchSpace, *,
     compiled = _structures(model, [j[-1] for j in jobs], keys, cache, compile,
                            (lambda d, n: progress(d, n, stats)) if progress else None)
     stats.compile_seconds = time.perf_counter() - t0  # wall clock, cache reads and worker processes included
+    t0 = time.perf_counter()
+    walked = iter(walk_all([(cm, grids[j[0]]) for j, cm in zip(jobs, compiled) if isinstance(cm, VecStructure)]))
+    stats.evaluate_seconds += time.perf_counter() - t0  # wall clock, worker processes included
     for (pp, vpp, schedule, recompute, zero, split, overrides), cm in zip(jobs, compiled):
         cols = grids[pp]
         batch = None
         if isinstance(cm, VecStructure):
-            t0 = time.perf_counter()
-            try:
-                batch = cm(cols)
-            except Fallback:  # not decidable row by row: compiled, as before
+            batch = next(walked)
+            if isinstance(batch, Fallback):  # not decidable row by row: compiled, as before
+                t0 = time.perf_counter()
                 cm = compile_structures(model, [overrides], keys, cache=cache, workers=1)[0]
                 stats.compile_seconds += time.perf_counter() - t0
-            else:
-                stats.evaluate_seconds += time.perf_counter() - t0
+                batch = None
         if isinstance(cm, MemformError):
             _skip(stats, _first_line(cm))
             continue
@@ -462,11 +462,8 @@ def _structures(model: Model, overrides: list[dict[str, Any]], keys: tuple[str, 
             missing = [i for i in missing if out[i] is None]
     if missing:
         base = numeric_twin(model)
-        for i in missing:
-            try:
-                out[i] = VecStructure(rebind(base, overrides[i], check=False), keys)
-            except MemformError:  # refused: compiled, for the compiled path's own message
-                out[i] = compile_structures(model, [overrides[i]], keys, cache=cache, workers=1)[0]
+        for i in missing:   # rebound where walked (a refused one falls back to the compiler and its message)
+            out[i] = VecStructure(base, keys, overrides[i])
     if progress:
         progress(len(out), len(out))
     return out

@@ -203,15 +203,108 @@ def _cmp(op: str, a: Vec, b: Vec) -> Cond:
     return Cond(m, diff.f is not None)
 
 
+_LITERALS: dict[str, Any] = {}   # a formula's number literals (exact, immutable), parsed once
+
+
 class VecEvaluator(NumericEvaluator):
-    """The numeric walk with :class:`Vec` values for the searched symbols (``values[name]``)."""
+    """The numeric walk with :class:`Vec` values for the searched symbols (``values[name]``).
+
+    Every memoized quantity and ``let`` records what it read: the bindings (config values) and the
+    stages' layer lists of ``layers_*``. The walk of the next structure of a search (``prior``: the
+    same formula program, other ZeRO stage or recompute mode) takes a value from the previous walk
+    where everything it read is equal in both, instead of computing it again."""
 
     n: int = 1
+    prior: "VecEvaluator | None" = None
+
+    def share(self, prior: "VecEvaluator | None") -> None:
+        """Take values from ``prior`` (its own prior is dropped: one structure back)."""
+        if not hasattr(self, "_deps"):
+            self._stack: list[set] = []
+            self._deps: dict[tuple, frozenset] = {}
+            self._same: dict[tuple, bool] = {}
+        if prior is not None and prior.program is self.program and prior.n == self.n:
+            prior.prior = None
+            self.prior = prior
+
+    def quantity(self, block: str, qname: str, mode: str | None = None, loc: Any = None,
+                 extra: tuple = (), overrides: tuple = ()) -> Any:
+        return self._shared(("q", block, qname, mode, extra, overrides),
+                            lambda: NumericEvaluator.quantity(self, block, qname, mode, loc, extra, overrides))
+
+    def let(self, name: str, loc: Any = None, overrides: tuple = ()) -> Any:
+        return self._shared(("let", name, overrides), lambda: NumericEvaluator.let(self, name, loc, overrides))
+
+    def _shared(self, key: tuple, compute: Any) -> Any:
+        stack = self._stack
+        if key in self._memo:
+            if stack:
+                stack[-1] |= self._deps.get(key, frozenset())
+            return self._memo[key]
+        p = self.prior
+        if p is not None and key in p._memo:
+            deps = p._deps.get(key)
+            if deps is not None and all(self._equal(d) for d in deps):
+                self._memo[key] = value = p._memo[key]
+                self._deps[key] = deps
+                if stack:
+                    stack[-1] |= deps
+                return value
+        stack.append(set())
+        try:
+            value = compute()
+        finally:
+            deps = frozenset(stack.pop())
+        self._deps[key] = deps
+        if stack:
+            stack[-1] |= deps
+        return value
+
+    def _equal(self, dep: tuple) -> bool:
+        """Whether what ``dep`` names has the same value here as in the prior walk."""
+        hit = self._same.get(dep)
+        if hit is None:
+            p = self.prior
+            if dep[0] == "b":
+                hit = _content(self._bound(dep[1])) == _content(p._bound(dep[1]))
+            else:
+                hit = self.stage_layers.get(dep[1]) == p.stage_layers.get(dep[1])
+            self._same[dep] = hit
+        return hit
+
+    def _bound(self, name: str) -> Any:
+        if self.program.bindings[name].keyword == "option":
+            return self.options[name]
+        return self.values[self.symbols[name]]
+
+    def binding(self, name: str) -> Any:
+        if self._stack:
+            self._stack[-1].add(("b", name))
+        return super().binding(name)
+
+    def _aggregate(self, node: Any, ctx: Ctx) -> Any:
+        self._reads_stage(ctx)
+        return super()._aggregate(node, ctx)
+
+    def _after(self, node: Any, ctx: Ctx) -> Any:
+        self._reads_stage(ctx)
+        return super()._after(node, ctx)
+
+    def _reads_stage(self, ctx: Ctx) -> None:
+        stage = dict(ctx.extra).get("stage")
+        if self._stack and stage is not None:
+            self._stack[-1].add(("sl", int(stage)))
 
     def _v(self, x: Any) -> Vec:
         return Vec.of(x, self.n)
 
     # ---------------------------------------------------------------- numbers
+    def literal(self, text: str) -> Any:
+        hit = _LITERALS.get(text)
+        if hit is None:
+            hit = _LITERALS[text] = super().literal(text)
+        return hit
+
     def is_number(self, v: Any) -> bool:
         return isinstance(v, Vec) or super().is_number(v)
 
@@ -383,6 +476,7 @@ def _make(model: Model, values: dict[Any, Any], n: int) -> VecEvaluator:
     ev = VecEvaluator(model.program, model.bound.symbols, values, model.bound.options, resolve=True,
                       keep=frozenset())
     ev.n = n
+    ev.share(None)
     return ev
 
 
@@ -403,16 +497,29 @@ class VecStructure:
     :class:`memform.analysis.compiled.CompiledModel` gives a search (``stages``, ``timed``, a call
     returning a :class:`~memform.analysis.compiled.Batch`), without compiling."""
 
-    def __init__(self, model: Model, keys: Sequence[str]):
-        self.model = model
+    def __init__(self, model: Model, keys: Sequence[str], overrides: Mapping[str, Any] | None = None):
+        """``model`` itself, or (``overrides``) ``rebind(model, overrides, check=False)``, rebound
+        when first called (where the walk runs: a worker process)."""
+        self.base, self.overrides = model, overrides
+        self.model: Model | None = model if overrides is None else None
         self.keys = tuple(keys)
-        self.stages = model.structure.pp
+        self.stages = int((overrides or {}).get("parallel.pp") or model.structure.pp)
+        self.evaluator: VecEvaluator | None = None
 
-    def __call__(self, columns: Mapping[str, Any]):
+    def __call__(self, columns: Mapping[str, Any], prior: VecEvaluator | None = None):
+        """The candidates' :class:`~memform.analysis.compiled.Batch` (``prior``: the walk of another
+        structure of the same search, whose values this one may take; this walk is kept as
+        :attr:`evaluator`)."""
+        from ..engine.model import rebind
         from .compiled import Batch
         try:
+            if self.model is None:
+                self.model = rebind(self.base, self.overrides, check=False)
+            self.stages = self.model.structure.pp
             with np.errstate(over="raise"):
-                return _evaluate(self.model, {k: np.asarray(columns[k]) for k in self.keys}, self.keys, Batch)
+                batch, self.evaluator = _evaluate(self.model, {k: np.asarray(columns[k]) for k in self.keys},
+                                                  self.keys, Batch, prior)
+                return batch
         except (Fallback, MemformError, ArithmeticError, TypeError, ValueError, KeyError, IndexError,
                 AttributeError, FloatingPointError) as exc:
             raise Fallback(str(exc)) from None
@@ -426,12 +533,17 @@ def _col(v: Any, n: int) -> np.ndarray:
     return x.num
 
 
-def _evaluate(model: Model, columns: Mapping[str, np.ndarray], keys: Sequence[str], Batch: Any):
+def _evaluate(model: Model, columns: Mapping[str, np.ndarray], keys: Sequence[str], Batch: Any,
+              prior: VecEvaluator | None = None) -> tuple[Any, VecEvaluator]:
     n = len(next(iter(columns.values())))
     ev = vec_evaluator(model, columns, keys)
     prog = model.program
     schedule = model.structure.schedule
     part = partition_of(model, ev)
+    for index in range(model.structure.pp):  # every stage's layers, before anything reads them
+        ev.stage_layers[index] = tuple(LayerSlot(c.index, g.block, g.mode, g.count, g.first_layer, g.bindings)
+                                       for c in part.chunks[index] for g in c.groups)
+    ev.share(prior)
     requires = []
     for r in prog.requires:
         cond = ev.truth(ev.eval(r.expr, Ctx()), r.loc)
@@ -478,8 +590,6 @@ def _evaluate(model: Model, columns: Mapping[str, np.ndarray], keys: Sequence[st
                 sums["activations"] = sums["activations"] + mf * g.count * exprs["activations"]
                 if not any(t is exprs["comm"] for t in comm_terms):
                     comm_terms.append(exprs["comm"])
-        ev.stage_layers[index] = tuple(LayerSlot(c.index, g.block, g.mode, g.count, g.first_layer, g.bindings)
-                                       for c in part.chunks[index] for g in c.groups)
         names = prog.moments(schedule)
         if names:
             found = []
@@ -515,13 +625,13 @@ def _evaluate(model: Model, columns: Mapping[str, np.ndarray], keys: Sequence[st
             reasons.append(message)
         valid &= ok
     if not timed:
-        return Batch(valid, reasons, outputs, model.structure.pp)
+        return Batch(valid, reasons, outputs, model.structure.pp), ev
     times = [_float_ps(s, n) for s in step] + [_float_ps(ideal, n)]
     tok = _col(tokens, n)
     for v in times:
         valid &= v >= 0
     valid &= tok >= 0
-    return Batch(valid, reasons, outputs, model.structure.pp, times[:-1], times[-1], tok)
+    return Batch(valid, reasons, outputs, model.structure.pp, times[:-1], times[-1], tok), ev
 
 
 def _content(v: Any) -> Any:
@@ -612,3 +722,53 @@ def seen(model: Model, overrides: Mapping[str, Any], keys: Sequence[str]) -> int
         count = 0
     write_atomic(path, str(count + 1).encode("ascii"))
     return count
+
+
+#: fewer walks than this run in this process (a pool's start-up costs ~0.1 s; a walk ~0.03 s)
+PARALLEL_MIN = 8
+_WORK: dict[str, Any] = {}
+
+
+def walk_all(jobs: Sequence[tuple[VecStructure, Mapping[str, Any]]], workers: int | None = None) -> list[Any]:
+    """Each ``(structure, columns)`` walked: its :class:`~memform.analysis.compiled.Batch`, or the
+    :class:`Fallback` it raised. Structures with the same columns (one pipeline size) are walked one
+    after another, each taking what it can from the previous walk (:class:`VecEvaluator`); the
+    groups run in ``workers`` forked processes (default: one per CPU) when there are at least
+    :data:`PARALLEL_MIN` jobs, the largest pipelines first."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+    groups: dict[int, list[int]] = {}
+    for i, (_, cols) in enumerate(jobs):
+        groups.setdefault(id(cols), []).append(i)
+    order = sorted(groups.values(), key=lambda g: -sum(jobs[i][0].stages for i in g))
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    _WORK["jobs"] = jobs
+    try:
+        if len(jobs) < PARALLEL_MIN or workers < 2 or len(order) < 2 or \
+                "fork" not in multiprocessing.get_all_start_methods():
+            done = [_walk_group(g) for g in order]
+        else:
+            with ProcessPoolExecutor(min(workers, len(order)), mp_context=multiprocessing.get_context("fork")) as pool:
+                done = list(pool.map(_walk_group, order, chunksize=1))
+    finally:
+        _WORK.clear()
+    out: list[Any] = [None] * len(jobs)
+    for group, results in zip(order, done):
+        for i, result in zip(group, results):
+            out[i] = result
+    return out
+
+
+def _walk_group(group: list[int]) -> list[Any]:
+    out, prior = [], None
+    for i in group:
+        vs, cols = _WORK["jobs"][i]
+        try:
+            out.append(vs(cols, prior))
+            prior = vs.evaluator
+        except Fallback as exc:
+            out.append(exc)
+        vs.evaluator = None
+    return out
