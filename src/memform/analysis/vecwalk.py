@@ -35,6 +35,7 @@ from ..engine.model import Model, partition_of
 from ..engine.numeric import NumericEvaluator
 from ..engine.walker import Ctx, LayerSlot
 from ..errors import MemformError
+from .sharedmemo import SharedMemo
 from ..lang.program import COST_OPTIONAL, COST_QUANTITIES, SCHEDULE_TIME_OPTIONAL, SCHEDULE_TIME_QUANTITIES
 
 #: int64 products and sums whose bound stays below this are exact (2**63 - 1 is the limit)
@@ -206,94 +207,17 @@ def _cmp(op: str, a: Vec, b: Vec) -> Cond:
 _LITERALS: dict[str, Any] = {}   # a formula's number literals (exact, immutable), parsed once
 
 
-class VecEvaluator(NumericEvaluator):
-    """The numeric walk with :class:`Vec` values for the searched symbols (``values[name]``).
-
-    Every memoized quantity and ``let`` records what it read: the bindings (config values) and the
-    stages' layer lists of ``layers_*``. The walk of the next structure of a search (``prior``: the
-    same formula program, other ZeRO stage or recompute mode) takes a value from the previous walk
-    where everything it read is equal in both, instead of computing it again."""
+class VecEvaluator(SharedMemo, NumericEvaluator):
+    """The numeric walk with :class:`Vec` values for the searched symbols (``values[name]``); the walk
+    of the next structure of a search takes from this one what it can (:class:`SharedMemo`)."""
 
     n: int = 1
-    prior: "VecEvaluator | None" = None
 
-    def share(self, prior: "VecEvaluator | None") -> None:
-        """Take values from ``prior`` (its own prior is dropped: one structure back)."""
-        if not hasattr(self, "_deps"):
-            self._stack: list[set] = []
-            self._deps: dict[tuple, frozenset] = {}
-            self._same: dict[tuple, bool] = {}
-        if prior is not None and prior.program is self.program and prior.n == self.n:
-            prior.prior = None
-            self.prior = prior
+    def _comparable(self, v: Any) -> Any:
+        return _content(v)
 
-    def quantity(self, block: str, qname: str, mode: str | None = None, loc: Any = None,
-                 extra: tuple = (), overrides: tuple = ()) -> Any:
-        return self._shared(("q", block, qname, mode, extra, overrides),
-                            lambda: NumericEvaluator.quantity(self, block, qname, mode, loc, extra, overrides))
-
-    def let(self, name: str, loc: Any = None, overrides: tuple = ()) -> Any:
-        return self._shared(("let", name, overrides), lambda: NumericEvaluator.let(self, name, loc, overrides))
-
-    def _shared(self, key: tuple, compute: Any) -> Any:
-        stack = self._stack
-        if key in self._memo:
-            if stack:
-                stack[-1] |= self._deps.get(key, frozenset())
-            return self._memo[key]
-        p = self.prior
-        if p is not None and key in p._memo:
-            deps = p._deps.get(key)
-            if deps is not None and all(self._equal(d) for d in deps):
-                self._memo[key] = value = p._memo[key]
-                self._deps[key] = deps
-                if stack:
-                    stack[-1] |= deps
-                return value
-        stack.append(set())
-        try:
-            value = compute()
-        finally:
-            deps = frozenset(stack.pop())
-        self._deps[key] = deps
-        if stack:
-            stack[-1] |= deps
-        return value
-
-    def _equal(self, dep: tuple) -> bool:
-        """Whether what ``dep`` names has the same value here as in the prior walk."""
-        hit = self._same.get(dep)
-        if hit is None:
-            p = self.prior
-            if dep[0] == "b":
-                hit = _content(self._bound(dep[1])) == _content(p._bound(dep[1]))
-            else:
-                hit = self.stage_layers.get(dep[1]) == p.stage_layers.get(dep[1])
-            self._same[dep] = hit
-        return hit
-
-    def _bound(self, name: str) -> Any:
-        if self.program.bindings[name].keyword == "option":
-            return self.options[name]
-        return self.values[self.symbols[name]]
-
-    def binding(self, name: str) -> Any:
-        if self._stack:
-            self._stack[-1].add(("b", name))
-        return super().binding(name)
-
-    def _aggregate(self, node: Any, ctx: Ctx) -> Any:
-        self._reads_stage(ctx)
-        return super()._aggregate(node, ctx)
-
-    def _after(self, node: Any, ctx: Ctx) -> Any:
-        self._reads_stage(ctx)
-        return super()._after(node, ctx)
-
-    def _reads_stage(self, ctx: Ctx) -> None:
-        stage = dict(ctx.extra).get("stage")
-        if self._stack and stage is not None:
-            self._stack[-1].add(("sl", int(stage)))
+    def _compatible(self, prior: Any) -> bool:
+        return prior.n == self.n
 
     def _v(self, x: Any) -> Vec:
         return Vec.of(x, self.n)

@@ -266,7 +266,7 @@ def build_whatif(model: Model, *, vary: Sequence[str] = (), pp: Sequence[int] | 
         functions.append(None)
     # every variant at once: stored ones are read back, the rest compiled in parallel processes
     built = compile_structures(model, [o for _, o in todo], keys, cache=cache, purpose=_store_purpose(),
-                               extra=_page_part)
+                               extra=_page_part, numpy=False)  # the page computes with its JavaScript alone
     for (i, _), cm in zip(todo, built):
         functions[i] = _fill(variants[i], cm)
     degrees = []
