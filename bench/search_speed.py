@@ -200,7 +200,7 @@ def main() -> int:
     same = len({out for _, _, out in e2e.values()}) == 1
     print(f"  memform search {name} --devices {args.devices}, fresh processes on every core, median of "
           f"{args.repeat}, one cache directory per round (empty at first; structures are walked, not compiled, "
-          f"until the {COMPILE_AFTER + 1}th search): "
+          f"until search number {COMPILE_AFTER + 1}): "
           + ", ".join(f"{label} {w:.2f} s" for label, (w, _, _) in e2e.items()) + f"; same rows: {'yes' if same else 'NO'}")
     print("    CPU seconds (command and workers, user + system): "
           + ", ".join(f"{label} {c:.2f}" for label, (_, c, _) in e2e.items())
