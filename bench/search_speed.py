@@ -17,7 +17,7 @@ and checks that both paths agree exactly (whole bytes, per stage and category) o
 The speed-ups are printed with compile time included (what a search really costs) and without.
 Targets (issue 3): >= 100,000 candidates/s compiled, >= 50x the interpreted rate; (issues 15, 32)
 `memform search configs/llama3-70b.yaml --devices 1024` <= 2 s with a warm cache and with an empty one
-(where the structures are walked numerically, memform.analysis.vecwalk, and compiled only from the
+(where the structures are walked numerically, memform.fastpath.vecwalk, and compiled only from the
 third search on: memform.analysis.search.COMPILE_AFTER).
 """
 
@@ -76,7 +76,7 @@ def _cli_search(config: str, devices: int, repeat: int) -> dict[str, tuple[float
 def _cold() -> None:
     import sympy.core.cache
 
-    from memform.analysis.exact import clear_caches
+    from memform.fastpath.exact import clear_caches
     clear_caches()
     sympy.core.cache.clear_cache()
 
@@ -94,7 +94,7 @@ def main() -> int:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
 
-    from memform.analysis.compiled import NUMERIC_KEYS, CompiledModel, interpreted_peaks
+    from memform.fastpath.compiled import NUMERIC_KEYS, CompiledModel, interpreted_peaks
     from memform.analysis.search import body_layers, default_space, search, stage_split
     from memform.api import load_model, rebind
     from memform.engine.interpreter import CATEGORIES

@@ -1,7 +1,7 @@
 """A cold search (no compiled structure: the numeric walk over candidate columns,
-memform.analysis.vecwalk) gives the rows a compiled search gives, exactly.
+memform.fastpath.vecwalk) gives the rows a compiled search gives, exactly.
 
-The expected rows are not literals: they are the compiled path's (memform.analysis.compiled, itself
+The expected rows are not literals: they are the compiled path's (memform.fastpath.compiled, itself
 checked byte for byte against the interpreter in tests/test_search.py), computed in the same test."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from memform.analysis import search as search_mod
 from memform.analysis.search import default_space, search
-from memform.analysis.vecwalk import Fallback, Vec, VecStructure, numeric_twin
+from memform.fastpath.vecwalk import Fallback, Vec, VecStructure, numeric_twin
 from memform.api import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +61,7 @@ def test_cold_path_walks_instead_of_compiling(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("compiled")
     monkeypatch.setattr(search_mod.CompiledModel if hasattr(search_mod, "CompiledModel") else
-                        __import__("memform.analysis.compiled", fromlist=["CompiledModel"]).CompiledModel,
+                        __import__("memform.fastpath.compiled", fromlist=["CompiledModel"]).CompiledModel,
                         "build", classmethod(refuse))
     result = search(model, space, cache=False, compile=False)
     assert result.stats.structures == len(space.pp) and result.stats.fitting > 0
@@ -116,7 +116,7 @@ def test_vec_arithmetic_is_exact(seed):
     assert rows(va.floor()) == [Fraction(x.numerator // x.denominator) for x in a]
     assert rows(va.ceil()) == [Fraction(-(-x.numerator // x.denominator)) for x in a]
     assert rows(va * Fraction(3, 7) + 5) == [x * Fraction(3, 7) + 5 for x in a]
-    from memform.analysis.vecwalk import _cmp
+    from memform.fastpath.vecwalk import _cmp
     assert _cmp("<", va, vb).m.tolist() == [x < y for x, y in zip(a, b)]
     huge = va * (2 ** 61)
     big = huge * vb

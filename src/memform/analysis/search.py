@@ -34,8 +34,8 @@ from ..engine.binding import get_path
 from ..engine.model import Model
 from ..engine.results import PS_PER_SECOND
 from ..errors import MemformError
-from .compiled import NUMERIC_KEYS, compile_structures
-from .vecwalk import Fallback, VecStructure, numeric_twin, seen, walk_all
+from ..fastpath.compiled import NUMERIC_KEYS, compile_structures
+from ..fastpath.vecwalk import Fallback, VecStructure, numeric_twin, seen, walk_all
 
 #: columns of a result row, in output order
 FIELDS = ("dp", "tp", "pp", "vpp", "cp", "ep", "zero", "recompute", "schedule", "micro_batch_size",
@@ -324,7 +324,7 @@ def search(model: Model, space: SearchSpace, *,
 
     Each structure's compiled function comes from the on-disk cache when it is there
     (``cache=False``: store nothing, read nothing). A structure not there is evaluated by the
-    numeric walk over its candidate columns (:mod:`memform.analysis.vecwalk`: no sympy, no compile;
+    numeric walk over its candidate columns (:mod:`memform.fastpath.vecwalk`: no sympy, no compile;
     the same rows) and compiled only where that walk cannot decide it row by row, or (``compile``
     None) once it has been searched :data:`COMPILE_AFTER` times, when compiling has paid back;
     ``compile=True`` compiles every structure not cached, ``compile=False`` none that the walk

@@ -1,7 +1,7 @@
 """A structure's candidates evaluated by the numeric walk over integer arrays: no sympy, no compile.
 
 A cold ``memform search`` used to compile every structural combination (sympy closed forms with
-``resolve=False``, then :mod:`memform.analysis.exact`): ~0.1 CPU-s per structure, 84 structures
+``resolve=False``, then :mod:`memform.fastpath.exact`): ~0.1 CPU-s per structure, 84 structures
 for llama3-70b on 1024 devices. The numeric evaluator (:mod:`memform.engine.numeric`) walks the
 same formulas with plain numbers in ~15 ms per structure; this module walks them once per
 structure with every searched config key (``tp``, ``dp``, ``cp``, ``ep``, micro-batch size and
@@ -9,7 +9,7 @@ count) bound to a column of candidate values (:class:`Vec`: exact integers or ex
 int64 numerator/denominator arrays, Python ints where a product could leave int64), so one walk
 gives every candidate's numbers.
 
-Its decisions are those of the compiled path (:class:`memform.analysis.compiled.CompiledModel`,
+Its decisions are those of the compiled path (:class:`memform.fastpath.compiled.CompiledModel`,
 which walks with ``resolve=False``): a condition on searched values is decided per row (both
 branches computed, one chosen per row), ``min``/``max`` per row, every category rounded up to whole
 bytes per stage, the formula files' ``require`` conditions checked per row, negative sizes refused
@@ -369,7 +369,7 @@ class VecEvaluator(SharedMemo, NumericEvaluator):
 def vec_evaluator(model: Model, columns: Mapping[str, np.ndarray], keys: Sequence[str]) -> VecEvaluator:
     """A :class:`VecEvaluator` of ``model`` (loaded ``numeric=True``) with each of ``keys`` bound to its
     column, and every symbol whose default follows a searched one (``parallel.expert_tp`` following
-    ``t``, as :func:`memform.analysis.compiled._derived_symbols` finds them) computed per row."""
+    ``t``, as :func:`memform.fastpath.compiled._derived_symbols` finds them) computed per row."""
     n = len(next(iter(columns.values()))) if columns else 1
     values = dict(model.bound.values)
     searched = set()
@@ -418,8 +418,8 @@ def _reads_position(prog: Any) -> bool:
 
 class VecStructure:
     """One structural combination evaluated by the walk over candidate columns: what
-    :class:`memform.analysis.compiled.CompiledModel` gives a search (``stages``, ``timed``, a call
-    returning a :class:`~memform.analysis.compiled.Batch`), without compiling."""
+    :class:`memform.fastpath.compiled.CompiledModel` gives a search (``stages``, ``timed``, a call
+    returning a :class:`~memform.fastpath.compiled.Batch`), without compiling."""
 
     def __init__(self, model: Model, keys: Sequence[str], overrides: Mapping[str, Any] | None = None):
         """``model`` itself, or (``overrides``) ``rebind(model, overrides, check=False)``, rebound
@@ -431,7 +431,7 @@ class VecStructure:
         self.evaluator: VecEvaluator | None = None
 
     def __call__(self, columns: Mapping[str, Any], prior: VecEvaluator | None = None):
-        """The candidates' :class:`~memform.analysis.compiled.Batch` (``prior``: the walk of another
+        """The candidates' :class:`~memform.fastpath.compiled.Batch` (``prior``: the walk of another
         structure of the same search, whose values this one may take; this walk is kept as
         :attr:`evaluator`)."""
         from ..engine.model import rebind
@@ -654,7 +654,7 @@ _WORK: dict[str, Any] = {}
 
 
 def walk_all(jobs: Sequence[tuple[VecStructure, Mapping[str, Any]]], workers: int | None = None) -> list[Any]:
-    """Each ``(structure, columns)`` walked: its :class:`~memform.analysis.compiled.Batch`, or the
+    """Each ``(structure, columns)`` walked: its :class:`~memform.fastpath.compiled.Batch`, or the
     :class:`Fallback` it raised. Structures with the same columns (one pipeline size) are walked one
     after another, each taking what it can from the previous walk (:class:`VecEvaluator`); the
     groups run in ``workers`` forked processes (default: one per CPU) when there are at least

@@ -6,11 +6,11 @@ its own: the interpreter runs once with ``resolve=False`` (``Piecewise``/``Min``
 so the closed form is valid for *every* value) keeping only the numeric config keys being
 varied (tensor/data/context/expert degrees, micro-batch size and count) as symbols. The
 per-stage, per-category expressions and the formula files' ``require`` conditions are then
-compiled by :mod:`memform.analysis.exact` into one function over integer arrays.
+compiled by :mod:`memform.fastpath.exact` into one function over integer arrays.
 
 The result equals what :func:`memform.estimate_model` gives for each candidate, byte for byte
 (every category rounded up to whole bytes, as :func:`memform.engine.to_bytes` does). Step times
-are the exception: float64 (relative error ~1e-15; see :mod:`memform.analysis.exact`).
+are the exception: float64 (relative error ~1e-15; see :mod:`memform.fastpath.exact`).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ class CompiledModel:
     def build(cls, model: Model, keys: Sequence[str], prior: Any = None, numpy: bool = True) -> "CompiledModel":
         """Compile ``model``'s structure over ``keys``. ``prior``: the :attr:`evaluator` of another
         structure of the same program built just before, whose closed forms this walk takes where
-        what they read is equal (:mod:`memform.analysis.sharedmemo`); this walk's is kept as
+        what they read is equal (:mod:`memform.fastpath.sharedmemo`); this walk's is kept as
         :attr:`evaluator` on the result. ``numpy=False``: the closed forms alone, no numpy function
         (``function`` None: for a caller that compiles them otherwise, the what-if page's JavaScript)."""
         start = time.perf_counter()
@@ -241,7 +241,7 @@ def compile_structures(model: Model, overrides: Sequence[Mapping[str, Any]], key
     what the on-disk cache holds, None for every other structure; ``numpy=False``: no numpy
     function, see :meth:`CompiledModel.build`).
 
-    Structures found in the on-disk cache of :mod:`memform.analysis.cachestore` (purpose
+    Structures found in the on-disk cache of :mod:`memform.fastpath.cachestore` (purpose
     ``search``) need neither the rebind nor sympy; refused ones are cached with their message.
     The rest are compiled in ``workers`` processes (default: one per CPU) when there are at
     least :data:`PARALLEL_MIN` of them, else here. ``purpose`` names the store (``solve`` and
