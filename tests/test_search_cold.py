@@ -17,6 +17,7 @@ from memform.analysis import search as search_mod
 from memform.analysis.search import default_space, search
 from memform.fastpath.vecwalk import Fallback, Vec, VecStructure, numeric_twin
 from memform.api import load_model
+from memform.fastpath.compiled import CompiledModel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,9 +61,7 @@ def test_cold_path_walks_instead_of_compiling(monkeypatch):
 
     def refuse(*a, **k):
         raise AssertionError("compiled")
-    monkeypatch.setattr(search_mod.CompiledModel if hasattr(search_mod, "CompiledModel") else
-                        __import__("memform.fastpath.compiled", fromlist=["CompiledModel"]).CompiledModel,
-                        "build", classmethod(refuse))
+    monkeypatch.setattr(CompiledModel, "build", classmethod(refuse))
     result = search(model, space, cache=False, compile=False)
     assert result.stats.structures == len(space.pp) and result.stats.fitting > 0
 

@@ -28,7 +28,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     for name in sorted(set(usage) | set(cachedir.PURPOSES)):
         files, size = usage.get(name, (0, 0))
         what = cachedir.PURPOSES.get(name, "other files")
-        print(f"  {name:<9} {files:>6} file(s) {human_bytes(size):>12}  {what}")
+        print(f"  {name:<11} {files:>6} file(s) {human_bytes(size):>12}  {what}")
     return 0
 
 
