@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
     import sympy.core.cache
 
     import memform
-    from memform.analysis import fastcache
+    from memform.fastpath import fastcache
     from memform.engine.model import estimate as interpreted
     from memform.engine.symbolic import tidy
     from memform.report.table import render_table

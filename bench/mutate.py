@@ -346,7 +346,7 @@ def disable_fast_path() -> None:
         atexit.register(shutil.rmtree, tmp, True)
     try:
         import memform  # noqa: F401  (imports every module that copies the function)
-        import memform.analysis.fastcache as fastcache
+        import memform.fastpath.fastcache as fastcache
     except ImportError:
         return
     original = getattr(fastcache, "fast_estimate", None)

@@ -1,5 +1,5 @@
 """The package layout is part of the design (docs/architecture.md): one concern per subpackage,
-dependencies pointing one way (lang <- engine <- analysis / report <- cli) and no module cycles.
+dependencies pointing one way (lang <- engine <- fastpath <- analysis / report <- cli) and no module cycles.
 
 The graph is read from the source with :mod:`ast` (every ``import``, also the ones inside
 functions), so a lazy import cannot hide a cycle.
@@ -21,11 +21,12 @@ ALLOWED = {
     "lang": {"errors", "resources", "cachedir"},
     "allocator": {"errors"},
     "engine": {"lang", "allocator", "errors", "resources", "units"},
-    "analysis": {"engine", "allocator", "lang", "errors", "resources", "units", "cachedir"},
-    "report": {"engine", "analysis", "lang", "errors", "resources", "units", "__init__"},  # __version__
+    "fastpath": {"engine", "allocator", "lang", "errors", "resources", "units", "cachedir"},
+    "analysis": {"engine", "fastpath", "allocator", "lang", "errors", "resources", "units", "cachedir"},
+    "report": {"engine", "analysis", "fastpath", "lang", "errors", "resources", "units", "__init__"},  # __version__
     "importers": {"engine", "lang", "errors", "resources"},
     "validation": {"engine", "allocator", "api", "importers", "errors", "units", "__init__"},
-    "cli": {"api", "engine", "lang", "analysis", "report", "importers", "errors", "resources", "units",
+    "cli": {"api", "engine", "lang", "analysis", "fastpath", "report", "importers", "errors", "resources", "units",
             "cachedir", "__init__"},
 }
 TOP_LEVEL_LIMIT = 8

@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 from test_search import _exprs, x, y, z
 
 from memform import cachedir
-from memform.analysis import fastcache
-from memform.analysis.exact import compile_exact
-from memform.analysis.fastcache import cache_dir, fast_estimate, load_scalar, numeric_estimate
-from memform.analysis.scalar import compile_scalar
+from memform.fastpath import fastcache
+from memform.fastpath.exact import compile_exact
+from memform.fastpath.fastcache import cache_dir, fast_estimate, load_scalar, numeric_estimate
+from memform.fastpath.scalar import compile_scalar
 from memform.engine.config import frameworks
 from memform.engine.model import estimate as interpreted
 from memform.errors import MemformError
@@ -279,7 +279,7 @@ def _structures(model) -> list[dict]:
 
 
 def test_search_structures_are_cached_and_compiled_alike_in_parallel(own_cache, monkeypatch):
-    from memform.analysis import compiled as compiled_mod
+    from memform.fastpath import compiled as compiled_mod
     from memform.engine.model import load_model
     model = load_model(ROOT / "configs" / "llama2-7b.yaml")
     keys = tuple(k for k in compiled_mod.NUMERIC_KEYS if model.symbol_for_key(k) is not None)
@@ -347,7 +347,7 @@ def _rational_combine(children):
 def test_plain_python_fraction_is_sympys_reduced_fraction(body):
     """Where every denominator is one term, the plain-Python conversion gives sympy's reduced
     fraction (same value, same denominator monomial); otherwise it leaves the case to sympy."""
-    from memform.analysis import exact
+    from memform.fastpath import exact
     gens = (x, y, z)
     got = exact._monomial_fraction(body, gens, {})
     if got is None:
@@ -371,7 +371,7 @@ def test_stored_bytecode_is_used_only_by_the_python_that_wrote_it(monkeypatch):
     or damaged text is ignored and the source compiled instead, with the same function."""
     import numpy as np
 
-    from memform.analysis import exact
+    from memform.fastpath import exact
     fn = compile_exact([sympy.Max(x * y, 3 * z) / (x + 1), sympy.Eq(sympy.Mod(y, x), 0)], [x, y, z])
     text = fn.code_text()
     assert text.startswith(exact._CODE_TAG)

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def mutate():
-    import memform.analysis.fastcache as fastcache
+    import memform.fastpath.fastcache as fastcache
     import memform.lang.parser as parser
 
     spec = importlib.util.spec_from_file_location("memform_bench_mutate", ROOT / "bench" / "mutate.py")

@@ -138,7 +138,7 @@ def test_errors_and_hand_overs(tmp_path, formula, kind):
 
 
 def test_an_irrational_formula_is_estimated_by_sympy(tmp_path):
-    from memform.analysis.fastcache import numeric_estimate
+    from memform.fastpath.fastcache import numeric_estimate
     f = tmp_path / "extra.mf"
     f.write_text(f'include "dense.mf"\n{DECODER} log2(h / 3) * 1000 }}\n')
     config = {**SMALL, "formulas": [str(f)]}

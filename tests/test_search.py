@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memform
-from memform.analysis.compiled import NUMERIC_KEYS, CompiledModel
-from memform.analysis.exact import INT64_SAFE, NotExact, compile_exact
+from memform.fastpath.compiled import NUMERIC_KEYS, CompiledModel
+from memform.fastpath.exact import INT64_SAFE, NotExact, compile_exact
 from memform.analysis.search import default_space, divisors, rank, search
 from memform.api import load_model
 from memform.engine.interpreter import CATEGORIES

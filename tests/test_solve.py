@@ -172,7 +172,7 @@ def test_ring_context_parallelism_needs_two_cp_chunks_of_the_sequence(gpt3):
 
 def _counting_build(monkeypatch) -> list[int]:
     """Count CompiledModel.build calls in this process (solve compiles one structure here)."""
-    from memform.analysis.compiled import CompiledModel
+    from memform.fastpath.compiled import CompiledModel
     real = CompiledModel.build.__func__
     calls: list[int] = []
     monkeypatch.setattr(CompiledModel, "build", classmethod(lambda cls, *a, **k: calls.append(1) or real(cls, *a, **k)))

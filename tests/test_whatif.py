@@ -4,7 +4,7 @@ The expected numbers always come from the engine itself (``memform.estimate`` in
 ``memform estimate --json`` through the console script) for the same config and ``--set``
 values; the page must reproduce them byte for byte. Three layers are checked:
 
-* the JavaScript backend of the exact compiler (:func:`memform.analysis.exact.compile_js`)
+* the JavaScript backend of the exact compiler (:func:`memform.fastpath.exact.compile_js`)
   against the numpy one on synthetic expressions (every kind of node it compiles), run with
   Node.js where it is installed;
 * the page's own evaluation script (``<script id="whatif-core">``, extracted from the written
@@ -31,8 +31,8 @@ import sympy
 from cli_helpers import ROOT, run_memform
 
 import memform
-from memform.analysis.compiled import CompiledModel
-from memform.analysis.exact import JS_HELPERS, compile_exact, compile_js
+from memform.fastpath.compiled import CompiledModel
+from memform.fastpath.exact import JS_HELPERS, compile_exact, compile_js
 from memform.engine.interpreter import CATEGORIES
 from memform.engine.model import rebind
 from memform.errors import MemformError

@@ -5,7 +5,7 @@
     >>> est.peak_bytes, est.stages[0].values["activations"]
 
 This module is the stable face of the packages below it; the implementation lives in
-:mod:`memform.engine.model` (estimates, the interpreter), :mod:`memform.analysis.fastcache`
+:mod:`memform.engine.model` (estimates, the interpreter), :mod:`memform.fastpath.fastcache`
 (the compiled, cached numeric fast path) and :mod:`memform.lang.loader` (formula programs).
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .analysis.fastcache import FastEstimate, fast_estimate
+from .fastpath.fastcache import FastEstimate, fast_estimate
 from .engine import model as _model
 from .engine.interpreter import CATEGORIES, StageResult
 from .engine.model import (

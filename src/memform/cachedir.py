@@ -7,7 +7,7 @@ concurrent reader sees the old file or the new one) and checked before it is tru
 it; after each write the directory is held within its size limit (``$MEMFORM_CACHE_MAX_MIB``, 256 MiB
 by default) by deleting the least recently written files, which only costs their rebuild.
 ``--no-cache`` (:func:`set_enabled`) switches all of it off for a process. Used by the parser
-(:mod:`memform.lang.parser`) and the compiled fast paths (:mod:`memform.analysis.cachestore`), so it
+(:mod:`memform.lang.parser`) and the compiled fast paths (:mod:`memform.fastpath.cachestore`), so it
 sits below both and imports nothing of memform but :mod:`memform.resources`.
 """
 
@@ -31,6 +31,7 @@ DEFAULT_LIMIT_MIB = 256
 PURPOSES = {"estimate": "compiled estimate structures", "search": "compiled search structures",
             "solve": "compiled solve and sensitivity structures",
             "whatif": "compiled what-if page structures (one folder per page code version)",
+            "search-seen": "searches of structures not compiled yet (compiled after a few)",
             "syntax": "parsed formula files", "checked": "formula programs that passed the checker",
             "lark": "the grammar's parser tables"}
 
@@ -74,11 +75,11 @@ def digest(path: str) -> str | None:
 @lru_cache(maxsize=1)
 def code_digest() -> str:
     """SHA-256 over memform's version, the grammar and the source of every package that turns
-    a config into numbers (``lang``, ``engine``, ``analysis``): an entry compiled by other code
+    a config into numbers (``lang``, ``engine``, ``fastpath``, ``analysis``): an entry compiled by other code
     is never reused, even within one version."""
     h = hashlib.sha256(VERSION.encode())
     package = Path(__file__).resolve().parent
-    files = [grammar_file()] + sorted(f for sub in ("lang", "engine", "analysis") for f in (package / sub).glob("*.py"))
+    files = [grammar_file()] + sorted(f for sub in ("lang", "engine", "fastpath", "analysis") for f in (package / sub).glob("*.py"))
     for f in files:
         h.update(f.name.encode())
         h.update(f.read_bytes())

@@ -34,7 +34,8 @@ from ..engine.binding import get_path
 from ..engine.model import Model
 from ..engine.results import PS_PER_SECOND
 from ..errors import MemformError
-from .compiled import NUMERIC_KEYS, compile_structures
+from ..fastpath.compiled import NUMERIC_KEYS, compile_structures
+from ..fastpath.vecwalk import Fallback, VecStructure, numeric_twin, seen, walk_all
 
 #: columns of a result row, in output order
 FIELDS = ("dp", "tp", "pp", "vpp", "cp", "ep", "zero", "recompute", "schedule", "micro_batch_size",
@@ -317,11 +318,17 @@ def _numeric_grid(space: SearchSpace, pp: int, gbs: int | None, m_default: int) 
 
 
 def search(model: Model, space: SearchSpace, *,
-           progress: Callable[[int, int, SearchStats], None] | None = None, cache: bool = True) -> SearchResult:
+           progress: Callable[[int, int, SearchStats], None] | None = None, cache: bool = True,
+           compile: bool | None = None) -> SearchResult:
     """Evaluate the whole space; rows (unsorted) for every candidate that is valid and fits.
 
     Each structure's compiled function comes from the on-disk cache when it is there
-    (``cache=False``: compile every one, store nothing)."""
+    (``cache=False``: store nothing, read nothing). A structure not there is evaluated by the
+    numeric walk over its candidate columns (:mod:`memform.fastpath.vecwalk`: no sympy, no compile;
+    the same rows) and compiled only where that walk cannot decide it row by row, or (``compile``
+    None) once it has been searched :data:`COMPILE_AFTER` times, when compiling has paid back;
+    ``compile=True`` compiles every structure not cached, ``compile=False`` none that the walk
+    can evaluate."""
     start = time.perf_counter()
     stats = SearchStats()
     keys = tuple(k for k in NUMERIC_KEYS if model.symbol_for_key(k) is not None)
@@ -365,19 +372,31 @@ def search(model: Model, space: SearchSpace, *,
             continue
         jobs.append((pp, vpp, schedule, recompute, zero, split, overrides))
     t0 = time.perf_counter()
-    compiled = compile_structures(model, [j[-1] for j in jobs], keys, cache=cache,
-                                  progress=(lambda d, n: progress(d, n, stats)) if progress else None)
+    compiled = _structures(model, [j[-1] for j in jobs], keys, cache, compile,
+                           (lambda d, n: progress(d, n, stats)) if progress else None)
     stats.compile_seconds = time.perf_counter() - t0  # wall clock, cache reads and worker processes included
-    for (pp, vpp, schedule, recompute, zero, split, _), cm in zip(jobs, compiled):
+    t0 = time.perf_counter()
+    walked = iter(walk_all([(cm, grids[j[0]]) for j, cm in zip(jobs, compiled) if isinstance(cm, VecStructure)]))
+    stats.evaluate_seconds += time.perf_counter() - t0  # wall clock, worker processes included
+    for (pp, vpp, schedule, recompute, zero, split, overrides), cm in zip(jobs, compiled):
+        cols = grids[pp]
+        batch = None
+        if isinstance(cm, VecStructure):
+            batch = next(walked)
+            if isinstance(batch, Fallback):  # not decidable row by row: compiled, as before
+                t0 = time.perf_counter()
+                cm = compile_structures(model, [overrides], keys, cache=cache, workers=1)[0]
+                stats.compile_seconds += time.perf_counter() - t0
+                batch = None
         if isinstance(cm, MemformError):
             _skip(stats, _first_line(cm))
             continue
-        cols = grids[pp]
         stats.structures += 1
         n = len(cols["parallel.dp"])
         stats.candidates += n
         t0 = time.perf_counter()
-        batch = cm(cols)
+        if batch is None:
+            batch = cm(cols)
         peak = batch.peak
         fits = batch.valid & (peak <= capacity)
         stats.evaluate_seconds += time.perf_counter() - t0
@@ -418,6 +437,36 @@ def search(model: Model, space: SearchSpace, *,
     stats.total_seconds = time.perf_counter() - start
     seq = get_path(model.data, "model.seq_length", None)
     return SearchResult(columns, stats, capacity, timed, seq if isinstance(seq, int) else None)
+
+
+#: a structure is compiled (and stored) once it has been searched this many times without a compiled
+#: entry: compiling costs ~0.10 CPU-s per llama3-70b structure, the numeric walk ~0.04 s and a stored
+#: compiled structure ~0.005 s per search, so compiling pays back from the third search on
+#: (``python bench/search_speed.py`` prints the three)
+COMPILE_AFTER = 2
+
+
+def _structures(model: Model, overrides: list[dict[str, Any]], keys: tuple[str, ...], cache: bool,
+                compile: bool | None, progress: Callable[[int, int], None] | None) -> list[Any]:
+    """Per structure: its stored compiled function, a :class:`VecStructure` to walk, or the
+    :class:`MemformError` that refuses it."""
+    if compile is True:
+        return compile_structures(model, overrides, keys, cache=cache, progress=progress)
+    out: list[Any] = compile_structures(model, overrides, keys, cache=cache, compile=False)
+    missing = [i for i, cm in enumerate(out) if cm is None]
+    if compile is None and cache and missing:
+        due = [i for i in missing if seen(model, overrides[i], keys) >= COMPILE_AFTER]
+        if due:
+            for i, cm in zip(due, compile_structures(model, [overrides[i] for i in due], keys, cache=cache)):
+                out[i] = cm
+            missing = [i for i in missing if out[i] is None]
+    if missing:
+        base = numeric_twin(model)
+        for i in missing:   # rebound where walked (a refused one falls back to the compiler and its message)
+            out[i] = VecStructure(base, keys, overrides[i])
+    if progress:
+        progress(len(out), len(out))
+    return out
 
 
 def complexity(row: dict[str, Any], seq_length: int | None = None) -> tuple[int, list[str]]:

@@ -4,7 +4,7 @@
 and, for a parallel degree, "what is the smallest degree that fits?". The stage peaks are
 taken as closed forms in that one symbol (``resolve=False``: valid for every value, with the
 schedule's ``min``/``max`` kept) and evaluated exactly for every integer in a range found by
-doubling (:mod:`memform.analysis.compiled`); only values that satisfy the formula files' ``require``
+doubling (:mod:`memform.fastpath.compiled`); only values that satisfy the formula files' ``require``
 conditions (and divide the global batch, when one is set) are answers. The answer is then
 re-checked by the interpreter, and the binding stage's closed form is solved continuously
 with ``sympy.solve`` to show where the limit comes from.
@@ -23,7 +23,7 @@ from ..engine.model import Model, estimate_model, rebind
 from ..engine.results import CATEGORIES
 from ..errors import MemformError, did_you_mean
 from ..units import human_bytes
-from .compiled import CompiledModel, compile_structures, interpreted_peaks
+from ..fastpath.compiled import CompiledModel, compile_structures, interpreted_peaks
 
 #: keys whose value changes the stage partition itself: solved by re-evaluating per value
 STRUCTURAL_KEYS = ("parallel.pp", "parallel.vpp")
@@ -80,7 +80,7 @@ def solve(model: Model, key: str, *, limit: int | None = None, cache: bool = Tru
     """The largest value of ``key`` (smallest, for a ``parallel.*`` degree) that fits.
 
     The closed form is compiled once per structure and kept in the on-disk store
-    (:func:`memform.analysis.compiled.compile_structures`, purpose ``solve``; ``cache=False``: not
+    (:func:`memform.fastpath.compiled.compile_structures`, purpose ``solve``; ``cache=False``: not
     read nor written), so solving the same config again skips the compile."""
     if key in STRUCTURAL_KEYS or key in ("p", "vp"):
         return _solve_structural(model, key if "." in key else {"p": "parallel.pp", "vp": "parallel.vpp"}[key],

@@ -27,8 +27,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
           f"in use: {human_bytes(total)}")
     for name in sorted(set(usage) | set(cachedir.PURPOSES)):
         files, size = usage.get(name, (0, 0))
-        what = cachedir.PURPOSES.get(name.split("-")[0], "other files")
-        print(f"  {name:<9} {files:>6} file(s) {human_bytes(size):>12}  {what}")
+        what = cachedir.PURPOSES.get(name, cachedir.PURPOSES.get(name.split("-")[0], "other files"))
+        print(f"  {name:<11} {files:>6} file(s) {human_bytes(size):>12}  {what}")
     return 0
 
 

@@ -60,7 +60,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         raise MemformError("--symbolic and --explain: choose one")
     est = None
     if not args.symbolic and args.explain is None:
-        from ..analysis.fastcache import fast_estimate
+        from ..fastpath.fastcache import fast_estimate
         est = fast_estimate(args.config, args.overrides, cache=not args.no_cache, compile=False)
     if est is None:
         from ..engine.model import estimate

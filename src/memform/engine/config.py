@@ -33,7 +33,7 @@ class Key:
 
 _INT = ast.TypeSpec("int")
 #: numeric config keys a search or a solver varies, and the inputs of a compiled structure
-#: (:mod:`memform.analysis.fastcache`) where the config sets them
+#: (:mod:`memform.fastpath.fastcache`) where the config sets them
 NUMERIC_KEYS = ("parallel.dp", "parallel.tp", "parallel.cp", "parallel.ep",
                 "training.micro_batch_size", "training.num_micro_batches")
 

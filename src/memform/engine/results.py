@@ -1,7 +1,7 @@
 """The numbers of an estimate, without its closed forms (no sympy).
 
 An :class:`~memform.engine.model.Estimate` carries exact sympy expressions next to its byte
-counts; the cached numeric fast path (:mod:`memform.analysis.fastpath`) produces the byte
+counts; the cached numeric fast path (:mod:`memform.fastpath.fastcache`) produces the byte
 counts alone. Both share these classes, so the properties every output uses (``peak_bytes``,
 ``fits``, the ``--json`` numbers) are defined once.
 """

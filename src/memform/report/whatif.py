@@ -5,8 +5,8 @@ external script or style). The page carries, for each *structural* variant of th
 size, virtual chunks, schedule, recompute mode, ZeRO stage: they change the stage partition or the
 substituted options), the per-stage, per-category closed forms that the interpreter derives with
 ``resolve=False`` (valid for every value of the kept symbols; see
-:class:`memform.analysis.compiled.CompiledModel`), compiled to BigInt JavaScript by
-:func:`memform.analysis.exact.compile_js`: the same exact integer computation that ``memform search``
+:class:`memform.fastpath.compiled.CompiledModel`), compiled to BigInt JavaScript by
+:func:`memform.fastpath.exact.compile_js`: the same exact integer computation that ``memform search``
 runs in numpy, so the page shows what ``memform estimate --set ...`` prints, byte for byte. The numeric
 symbols (parallel degrees, micro-batch size and count, sequence length, and any ``--vary`` key) are
 inputs; the formula files' ``require`` conditions come along and are checked on every change, as are
@@ -30,8 +30,8 @@ from typing import Any, Mapping, Sequence
 
 import sympy
 
-from ..analysis.compiled import NUMERIC_KEYS, CompiledModel, compile_structures, time_flags
-from ..analysis.exact import JS_HELPERS, compile_js
+from ..fastpath.compiled import NUMERIC_KEYS, CompiledModel, compile_structures, time_flags
+from ..fastpath.exact import JS_HELPERS, compile_js
 from ..analysis.search import body_layers, stage_split
 from ..engine.binding import get_path
 from ..engine.config import RECOMPUTE_MODES
@@ -238,7 +238,7 @@ def build_whatif(model: Model, *, vary: Sequence[str] = (), pp: Sequence[int] | 
     """The page data for ``model`` (a loaded config, its ``--set`` overrides applied).
 
     Each structural variant is compiled once and kept, with its JavaScript and stage labels, in the
-    on-disk store (:func:`memform.analysis.compiled.compile_structures`, purpose ``whatif-…``;
+    on-disk store (:func:`memform.fastpath.compiled.compile_structures`, purpose ``whatif-…``;
     ``cache=False``: neither read nor written): the page for the same config is then built without
     sympy's work."""
     keys = numeric_keys(model, vary)
@@ -266,7 +266,7 @@ def build_whatif(model: Model, *, vary: Sequence[str] = (), pp: Sequence[int] | 
         functions.append(None)
     # every variant at once: stored ones are read back, the rest compiled in parallel processes
     built = compile_structures(model, [o for _, o in todo], keys, cache=cache, purpose=_store_purpose(),
-                               extra=_page_part)
+                               extra=_page_part, numpy=False)  # the page computes with its JavaScript alone
     for (i, _), cm in zip(todo, built):
         functions[i] = _fill(variants[i], cm)
     degrees = []

@@ -104,7 +104,7 @@ def _code(expr: str) -> types.CodeType:
     """``expr`` (generated code) compiled once per process."""
     code = _OBJECT_CODE.get(expr)
     if code is None:
-        code = _OBJECT_CODE[expr] = compile(expr, "<memform.analysis.exact>", "eval")
+        code = _OBJECT_CODE[expr] = compile(expr, "<memform.fastpath.exact>", "eval")
     return code
 
 
@@ -894,7 +894,7 @@ def load_exact(inputs: Sequence[str], source: str, code: str | None = None) -> E
     ``code``, its :meth:`ExactFunction.code_text`, saves compiling it again."""
     compiled = _load_code(code)
     if compiled is None:
-        compiled = compile(source, "<memform.analysis.exact>", "exec")
+        compiled = compile(source, "<memform.fastpath.exact>", "exec")
     namespace: dict[str, Any] = {"np": np, "_as_object": _as_object, "_maxabs": _maxabs, "_full": _full,
                                  "_on_objects": _on_objects, "_wide": _wide, "INT64_SAFE": INT64_SAFE}
     exec(compiled, namespace)  # noqa: S102 - our own generated code

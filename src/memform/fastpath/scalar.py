@@ -2,10 +2,10 @@
 
 ``memform estimate`` evaluates one config at a time. numpy arrays of length one would spend
 their time in call overhead, and Python's own integers are exact at any size, so this backend
-writes the computation of :class:`memform.analysis.exact._Builder` (the same common
+writes the computation of :class:`memform.fastpath.exact._Builder` (the same common
 denominators, sign tests and branch choices) as straight-line Python over ints and bools,
 with no overflow guards. The generated source is plain text: it is stored in the on-disk
-cache and run later by :func:`memform.analysis.fastcache.load_scalar` without sympy.
+cache and run later by :func:`memform.fastpath.fastcache.load_scalar` without sympy.
 """
 
 from __future__ import annotations

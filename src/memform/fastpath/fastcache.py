@@ -10,7 +10,7 @@ re-runs the same file. So a config is split into
   presence is part of the structure, their values are not); and
 * its *inputs*: those numeric values.
 
-A structure is compiled once (:mod:`memform.analysis.fastcompile`) into a plain Python
+A structure is compiled once (:mod:`memform.fastpath.fastcompile`) into a plain Python
 function of its inputs; the entry is kept in process and on disk (the platform's user cache
 directory via ``platformdirs``; ``MEMFORM_CACHE_DIR`` overrides it). The key is a SHA-256 of
 the structure; an entry also records every formula file it read with its digest, and a
@@ -62,7 +62,7 @@ class _Loaded:
 
 
 def load_scalar(source: str) -> Callable[..., tuple[list[Any], bool]]:
-    """The function defined by a compiled entry's source (see :mod:`memform.analysis.scalar`)."""
+    """The function defined by a compiled entry's source (see :mod:`memform.fastpath.scalar`)."""
     namespace: dict[str, Any] = {"_sgn": _sgn, "__builtins__": {"abs": abs}}
     exec(compile(source, "<memform compiled structure>", "exec"), namespace)  # noqa: S102 - our own generated code
     return namespace["_scalar"]

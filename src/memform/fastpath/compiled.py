@@ -6,11 +6,11 @@ its own: the interpreter runs once with ``resolve=False`` (``Piecewise``/``Min``
 so the closed form is valid for *every* value) keeping only the numeric config keys being
 varied (tensor/data/context/expert degrees, micro-batch size and count) as symbols. The
 per-stage, per-category expressions and the formula files' ``require`` conditions are then
-compiled by :mod:`memform.analysis.exact` into one function over integer arrays.
+compiled by :mod:`memform.fastpath.exact` into one function over integer arrays.
 
 The result equals what :func:`memform.estimate_model` gives for each candidate, byte for byte
 (every category rounded up to whole bytes, as :func:`memform.engine.to_bytes` does). Step times
-are the exception: float64 (relative error ~1e-15; see :mod:`memform.analysis.exact`).
+are the exception: float64 (relative error ~1e-15; see :mod:`memform.fastpath.exact`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ import numpy as np
 import sympy
 
 from ..engine.config import NUMERIC_KEYS, apply_overrides  # noqa: F401 (NUMERIC_KEYS re-exported)
-from ..engine.evaluator import Ctx
-from ..engine.interpreter import CATEGORIES, PS_PER_SECOND
-from ..engine.model import Model, estimate_model, rebind
+from ..engine.evaluator import Ctx, Evaluator
+from ..engine.interpreter import CATEGORIES, PS_PER_SECOND, Interpreter
+from ..engine.model import Model, estimate_model, partition_of, rebind
+from ..engine.walker import LayerSlot
+from .sharedmemo import SharedMemo
 from ..errors import MemformError
 from .cachestore import entry_path, file_digests, formula_paths, read_entry, structure_key, write_entry
 from .exact import ExactFunction, NotExact, compile_exact, load_exact
@@ -118,9 +120,16 @@ class CompiledModel:
     #: with a time model: each stage's step picoseconds, the stages' summed ideal picoseconds and
     #: the tokens per step, as closed forms (the outputs after the categories; empty when read back)
     times: list[sympy.Expr] = field(default_factory=list)
+    #: the walk that built it (:meth:`build`'s ``prior`` for the next structure); None when read back
+    evaluator: Any = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def build(cls, model: Model, keys: Sequence[str]) -> "CompiledModel":
+    def build(cls, model: Model, keys: Sequence[str], prior: Any = None, numpy: bool = True) -> "CompiledModel":
+        """Compile ``model``'s structure over ``keys``. ``prior``: the :attr:`evaluator` of another
+        structure of the same program built just before, whose closed forms this walk takes where
+        what they read is equal (:mod:`memform.fastpath.sharedmemo`); this walk's is kept as
+        :attr:`evaluator` on the result. ``numpy=False``: the closed forms alone, no numpy function
+        (``function`` None: for a caller that compiles them otherwise, the what-if page's JavaScript)."""
         start = time.perf_counter()
         symbols = []
         for k in keys:
@@ -131,8 +140,15 @@ class CompiledModel:
             symbols.append(sym)
         derived = _derived_symbols(model, frozenset(s.name for s in symbols))
         keep = frozenset(s.name for s in symbols) | frozenset(derived)
-        est = estimate_model(model, resolve=False, keep=keep)
-        ev = model.evaluator(resolve=False, keep=keep)
+        ev = _SharingEvaluator(model.program, model.bound.symbols, model.bound.values, model.bound.options,
+                               resolve=False, keep=keep)
+        part = partition_of(model, ev)
+        for i in range(model.structure.pp):  # every stage's layers, before anything reads them
+            ev.stage_layers[i] = tuple(LayerSlot(c.index, g.block, g.mode, g.count, g.first_layer, g.bindings)
+                                       for c in part.chunks[i] for g in c.groups)
+        ev.share(prior)
+        interp = Interpreter(model.program, ev, model.structure.schedule)
+        est = _Stages([interp.stage(i, part, model.structure.capacity_bytes) for i in range(model.structure.pp)])
         follow = _follow(model, derived)
         requires = []
         for r in model.program.requires:
@@ -148,25 +164,27 @@ class CompiledModel:
                     _substitute(est.stages[0].tokens_expr, follow)]) if timed else []
         flat = [e[c] for e in exprs for c in CATEGORIES] + times + [c for _, c in requires]
         try:
-            fn = compile_exact(flat, symbols, time_flags(len(exprs) * len(CATEGORIES), times))
+            fn = compile_exact(flat, symbols, time_flags(len(exprs) * len(CATEGORIES), times)) if numpy else None
         except NotExact as exc:
-            raise MemformError(f"the closed form cannot be evaluated exactly in integers for "
-                               f"{', '.join(keys)} ({exc}); use 'memform estimate' per value instead") from None
-        return cls(model, tuple(keys), tuple(symbols), len(exprs), exprs, requires, fn,
-                   time.perf_counter() - start, timed, times=times)
+            raise not_exact(keys, exc) from None
+        out = cls(model, tuple(keys), tuple(symbols), len(exprs), exprs, requires, fn,
+                  time.perf_counter() - start, timed, times=times)
+        out.evaluator = ev
+        return out
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any], seconds: float = 0.0) -> "CompiledModel":
         """A compiled structure from its stored form (no closed forms: ``model``/``exprs`` None)."""
-        fn = load_exact(body["inputs"], body["source"], body.get("code"))
+        fn = load_exact(body["inputs"], body["source"], body.get("code")) if body["source"] is not None else None
         return cls(None, tuple(body["keys"]), (), body["stages"], None, [(m, None) for m in body["requires"]],
                    fn, seconds, bool(body.get("timed", False)), body.get("extra"))
 
     def body(self) -> dict[str, Any]:
         """What :meth:`from_body` needs, JSON-ready (for the cache and for worker processes)."""
-        return {"keys": list(self.keys), "inputs": list(self.function.inputs), "source": self.function.source,
-                "stages": self.stages, "requires": [m for m, _ in self.requires], "timed": self.timed,
-                "code": self.function.code_text()}
+        fn = self.function
+        return {"keys": list(self.keys), "inputs": list(fn.inputs) if fn else [s.name for s in self.symbols],
+                "source": fn.source if fn else None, "stages": self.stages,
+                "requires": [m for m, _ in self.requires], "timed": self.timed, "code": fn.code_text() if fn else None}
 
     def __call__(self, columns: Mapping[str, Any]) -> Batch:
         cols = [np.asarray(columns[k]) for k in self.keys]
@@ -198,15 +216,32 @@ class CompiledModel:
                      timing[self.stages + 1])
 
 
+def not_exact(keys: Sequence[str], exc: Exception) -> MemformError:
+    """The refusal of a structure whose closed form integer arithmetic cannot evaluate exactly."""
+    return MemformError(f"the closed form cannot be evaluated exactly in integers for "
+                        f"{', '.join(keys)} ({exc}); use 'memform estimate' per value instead")
+
+
+class _SharingEvaluator(SharedMemo, Evaluator):
+    """The sympy walk, taking closed forms from the previous structure's walk where it can."""
+
+
+@dataclass
+class _Stages:
+    stages: list[Any]
+
+
 def compile_structures(model: Model, overrides: Sequence[Mapping[str, Any]], keys: Sequence[str], *,
                        cache: bool = True, workers: int | None = None,
                        progress: Callable[[int, int], None] | None = None, purpose: str = "search",
                        extra: Callable[[Model, "CompiledModel"], Any] | None = None,
-                       ) -> list["CompiledModel | MemformError"]:
+                       compile: bool = True, numpy: bool = True) -> list["CompiledModel | MemformError | None"]:
     """:meth:`CompiledModel.build` of ``rebind(model, o, check=False)`` for each ``o`` in
-    ``overrides``, or the :class:`MemformError` that structure raises.
+    ``overrides``, or the :class:`MemformError` that structure raises (``compile=False``: only
+    what the on-disk cache holds, None for every other structure; ``numpy=False``: no numpy
+    function, see :meth:`CompiledModel.build`).
 
-    Structures found in the on-disk cache of :mod:`memform.analysis.cachestore` (purpose
+    Structures found in the on-disk cache of :mod:`memform.fastpath.cachestore` (purpose
     ``search``) need neither the rebind nor sympy; refused ones are cached with their message.
     The rest are compiled in ``workers`` processes (default: one per CPU) when there are at
     least :data:`PARALLEL_MIN` of them, else here. ``purpose`` names the store (``solve`` and
@@ -228,29 +263,44 @@ def compile_structures(model: Model, overrides: Sequence[Mapping[str, Any]], key
             except (KeyError, TypeError, ValueError, SyntaxError):
                 pass  # a damaged body: compiled again below
         todo.append(i)
+    if not compile:
+        return out
     done = len(overrides) - len(todo)
     if progress:
         progress(done, len(overrides))
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     # the most pipeline chunks first (they take longest): no worker is left with a big one at the end
-    todo.sort(key=lambda i: -int(overrides[i].get("parallel.pp") or 1) * int(overrides[i].get("parallel.vpp") or 1))
-    if len(todo) >= PARALLEL_MIN and workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+    # one pipeline layout per group, compiled one after another (each walk takes from the previous
+    # one what it can: sharedmemo); the most pipeline chunks first (they take longest), so that no
+    # worker is left with a big one at the end
+    groups: dict[tuple, list[int]] = {}
+    for i in todo:
+        o = overrides[i]
+        groups.setdefault((o.get("parallel.pp"), o.get("parallel.vpp"), str(o.get("parallel.stage_layers"))),
+                          []).append(i)
+    order = sorted(groups.values(), key=lambda g: -sum(int(overrides[i].get("parallel.pp") or 1)
+                                                       * int(overrides[i].get("parallel.vpp") or 1) for i in g))
+    if len(todo) >= PARALLEL_MIN and len(order) > 1 and workers > 1 and "fork" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("fork")  # the workers inherit the loaded model
-        with ProcessPoolExecutor(min(workers, len(todo)), mp_context=ctx, initializer=_worker_init,
-                                 initargs=(model, tuple(keys), extra)) as pool:
-            results = pool.map(_worker_compile, [overrides[i] for i in todo], chunksize=1)
-            for i, result in zip(todo, results):
-                out[i] = _finish(result, keys_of[i], purpose)
+        with ProcessPoolExecutor(min(workers, len(order)), mp_context=ctx, initializer=_worker_init,
+                                 initargs=(model, tuple(keys), extra, numpy)) as pool:
+            results = pool.map(_worker_compile, [[overrides[i] for i in g] for g in order], chunksize=1)
+            for group, found in zip(order, results):
+                for i, result in zip(group, found):
+                    out[i] = _finish(result, keys_of[i], purpose)
+                    done += 1
+                    if progress:
+                        progress(done, len(overrides))
+    else:
+        for group in order:
+            prior: list[Any] = [None]
+            for i in group:
+                out[i] = _finish(_compile_one(model, overrides[i], tuple(keys), extra, prior, numpy), keys_of[i],
+                                 purpose)
                 done += 1
                 if progress:
                     progress(done, len(overrides))
-    else:
-        for i in todo:
-            out[i] = _finish(_compile_one(model, overrides[i], tuple(keys), extra), keys_of[i], purpose)
-            done += 1
-            if progress:
-                progress(done, len(overrides))
     return out
 
 
@@ -259,25 +309,33 @@ PARALLEL_MIN = 8
 _WORKER: dict[str, Any] = {}
 
 
-def _worker_init(model: Model, keys: tuple[str, ...], extra: Any = None) -> None:
-    _WORKER["model"], _WORKER["keys"], _WORKER["extra"] = model, keys, extra
+def _worker_init(model: Model, keys: tuple[str, ...], extra: Any = None, numpy: bool = True) -> None:
+    _WORKER["model"], _WORKER["keys"], _WORKER["extra"], _WORKER["numpy"] = model, keys, extra, numpy
 
 
-def _worker_compile(overrides: Mapping[str, Any]) -> tuple[Any, ...]:
-    return _compile_one(_WORKER["model"], overrides, _WORKER["keys"], _WORKER["extra"])
+def _worker_compile(group: list[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+    prior: list[Any] = [None]
+    return [_compile_one(_WORKER["model"], o, _WORKER["keys"], _WORKER["extra"], prior, _WORKER["numpy"])
+            for o in group]
 
 
 def _compile_one(model: Model, overrides: Mapping[str, Any], keys: tuple[str, ...],
-                 extra: Any = None) -> tuple[Any, ...]:
-    """(body or None, error message or None, formula files with digests, seconds): picklable."""
+                 extra: Any = None, prior: list[Any] | None = None, numpy: bool = True) -> tuple[Any, ...]:
+    """(body or None, error message or None, formula files with digests, seconds): picklable.
+    ``prior``: a one-entry list holding the previous structure's walk (replaced by this one's)."""
     start = time.perf_counter()
     try:
         smodel = rebind(model, overrides, check=False)
         files = file_digests(smodel.program.paths)
-        cm = CompiledModel.build(smodel, keys)
+        cm = CompiledModel.build(smodel, keys, prior[0] if prior else None, numpy)
+        if prior is not None:
+            prior[0] = cm.evaluator
         body = cm.body()
         if extra is not None:
-            body["extra"] = extra(smodel, cm)
+            try:
+                body["extra"] = extra(smodel, cm)
+            except NotExact as exc:   # without the numpy function this is where the closed form is compiled
+                raise not_exact(keys, exc) from None
     except MemformError as exc:
         return None, exc.message, locals().get("files", []), time.perf_counter() - start
     return body, None, files, time.perf_counter() - start

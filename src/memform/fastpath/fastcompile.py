@@ -1,9 +1,9 @@
 """Compiling one config *structure* into a fast-path entry (the cache-miss side; uses sympy).
 
 The interpreter runs once with ``resolve=False`` keeping the config's numeric degrees and
-micro-batching (:data:`memform.analysis.compiled.NUMERIC_KEYS`, where the config sets them)
+micro-batching (:data:`memform.fastpath.compiled.NUMERIC_KEYS`, where the config sets them)
 as symbols, so each closed form holds for every value of them. Everything an estimate prints
-is compiled by :func:`memform.analysis.scalar.compile_scalar` into one Python function of
+is compiled by :func:`memform.fastpath.scalar.compile_scalar` into one Python function of
 those inputs: per stage every category, the parameter count, host bytes, each schedule moment
 and which one is largest, each runtime block; the setup line's values and the model's
 parameter counts. The same function also returns every condition under which the interpreter
