@@ -98,3 +98,12 @@ def test_llama2_70b_last_stage_reserve_against_the_trace():
     recorded in memform/validation/bounds.yaml): reserve 280,921,788 of 37,343,985,664 reserved bytes."""
     stage = memform.estimate(mcore_config()).stages[3]
     assert abs(stage.reserve - 280_921_788) / 37_343_985_664 < 0.10
+
+
+def test_mixtral_command_line_reads_expert_parallelism():
+    # Megatron-LM examples/mixtral: TP 2 × PP 4 × EP 8 on 64 GPUs; memform reads the same command line
+    from memform.validation.frameworks import mcore
+    case = mcore.MIXTRAL_8X7B
+    assert "--expert-model-parallel-size" in case.arguments() and case.world == 64
+    cfg = case.memform_config()
+    assert cfg["parallel"]["ep"] == 8 and cfg["parallel"]["dp"] == 8 and cfg["model"]["num_experts"] == 8
