@@ -120,9 +120,11 @@ def test_the_importer_reads_the_published_command_lines():
 def test_fake_traces_are_one_rank_per_stage_of_a_64_gpu_job():
     cases = mcore.fake_quick_sweep()
     assert [(c.recipe, c.stage) for c in cases] == ([("gpt3-175b", i) for i in range(8)]
-                                                    + [("llama2-70b", i) for i in range(4)])
+                                                    + [("llama2-70b", i) for i in range(4)]
+                                                    + [("mixtral-8x7b", i) for i in range(4)])
     assert all(c.world == 64 and c.fake for c in cases)
-    assert [mcore._rank_of(c) for c in cases[8:]] == [0, 16, 32, 48]   # tp-cp-ep-dp-pp: stage × tp × dp
+    assert [mcore._rank_of(c) for c in cases[8:12]] == [0, 16, 32, 48]   # tp-cp-ep-dp-pp: stage × tp × dp
+    assert [mcore._rank_of(c) for c in cases[12:]] == [0, 16, 32, 48]    # Mixtral: TP 2 × DP 8 (EP 8 within DP)
     assert not any(c.reserve_checked for c in cases) and all(c.reserve_checked for c in mcore.fake_sweep())
 
 
