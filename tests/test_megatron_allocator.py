@@ -107,3 +107,32 @@ def test_mixtral_command_line_reads_expert_parallelism():
     assert "--expert-model-parallel-size" in case.arguments() and case.world == 64
     cfg = case.memform_config()
     assert cfg["parallel"]["ep"] == 8 and cfg["parallel"]["dp"] == 8 and cfg["model"]["num_experts"] == 8
+
+
+# ---- the tracer's running live set (validation/samples.py StorageSamples.fixed_sizes) ---------------------
+def _trace(fixed: bool):
+    torch = pytest.importorskip("torch")
+    from memform.validation.frameworks.tracking import StepSamples
+    tr = StepSamples()
+    tr.fixed_sizes = fixed
+    with tr.mode:
+        a = torch.ones(1000)
+        b = a * 2
+        del a                                      # freed between two ops
+        c = b + 1
+        d = torch.cat([b, c])
+        del b, c
+        e = d.sum()
+        tr.mark("end")
+    del d, e
+    return tr.samples, tr.marks
+
+
+def test_running_live_set_gives_the_samples_of_the_rescan():
+    # the megatron-core harness's tracer keeps the live set up to date instead of re-reading every live
+    # storage after every op: the same samples, op by op
+    fixed, rescan = _trace(True), _trace(False)
+    assert fixed == rescan
+    samples, _ = fixed
+    # ones, mul, add (a freed before it), cat, sum (b and c freed before it), the mark
+    assert [sum(n for _, n in s) for s in samples] == [4000, 8000, 8000, 16000, 8004, 8004]

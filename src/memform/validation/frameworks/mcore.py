@@ -683,6 +683,9 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
                     "optimizer": sum(st.nbytes() for st in opt_storages)}
 
         trace = StepSamples(ignore=static)
+        # megatron resizes no storage in place (its buffers are made whole, deallocate_output_tensor swaps
+        # .data): the tracer keeps a running live set (samples.StorageSamples.fixed_sizes)
+        trace.fixed_sizes = os.environ.get("MEMFORM_TRACE_RESCAN") != "1"
         orig_backward = schedules.backward_step
         orig_comm = p2p_communication.P2PCommunicator._communicate
 
