@@ -1,7 +1,8 @@
 """Per-op samples of the live bytes of every storage created while a dispatch mode is active.
 
 Unlike :class:`~.timeline.StorageTimeline` it re-reads each storage's size at every sample: FSDP frees and
-re-allocates unsharded parameters by resizing their storages, which no dispatcher op reports. Both
+re-allocates unsharded parameters by resizing their storages, which no dispatcher op reports (a trace
+whose storages keep their size sets ``fixed_sizes`` and keeps a running live set instead). Both
 multi-process harnesses use it (:mod:`.fsdp2`, :mod:`.distributed`); each subclass says how a new storage
 is tagged (:meth:`StorageSamples._classify`) and how a tagged storage is labelled in :meth:`by_op`. torch
 is imported lazily: these run only in the ranks' processes.
