@@ -719,10 +719,14 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
         for serial, op in trace.op_of.items():
             if op in VIEW_OPS and serial not in trace.tags:
                 trace.tags[serial] = "backend"
-        is_comm = lambda s: trace.tags.get(s) == "gmb" or any(k in trace.op_of.get(s, "") for k in COLLECTIVES)  # noqa: E731
-        act = lambda s: not is_comm(s) and trace.tags.get(s) != "backend"  # noqa: E731
+        # each storage's category decided once (the peaks below test every storage of every sample: tens of
+        # millions of tests on a whole published stage, most of its trace's time when decided per test)
+        comm_set = {s for s, op in trace.op_of.items()
+                    if trace.tags.get(s) == "gmb" or any(k in op for k in COLLECTIVES)}
+        act_set = {s for s in trace.op_of if s not in comm_set and trace.tags.get(s) != "backend"}
+        is_comm, act = comm_set.__contains__, act_set.__contains__
         # what the forward passes left saved: without the output gradient the stage has just received
-        saved = lambda s: act(s) and trace.tags.get(s) != "p2p"  # noqa: E731
+        saved = {s for s in act_set if trace.tags.get(s) != "p2p"}.__contains__
         fb = trace.marks["fwd_bwd"]
         warm = trace.marks.get("warmup", fb)
         peak, at = _peak(trace, act, 0, fb + 1)
