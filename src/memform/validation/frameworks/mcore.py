@@ -683,9 +683,11 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
                     "optimizer": sum(st.nbytes() for st in opt_storages)}
 
         trace = StepSamples(ignore=static)
-        # megatron resizes no storage in place (its buffers are made whole, deallocate_output_tensor swaps
-        # .data): the tracer keeps a running live set (samples.StorageSamples.fixed_sizes)
-        trace.fixed_sizes = os.environ.get("MEMFORM_TRACE_RESCAN") != "1"
+        # without --recompute-modules megatron resizes no storage of the step in place (its buffers are made
+        # whole, deallocate_output_tensor swaps .data): the tracer keeps a running live set
+        # (samples.StorageSamples.fixed_sizes). The modules' CheckpointWithoutOutput frees its output with
+        # untyped_storage().resize_(0) (tensor_parallel/random.py:848): those traces re-read every storage
+        trace.fixed_sizes = not case.modules and os.environ.get("MEMFORM_TRACE_RESCAN") != "1"
         orig_backward = schedules.backward_step
         orig_comm = p2p_communication.P2PCommunicator._communicate
 
