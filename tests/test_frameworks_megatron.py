@@ -8,8 +8,8 @@ memform.validation.frameworks. ``python bench/validate.py --frameworks --only mc
 megatron-core sweep. megatron-core is not in an extra (it installs only with --no-deps
 --ignore-requires-python on Python 3.11): without it the module is skipped, with the install command.
 
-Published sizes (issue 29 (b)): GPT-3 175B (TP 8 × PP 8, SP, selective recompute) and Llama-2-70B (TP 8 ×
-PP 4, SP, DP 2 with the distributed optimizer), rank 0 of every pipeline stage traced under FakeTensorMode
+Published sizes (issue 29 (b)): GPT-3 175B (TP 8 × PP 8, SP, selective recompute), Llama-2-70B (TP 8 ×
+PP 4, SP, DP 2 with the distributed optimizer) and Mixtral 8x7B (TP 2 × PP 4 × EP 8, SP, DP 8), rank 0 of every pipeline stage traced under FakeTensorMode
 on a ``fake`` process group of 64 ranks; the slow test runs them cut to one layer per stage, each row held
 to its own recorded agreement (memform/validation/bounds.yaml).
 """
@@ -120,15 +120,17 @@ def test_the_importer_reads_the_published_command_lines():
 def test_fake_traces_are_one_rank_per_stage_of_a_64_gpu_job():
     cases = mcore.fake_quick_sweep()
     assert [(c.recipe, c.stage) for c in cases] == ([("gpt3-175b", i) for i in range(8)]
-                                                    + [("llama2-70b", i) for i in range(4)])
+                                                    + [("llama2-70b", i) for i in range(4)]
+                                                    + [("mixtral-8x7b", i) for i in range(4)])
     assert all(c.world == 64 and c.fake for c in cases)
-    assert [mcore._rank_of(c) for c in cases[8:]] == [0, 16, 32, 48]   # tp-cp-ep-dp-pp: stage × tp × dp
+    assert [mcore._rank_of(c) for c in cases[8:12]] == [0, 16, 32, 48]   # tp-cp-ep-dp-pp: stage × tp × dp
+    assert [mcore._rank_of(c) for c in cases[12:]] == [0, 16, 32, 48]    # Mixtral: TP 2 × DP 8 (EP 8 within DP)
     assert not any(c.reserve_checked for c in cases) and all(c.reserve_checked for c in mcore.fake_sweep())
 
 
 @pytest.mark.slow
 def test_published_sizes_cut_to_one_layer_per_stage_within_their_recorded_bounds():
-    # about 90 s on two shared cores: 12 fake traces (GPT-3 175B's 8 stages, Llama-2-70B's 4)
+    # about 2 min on two shared cores: 16 fake traces (GPT-3 175B's 8 stages, Llama-2-70B's 4, Mixtral 8x7B's 4)
     cases = mcore.fake_quick_sweep()
     mcore.run(cases)
     rows = [frameworks.compare(c, mcore) for c in cases]

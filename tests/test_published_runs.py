@@ -146,11 +146,13 @@ def test_deepseek_v3_needs_each_mechanism_of_its_report(without, overrides):
 
 def test_deepseek_v3_bf16_moments_and_shared_mtp_embedding_are_margin():
     # BF16 AdamW moments (§3.3.3) and the MTP module's shared embedding (§3.2.1) are not what makes the job
-    # fit: fp32 moments add 2.7 GiB to the peak stage (79.0 GiB allocated, the caching allocator then has
-    # to release its cache to stay under 80 GB), a private MTP embedding copy adds to stage 0 only
+    # fit: fp32 moments add 2.7 GiB to the peak stage (79.0 GiB allocated, 79.5 GiB reserved with Megatron's
+    # gradient buffers kept across steps: still fits; 84.6 GiB and three cache releases while the replay freed
+    # them), a private MTP embedding copy adds to stage 0 only
     base = memform.estimate(CONFIGS / "deepseek-v3-report.yaml")
     fp32 = memform.estimate(CONFIGS / "deepseek-v3-report.yaml", overrides={"training.precision.optimizer": "fp32"})
-    assert fp32.peak_bytes > base.peak_bytes and max(st.reserved_bytes for st in fp32.stages) > 80 * GIB
+    assert fp32.peak_bytes > base.peak_bytes and fp32.fits
+    assert max(st.reserved_bytes for st in fp32.stages) > max(st.reserved_bytes for st in base.stages)
     copy = memform.estimate(CONFIGS / "deepseek-v3-report.yaml", overrides={"parallel.mtp_embedding_shared": False})
     assert copy.stages[0].peak_bytes > base.stages[0].peak_bytes and copy.peak_bytes == base.peak_bytes
 

@@ -15,13 +15,28 @@ from functools import lru_cache
 from typing import Any
 
 from .caching import AllocatorConfig, OutOfMemory, replay
-from .sequence import GROUP_FIGURES, LayerBlocks, from_estimate
+from .sequence import GROUP_FIGURES, LayerBlocks, ShardedStates, from_estimate
 
 # the engine's Model, StageResult and StageNumbers are taken by duck typing (the engine imports this
 # package, not the other way round)
 Model = StageResult = StageNumbers = Any
 
 MIB = 2 ** 20
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What the framework keeps across steps, as its formulas say: gradients in persistent buffers
+    (``grads_kept``) and optimizer states of a DP-sharded flat buffer (``opt_flat_*``: :class:`ShardedStates`;
+    None: each parameter's states sharded evenly, or not at all)."""
+
+    grads: bool = False
+    sharded: ShardedStates | None = None
+
+
+#: the formulas' lets that describe a DP-sharded flat buffer (frameworks/megatron.mf), ShardedStates' fields
+SHARDED_LETS = (("opt_flat_shards", "shards"), ("opt_flat_masters", "masters"), ("opt_flat_moments", "moments"),
+                ("opt_flat_bucket", "bucket"))
 
 
 @dataclass(frozen=True)
@@ -35,17 +50,24 @@ class StageReserve:
     segments: int
 
 
-def settings(model: "Model") -> tuple[AllocatorConfig | None, bool]:
-    """The allocator config of ``model`` (None: ``allocator.model: none``) and the formulas' ``grads_kept``."""
+def settings(model: "Model") -> tuple[AllocatorConfig | None, Kept]:
+    """The allocator config of ``model`` (None: ``allocator.model: none``) and what the formulas keep
+    across steps (:class:`Kept`: ``grads_kept``, ``opt_flat_*``)."""
     # a program whose formula files do not declare the allocator's keys (a user's own base) is replayed
     # with PyTorch's defaults
     if model.value_for_key("allocator.model") == "none":
-        return None, False
+        return None, Kept()
     split = float(model.value_for_key("allocator.max_split_size_mb") or 0)
     config = AllocatorConfig(expandable_segments=bool(model.value_for_key("allocator.expandable_segments")),
                              max_split_size=int(split * MIB) if split > 0 else None)
-    kept = "grads_kept" in model.program.lets and bool(model.evaluator().let("grads_kept"))
-    return config, kept
+    lets = model.program.lets
+    ev = model.evaluator() if "grads_kept" in lets or SHARDED_LETS[0][0] in lets else None
+    grads = ev is not None and "grads_kept" in lets and bool(ev.let("grads_kept"))
+    sharded = None
+    if ev is not None and all(name in lets for name, _ in SHARDED_LETS):
+        values = {field: int(ev.ceil_int(ev.number(ev.let(name)))) for name, field in SHARDED_LETS}
+        sharded = ShardedStates(**values) if values["shards"] > 1 else None
+    return config, Kept(grads, sharded)
 
 
 def settings_dict(model: "Model") -> dict[str, Any] | None:
@@ -53,11 +75,15 @@ def settings_dict(model: "Model") -> dict[str, Any] | None:
     config, kept = settings(model)
     if config is None:
         return None
-    return {"expandable": config.expandable_segments, "split": config.max_split_size, "grads_kept": kept}
+    sharded = None if kept.sharded is None else [getattr(kept.sharded, f) for _, f in SHARDED_LETS]
+    return {"expandable": config.expandable_segments, "split": config.max_split_size, "grads_kept": kept.grads,
+            "sharded": sharded}
 
 
-def from_settings_dict(d: dict[str, Any]) -> tuple[AllocatorConfig, bool]:
-    return AllocatorConfig(expandable_segments=d["expandable"], max_split_size=d["split"]), d["grads_kept"]
+def from_settings_dict(d: dict[str, Any]) -> tuple[AllocatorConfig, Kept]:
+    sharded = d.get("sharded")
+    return (AllocatorConfig(expandable_segments=d["expandable"], max_split_size=d["split"]),
+            Kept(d["grads_kept"], None if sharded is None else ShardedStates(*sharded)))
 
 
 #: the layer quantities (formulas/common.mf ``layer``) the replay reads besides the categories, with the
@@ -109,20 +135,20 @@ def layer_blocks(stage: "StageResult", model: "Model", ev: Any,
 
 
 @lru_cache(maxsize=2)
-def _events(layers: tuple[LayerBlocks, ...], grads_kept: bool) -> list:
+def _events(layers: tuple[LayerBlocks, ...], kept: Kept) -> list:
     """A stage's sequence, kept for its replay against the device's capacity right after the unbounded one."""
-    return from_estimate(layers, grads_persist=grads_kept)
+    return from_estimate(layers, grads_persist=kept.grads, sharded=kept.sharded)
 
 
 @lru_cache(maxsize=64)
-def _unbounded(layers: tuple[LayerBlocks, ...], config: AllocatorConfig, grads_kept: bool) -> Any:
+def _unbounded(layers: tuple[LayerBlocks, ...], config: AllocatorConfig, grads_kept: Kept) -> Any:
     """The replay of a stage's sequence without a capacity: the stages of a pipeline's middle hold the
     same layers, so one replay serves them all."""
     return replay(_events(layers, grads_kept), config)
 
 
 def stage_reserve(stage: "StageNumbers", layers: list[LayerBlocks], config: AllocatorConfig,
-                  grads_kept: bool) -> StageReserve:
+                  grads_kept: Kept) -> StageReserve:
     """Replay the stage's synthesized two-step sequence; see the module docstring."""
     layers = tuple(layers)
     free = _unbounded(layers, config, grads_kept)
@@ -140,12 +166,12 @@ def stage_reserve(stage: "StageNumbers", layers: list[LayerBlocks], config: Allo
     return StageReserve(reserve, oom, releases, free.segments)
 
 
-def set_reserve(stage: "StageNumbers", layers: list[LayerBlocks], config: AllocatorConfig, grads_kept: bool) -> None:
+def set_reserve(stage: "StageNumbers", layers: list[LayerBlocks], config: AllocatorConfig, grads_kept: Kept) -> None:
     r = stage_reserve(stage, layers, config, grads_kept)
     stage.set_reserve(r.reserve, r.oom, r.releases)
 
 
-def defer_reserve(stage: "StageNumbers", layers: list[LayerBlocks], config: AllocatorConfig, grads_kept: bool) -> None:
+def defer_reserve(stage: "StageNumbers", layers: list[LayerBlocks], config: AllocatorConfig, grads_kept: Kept) -> None:
     """:func:`set_reserve` on the stage's first use of its reserve (the fast path's numbers stay cheap)."""
     stage._reserve_pending = lambda st: set_reserve(st, layers, config, grads_kept)
 

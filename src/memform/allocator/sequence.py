@@ -312,7 +312,53 @@ def _scaled(unit: int | tuple[int, ...], k: int) -> int | tuple[int, ...]:
     return tuple(u * k for u in unit) if isinstance(unit, tuple) else unit * k
 
 
-def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False) -> list[Event]:
+@dataclass(frozen=True)
+class ShardedStates:
+    """Optimizer states of parameters laid out in one flat buffer that the data-parallel ranks split in
+    contiguous shards, as Megatron-Core's distributed optimizer does (formulas' ``opt_flat_*`` lets,
+    ``frameworks/megatron.mf``): a rank holds the states of the parameters (or parameter parts) in its
+    shard of each bucket, each state a whole tensor of that part, rather than 1/``shards`` of every
+    parameter. ``masters`` state tensors per parameter are created first, for all parameters (the fp32
+    main copies: the optimizer's construction), then ``moments`` per parameter, parameter by parameter
+    (torch.optim.AdamW's ``_init_group``); ``bucket``: the bytes of one state tensor over a bucket (0: one
+    bucket for the stage)."""
+
+    shards: int
+    masters: int = 1
+    moments: int = 2
+    bucket: int = 0
+
+
+def sharded_states(layers: Sequence[LayerBlocks], st: ShardedStates) -> list[int]:
+    """The state tensors of rank 0 of ``st.shards`` (bytes, in creation order) for ``layers``' optimizer
+    figures: the stage's weight tensors in reverse (the buffer's order: backprop's), cut into buckets of at
+    least ``st.bucket`` bytes of one state (closed after the tensor that reaches it), rank 0 holding the
+    first 1/shards of each bucket. Each layer's figure is its share of the whole states, so the tensors sum
+    to the stage's optimizer bytes (to rounding)."""
+    per = max(1, st.masters + st.moments)
+    whole = [x for lb in layers for x in weight_pieces(lb, lb.optimizer * st.shards // per)]
+    buckets: list[list[int]] = [[]]
+    filled = 0
+    for x in reversed(whole):
+        buckets[-1].append(x)
+        filled += x
+        if st.bucket and filled >= st.bucket:
+            buckets.append([])
+            filled = 0
+    mine: list[int] = []
+    for bk in buckets:
+        end, pos = -(-sum(bk) // st.shards), 0
+        for x in bk:
+            if pos >= end:
+                break
+            mine.append(min(x, end - pos))
+            pos += x
+    mine = [x for x in mine if x > 0]
+    return [x for _ in range(st.masters) for x in mine] + [x for x in mine for _ in range(st.moments)]
+
+
+def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False,
+                  sharded: ShardedStates | None = None) -> list[Event]:
     """The two-step sequence of one stage from its per-layer figures (see the module docstring).
 
     A layer's weights, gradients and each optimizer moment are ``weight_tensors`` tensors; its saved
@@ -337,7 +383,8 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False) ->
             return [x for pair in zip(first, second) for x in pair]
         return first + second
 
-    states = [x for lb in layers for x in moments(lb)]
+    states = (sharded_states(layers, sharded) if sharded is not None and sharded.shards > 1
+              else [x for lb in layers for x in moments(lb)])
     held = max((lb.inflight for lb in layers), default=0)
     n = len(layers)
     # each layer's tensors, the empty ones left out (they are neither allocated nor freed)

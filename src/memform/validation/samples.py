@@ -1,7 +1,8 @@
 """Per-op samples of the live bytes of every storage created while a dispatch mode is active.
 
 Unlike :class:`~.timeline.StorageTimeline` it re-reads each storage's size at every sample: FSDP frees and
-re-allocates unsharded parameters by resizing their storages, which no dispatcher op reports. Both
+re-allocates unsharded parameters by resizing their storages, which no dispatcher op reports (a trace
+whose storages keep their size sets ``fixed_sizes`` and keeps a running live set instead). Both
 multi-process harnesses use it (:mod:`.fsdp2`, :mod:`.distributed`); each subclass says how a new storage
 is tagged (:meth:`StorageSamples._classify`) and how a tagged storage is labelled in :meth:`by_op`. torch
 is imported lazily: these run only in the ranks' processes.
@@ -23,6 +24,10 @@ class StorageSamples:
     #: see DTensor ops as the local-shard ops they desugar to (every intermediate, e.g. a redistribute's
     #: all-gather output), rather than as one op returning a DTensor
     defer_dtensor = False
+    #: storages keep the size they are made with (no FSDP-style ``resize_``): a sample is then the running
+    #: live set, kept up to date when an op makes a storage and when one dies (a weakref callback), instead
+    #: of re-reading every live storage after every op -- that scan made a trace cost ops x live storages
+    fixed_sizes = False
 
     def __init__(self, ignore: Iterable[Any]) -> None:
         from torch.utils._python_dispatch import TorchDispatchMode
@@ -45,6 +50,7 @@ class StorageSamples:
         self.tags: dict[int, str] = {}
         self.samples: list[tuple[tuple[int, int], ...]] = []
         self._next = 0
+        self._live: dict[int, int] = {}             # fixed_sizes: serial -> bytes of the live storages
 
     # ---- what a subclass may refine ------------------------------------------------------------
     def _dispatch(self, func, args, kwargs):  # noqa: ANN001, ANN202
@@ -93,14 +99,32 @@ class StorageSamples:
                 continue
             serial = self._next
             self._next += 1
-            self.refs[serial] = weakref.ref(st)
+            if self.fixed_sizes:
+                self.refs[serial] = weakref.ref(st, self._gone(serial))
+                n = st.nbytes()
+                if n:
+                    self._live[serial] = n
+            else:
+                self.refs[serial] = weakref.ref(st)
             self.serial_of[id(st)] = serial
             self.op_of[serial] = op
             if tag is not None:
                 self.tags[serial] = tag
         self.sample()
 
+    def _gone(self, serial: int):  # noqa: ANN202 - the weakref callback of a fixed-size storage
+        live, refs = self._live, self.refs
+
+        def gone(_ref) -> None:  # noqa: ANN001
+            live.pop(serial, None)
+            if refs.get(serial) is _ref:
+                del refs[serial]
+        return gone
+
     def sample(self) -> None:
+        if self.fixed_sizes:
+            self.samples.append(tuple(self._live.items()))
+            return
         live = []
         for serial, ref in list(self.refs.items()):
             st = ref()

@@ -64,9 +64,10 @@ turn, ``init_process_group("fake", store=FakeStore(), rank=stage·tp·dp)``), no
 gloo groups are not made (``create_gloo_process_groups=False``, ``use_gloo_process_groups=False``), the
 weights are not initialised (``perform_initialization=False``: values only) and the warm-up step runs one
 micro-batch. The lines that need values or a kernel fake tensors lack are shimmed in :func:`_fake_shim`;
-with them sequence parallelism runs too. MoE does not: ``moe/token_dispatcher.py:323``
+with them sequence parallelism runs too, and MoE with expert parallelism: ``moe/token_dispatcher.py:323``
 (``tokens_per_expert.sum().item()``) and SequentialMLP's split by ``tokens_per_expert`` read the routed
-token counts, which a fake tensor does not have.
+token counts, which a fake tensor does not have, so the fake traces route in balance
+(:func:`_shim_moe_dispatch`).
 
 Needs megatron-core 0.19.2, which declares ``Requires-Python >=3.12`` but whose cp311 wheel runs on 3.11,
 and which imports triton unconditionally (``transformer/moe/ops/paged_stash.py:4``, from
@@ -111,6 +112,7 @@ class McoreCase:
     modules: tuple[str, ...] = ()  # --recompute-modules with selective (empty: Megatron's default, core_attn)
     experts: int = 1            # > 1: every layer a MoE layer of that many experts (local spec: SequentialMLP)
     topk: int = 2
+    ep: int = 1                 # --expert-model-parallel-size (fake traces: see _fake_shim's MoE dispatch)
     m: int = 4                  # micro-batches per step
     L: int = 4
     h: int = 128
@@ -159,6 +161,7 @@ class McoreCase:
         rc += f"[{'+'.join(self.modules)}]" if self.modules else ""
         st = f" stage{self.stage}" if self.pp > 1 else ""
         rc += f" moe{self.experts}x{self.topk}" if self.experts > 1 else ""
+        rc += f" ep{self.ep}" if self.ep > 1 else ""
         if self.fake:
             sp = " sp" if self.sp else ""
             return f"mcore {self.recipe} {' '.join(par)}{sp} L{self.L} s{self.s} b{self.b}{rc} fake{st}"
@@ -186,6 +189,8 @@ class McoreCase:
             args += ["--num-layers-per-virtual-pipeline-stage", self.L // (self.pp * self.vpp)]
         if self.experts > 1:
             args += ["--num-experts", self.experts, "--moe-router-topk", self.topk, "--moe-ffn-hidden-size", self.ffn]
+            if self.ep > 1:
+                args += ["--expert-model-parallel-size", self.ep]
         if self.distopt:
             args.append("--use-distributed-optimizer")
         if self.sp:
@@ -474,7 +479,43 @@ def _fake_shim() -> None:
         return mod
 
     torch_norm.WrappedTorchNorm.__new__ = norm
+    _shim_moe_dispatch()
     _FAKE_SHIMMED = True
+
+
+def _shim_moe_dispatch() -> None:
+    """**MoE routing** under fake tensors: ``MoEAllGatherTokenDispatcher.dispatch_postprocess``
+    (``transformer/moe/token_dispatcher.py:317-330``) counts the tokens routed to this rank's experts
+    (``tokens_per_expert = self.local_map.sum(dim=0).long().cpu()``, then
+    ``num_out_tokens=tokens_per_expert.sum().item()``, line 323) and selects their probabilities with
+    ``masked_select`` (line 327); ``SequentialMLP.forward`` splits its input by ``tokens_per_expert.tolist()``
+    (``moe/experts.py:1352``). A fake tensor has no values, so none of these has an answer. The shim routes
+    in balance -- every expert gets tokens·topk/E of the gathered tokens, the count a load-balanced router
+    (its auxiliary loss's aim) gives, and what memform's moe.mf assumes -- and runs the same ops with those
+    sizes: ``tokens_per_expert`` a real CPU tensor of the balanced counts (made outside the fake mode, as
+    ``.cpu()`` makes one on a GPU), megatron's own argsort-based ``permute`` with that ``num_out_tokens``, and
+    the probabilities' selection as a slice of the same size in place of ``masked_select`` (whose output size
+    is the count). Tensor shapes and the ops' allocations are those of a balanced step."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from megatron.core.transformer.moe import token_dispatcher as td
+
+    def dispatch_postprocess(self, hidden_states, probs):  # noqa: ANN001, ANN202 - token_dispatcher.py:302
+        self.hidden_shape_before_permute = hidden_states.shape
+        lo, hi = self.local_expert_indices[0], self.local_expert_indices[-1] + 1
+        self.local_map = self.routing_map[:, lo:hi].contiguous()
+        self.local_probs = probs[:, lo:hi].contiguous()
+        per_expert = hidden_states.shape[0] * self.config.moe_router_topk // self.config.num_moe_experts
+        with unset_fake_temporarily():
+            tokens_per_expert = torch.full((hi - lo,), per_expert, dtype=torch.long)
+        num_out = per_expert * (hi - lo)
+        permuted, _, self.reversed_local_input_permutation_mapping, _, _ = td.permute(
+            hidden_states, self.local_map, num_out_tokens=num_out, fused=self.config.moe_permute_fusion)
+        self.local_probs = self.local_probs.T.contiguous().reshape(-1)[:num_out].clone()
+        self.routing_map = None
+        return permuted, tokens_per_expert, self.local_probs
+
+    td.MoEAllGatherTokenDispatcher.dispatch_postprocess = dispatch_postprocess
 
 
 # ---- one rank ----------------------------------------------------------------------------------------
@@ -518,7 +559,8 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
     vpp = case.vpp if case.pp > 1 and case.vpp > 1 else None
     # a fake world has no gloo groups (megatron's extra gloo groups would rendezvous for real)
     ps.initialize_model_parallel(tensor_model_parallel_size=case.tp, pipeline_model_parallel_size=case.pp,
-                                 virtual_pipeline_model_parallel_size=vpp, create_gloo_process_groups=not case.fake)
+                                 virtual_pipeline_model_parallel_size=vpp, expert_model_parallel_size=case.ep,
+                                 create_gloo_process_groups=not case.fake)
     fake_mode = contextlib.ExitStack()
     try:
         model_parallel_cuda_manual_seed(1234)
@@ -533,7 +575,8 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
         if case.modules:
             rc.update(recompute_modules=list(case.modules))
         if case.experts > 1:
-            rc.update(num_moe_experts=case.experts, moe_router_topk=case.topk, moe_ffn_hidden_size=case.ffn)
+            rc.update(num_moe_experts=case.experts, moe_router_topk=case.topk, moe_ffn_hidden_size=case.ffn,
+                      expert_model_parallel_size=case.ep)
         config = TransformerConfig(
             num_layers=case.L, hidden_size=case.h, ffn_hidden_size=case.ffn,
             num_attention_heads=case.heads, num_query_groups=case.groups,
@@ -640,6 +683,11 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
                     "optimizer": sum(st.nbytes() for st in opt_storages)}
 
         trace = StepSamples(ignore=static)
+        # without --recompute-modules megatron resizes no storage of the step in place (its buffers are made
+        # whole, deallocate_output_tensor swaps .data): the tracer keeps a running live set
+        # (samples.StorageSamples.fixed_sizes). The modules' CheckpointWithoutOutput frees its output with
+        # untyped_storage().resize_(0) (tensor_parallel/random.py:848): those traces re-read every storage
+        trace.fixed_sizes = not case.modules and os.environ.get("MEMFORM_TRACE_RESCAN") != "1"
         orig_backward = schedules.backward_step
         orig_comm = p2p_communication.P2PCommunicator._communicate
 
@@ -673,10 +721,14 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
         for serial, op in trace.op_of.items():
             if op in VIEW_OPS and serial not in trace.tags:
                 trace.tags[serial] = "backend"
-        is_comm = lambda s: trace.tags.get(s) == "gmb" or any(k in trace.op_of.get(s, "") for k in COLLECTIVES)  # noqa: E731
-        act = lambda s: not is_comm(s) and trace.tags.get(s) != "backend"  # noqa: E731
+        # each storage's category decided once (the peaks below test every storage of every sample: tens of
+        # millions of tests on a whole published stage, most of its trace's time when decided per test)
+        comm_set = {s for s, op in trace.op_of.items()
+                    if trace.tags.get(s) == "gmb" or any(k in op for k in COLLECTIVES)}
+        act_set = {s for s in trace.op_of if s not in comm_set and trace.tags.get(s) != "backend"}
+        is_comm, act = comm_set.__contains__, act_set.__contains__
         # what the forward passes left saved: without the output gradient the stage has just received
-        saved = lambda s: act(s) and trace.tags.get(s) != "p2p"  # noqa: E731
+        saved = {s for s in act_set if trace.tags.get(s) != "p2p"}.__contains__
         fb = trace.marks["fwd_bwd"]
         warm = trace.marks.get("warmup", fb)
         peak, at = _peak(trace, act, 0, fb + 1)
@@ -755,10 +807,12 @@ def sweep() -> list[McoreCase]:
     # MoE (SequentialMLP, 4 experts top-2; one rank: MoE with TP needs sequence parallelism, blocked here)
     moe = replace(BASE, bf16=True, experts=4, topk=2)
     cases += [moe, replace(moe, pp=2), replace(moe, pp=2, stage=1)]
-    # published sizes under fake tensors: every pipeline stage cut to one layer per stage, and the whole
-    # model's last stage (one micro-batch in flight: the whole stages before it hold up to PP, which the
-    # tracer's per-op samples of every live storage make an hour's run on two shared cores; fake_sweep())
-    return cases + fake_quick_sweep() + [c for c in fake_sweep() if c.stage == c.pp - 1]
+    # published sizes under fake tensors: every pipeline stage cut to one layer per stage, the whole
+    # model's last stage (one micro-batch in flight) and Llama-2-70B's whole first stage (PP = 4 micro-batches
+    # of 20 layers in flight: 82 s since the storages' categories are decided once per storage; the other
+    # whole stages: fake_sweep())
+    return (cases + fake_quick_sweep() + [c for c in fake_sweep() if c.stage == c.pp - 1]
+            + [replace(LLAMA2_70B, stage=0)])
 
 
 def quick_sweep() -> list[McoreCase]:
@@ -780,7 +834,14 @@ GPT3_175B = McoreCase(fake=True, recipe="gpt3-175b", tp=8, pp=8, bf16=True, reco
 #: sequence parallelism, DP 2 with the distributed optimizer (64 GPUs), m 4 (= PP)
 LLAMA2_70B = McoreCase(fake=True, recipe="llama2-70b", tp=8, pp=4, dp=2, distopt=True, bf16=True, L=80, h=8192,
                        ffn=28672, heads=64, groups=8, vocab=32768, s=4096, b=1, m=4, sp=True)
-PUBLISHED = [GPT3_175B, LLAMA2_70B]
+#: Mixtral 8x7B (its config.json: 32 layers, h 4096, 32 heads / 8 KV heads, 8 experts of ffn 14336, top-2,
+#: vocab 32000, RMSNorm, SwiGLU, RoPE, untied) as Megatron-LM's examples/mixtral train it (TP 2 × PP 4 × EP 8
+#: with sequence parallelism, the distributed optimizer; 64 GPUs: DP 8), s 4096, micro-batch 1, m 4 (= PP);
+#: the allgather token dispatcher, routing in balance under fake tensors (_shim_moe_dispatch)
+MIXTRAL_8X7B = McoreCase(fake=True, recipe="mixtral-8x7b", tp=2, pp=4, dp=8, ep=8, distopt=True, bf16=True, L=32,
+                         h=4096, ffn=14336, heads=32, groups=8, vocab=32000, s=4096, b=1, m=4, sp=True,
+                         experts=8, topk=2)
+PUBLISHED = [GPT3_175B, LLAMA2_70B, MIXTRAL_8X7B]
 
 
 def fake_sweep() -> list[McoreCase]:

@@ -1,0 +1,138 @@
+"""The megatron profile's tensors as the allocator replay sees them (issue 29): persistent gradient buffers,
+the distributed optimizer's states of a DP-sharded flat buffer, fused QKV / fc1 weights and Megatron-Core's
+saved activations (formulas/frameworks/megatron/megatron-core.mf; memform.allocator.sequence.ShardedStates).
+
+The whole-model check is the Llama-2-70B fake trace of megatron-core 0.19.2 itself
+(``bench/validate.py --frameworks --only mcore``, validation/frameworks/mcore.py): its last stage's reserve
+read +17.7 % of the reserved bytes before these (gradients freed and allocated again each step)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import memform
+from memform.allocator import estimate as alloc_estimate
+from memform.allocator.sequence import LayerBlocks, ShardedStates, from_estimate, sharded_states
+from memform.engine.model import estimate as interpreted
+
+MIB = 2 ** 20
+
+
+def states(events):
+    return [e[2] for e in events if e[0] == "alloc" and isinstance(e[1], tuple) and e[1][0] == "state"]
+
+
+# ---- ShardedStates: rank 0's share of a flat buffer (distrib_optimizer.py _build_model_gbuf_range) ----------
+# Two layers of weights (10, 30) elements each, optimizer figures as a rank of 2 holds them: 12 bytes per
+# element / 2 = 6 per element, 240 bytes per layer; each state tensor of a whole parameter: 4 bytes per element.
+TWO = [LayerBlocks(params=80, grads=160, optimizer=240, activations=0, comm=0, inflight=1, weight_tensors=(10, 30))] * 2
+
+
+@pytest.mark.parametrize("st, expected", [
+    # the buffer in reverse (30, 10, 30, 10 elements: 120, 40, 120, 40 bytes of a state), one bucket of 320: rank 0
+    # holds the first 160 -- the last layer's two parameters whole; masters first, then AdamW's moments per parameter
+    (ShardedStates(2), [120, 40] + [120, 120, 40, 40]),
+    # buckets closed once they reach 100 bytes: (120), (40, 120), (40); rank 0 the first half of each:
+    # 60 of the first, 80 of the second (its 40 and 40 of the 120), 20 of the last
+    (ShardedStates(2, bucket=100), [60, 40, 40, 20] + [60, 60, 40, 40, 40, 40, 20, 20]),
+    # fp32 parameters: no main copy (distrib_optimizer.py: the fp32 shard is a view of the param buffer); 8 bytes
+    # per element / 2 = 160 per layer, 4 bytes per element of a whole moment: the last layer's two, whole
+    (ShardedStates(2, masters=0), [120, 120, 40, 40]),
+])
+def test_sharded_states_hold_whole_tensors_of_the_ranks_part_of_each_bucket(st, expected):
+    layers = TWO if st.masters else [replace(lb, optimizer=160) for lb in TWO]
+    got = sharded_states(layers, st)
+    assert got == expected
+    assert sum(got) == sum(lb.optimizer for lb in layers)     # the stage's optimizer figure, to rounding
+
+
+def test_sharded_states_replace_the_even_split_in_the_sequence():
+    even = states(from_estimate(TWO, grads_persist=True))
+    assert even == [30, 30, 90, 90] * 2                         # every parameter: 2 moments of 6/2 bytes per element
+    flat = states(from_estimate(TWO, grads_persist=True, sharded=ShardedStates(2)))
+    assert flat == sharded_states(TWO, ShardedStates(2)) and sum(flat) == sum(even)
+    # one rank (shards 1) keeps the even split
+    assert states(from_estimate(TWO, sharded=ShardedStates(1))) == states(from_estimate(TWO))
+
+
+# ---- the megatron profile --------------------------------------------------------------------------------
+def mcore_config():
+    from memform.validation.frameworks import mcore
+    return replace(mcore.LLAMA2_70B, stage=3).memform_config()
+
+
+@pytest.fixture(scope="module")
+def last_stage():
+    pytest.importorskip("lark")
+    est = interpreted(mcore_config())
+    model = est.model
+    return est, model, alloc_estimate.layer_blocks(est.stages[3], model, model.evaluator())
+
+
+def test_megatron_keeps_gradients_and_shards_the_flat_buffer(last_stage):
+    est, model, _ = last_stage
+    _, kept = alloc_estimate.settings(model)
+    # param_and_grad_buffer.py: grad_data kept across steps; DP 2 distributed optimizer, bf16 params: an fp32
+    # main copy and two moments; no --overlap-grad-reduce: one bucket
+    assert kept == alloc_estimate.Kept(True, ShardedStates(shards=2, masters=1, moments=2, bucket=0))
+
+
+def test_decoder_tensors_are_megatrons(last_stage):
+    _, _, layers = last_stage
+    dec = layers[0]
+    h, t, f, kv = 8192, 8, 28672, 1024
+    # attention.py linear_qkv (Q, K, V fused), linear_proj; mlp.py linear_fc1 (gate, up fused), linear_fc2
+    assert [w for w in dec.weight_tensors if w > 2 * h] == [h * (h + 2 * kv) // t, h * h // t, 2 * h * f // t, f * h // t]
+    acts = [a for a in dec.act_tensor if a]
+    assert sum(acts) == dec.activations                         # the list is the layer's figure, tensor by tensor
+    s = 4096
+    assert 2 * 64 // t * s * s in acts                          # the unfused softmax output, a/t · s² bf16
+    assert 2 * s * 2 * f // t in acts                           # linear_fc1's output, one tensor
+    assert s * s in acts                                        # the causal mask (bool)
+
+
+def test_llama2_70b_last_stage_reserve_against_the_trace():
+    """The megatron-core fake trace's figures of this stage (bench/validate.py --frameworks --only mcore,
+    recorded in memform/validation/bounds.yaml): reserve 280,921,788 of 37,343,985,664 reserved bytes."""
+    stage = memform.estimate(mcore_config()).stages[3]
+    assert abs(stage.reserve - 280_921_788) / 37_343_985_664 < 0.10
+
+
+def test_mixtral_command_line_reads_expert_parallelism():
+    # Megatron-LM examples/mixtral: TP 2 × PP 4 × EP 8 on 64 GPUs; memform reads the same command line
+    from memform.validation.frameworks import mcore
+    case = mcore.MIXTRAL_8X7B
+    assert "--expert-model-parallel-size" in case.arguments() and case.world == 64
+    cfg = case.memform_config()
+    assert cfg["parallel"]["ep"] == 8 and cfg["parallel"]["dp"] == 8 and cfg["model"]["num_experts"] == 8
+
+
+# ---- the tracer's running live set (validation/samples.py StorageSamples.fixed_sizes) ---------------------
+def _trace(fixed: bool):
+    torch = pytest.importorskip("torch")
+    from memform.validation.frameworks.tracking import StepSamples
+    tr = StepSamples()
+    tr.fixed_sizes = fixed
+    with tr.mode:
+        a = torch.ones(1000)
+        b = a * 2
+        del a                                      # freed between two ops
+        c = b + 1
+        d = torch.cat([b, c])
+        del b, c
+        e = d.sum()
+        tr.mark("end")
+    del d, e
+    return tr.samples, tr.marks
+
+
+def test_running_live_set_gives_the_samples_of_the_rescan():
+    # the megatron-core harness's tracer keeps the live set up to date instead of re-reading every live
+    # storage after every op: the same samples, op by op
+    fixed, rescan = _trace(True), _trace(False)
+    assert fixed == rescan
+    samples, _ = fixed
+    # ones, mul, add (a freed before it), cat, sum (b and c freed before it), the mark
+    assert [sum(n for _, n in s) for s in samples] == [4000, 8000, 8000, 16000, 8004, 8004]
