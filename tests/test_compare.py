@@ -16,6 +16,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 from cli_helpers import ROOT, run_memform
+from cli_inprocess import memform_in_process  # memform.cli.main in this process (same output)
 
 import memform
 from memform.analysis.compare import MAX_VARIANTS, compare, parse_variant, plan
@@ -30,13 +31,13 @@ THREE = ["configs/llama2-7b.yaml", "configs/llama3-8b.yaml", "configs/mixtral-8x
 
 def estimate_json(config: str, *sets: str) -> dict:
     args = ["estimate", config, "--json"] + [x for s in sets for x in ("--set", s)]
-    r = run_memform(*args)
+    r = memform_in_process(*args)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
 
 def compare_json(*args: str) -> dict:
-    r = run_memform("compare", *args, "--json")
+    r = memform_in_process("compare", *args, "--json")
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -174,7 +175,7 @@ def test_bad_variant_and_sweep_specs_are_user_errors():
                        (["--vary", "parallel.tp=1,,2", "--free-devices"], "empty item"),
                        (["--vary", "parallel.tp=1,1", "--free-devices"], "given twice"),
                        ([], "two variants or more")]:
-        r = run_memform("compare", "configs/llama2-7b.yaml", *args)
+        r = memform_in_process("compare", "configs/llama2-7b.yaml", *args)
         assert r.returncode == 2 and text in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
@@ -206,11 +207,11 @@ def test_failing_baseline_hands_over_to_the_first_that_estimated():
 
 
 def test_every_variant_failing_exits_2_with_every_message():
-    r = run_memform("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=3,5", "--free-devices")
+    r = memform_in_process("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=3,5", "--free-devices")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "every variant failed" in r.stderr
     assert "parallel.tp = 3;" in r.stderr and "parallel.tp = 5;" in r.stderr
-    r = run_memform("compare", "configs/no-such.yaml", "configs/llama3-70b.yaml", "--set", "parallel.tp=3")
+    r = memform_in_process("compare", "configs/no-such.yaml", "configs/llama3-70b.yaml", "--set", "parallel.tp=3")
     assert r.returncode == 2 and "no-such.yaml" in r.stderr and "parallel.tp = 3;" in r.stderr
 
 
