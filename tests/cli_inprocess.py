@@ -21,6 +21,17 @@ from typing import Any
 from cli_helpers import ROOT
 
 
+@contextlib.contextmanager
+def _chdir(path: Path):
+    """contextlib.chdir, which Python 3.10 (pyproject's requires-python) lacks."""
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
 def _stream() -> io.TextIOWrapper:
     return io.TextIOWrapper(io.BytesIO(), encoding="utf-8", newline="\n", write_through=True)
 
@@ -41,7 +52,7 @@ def memform_in_process(*args: Any, cwd: Path = ROOT, env_extra: dict[str, str] |
     saved = {k: os.environ.get(k) for k in (env_extra or {})}
     try:
         os.environ.update(env_extra or {})
-        with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with _chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = cli.main(argv)
             except SystemExit as exc:  # argparse's usage errors (2) and --help (0)
