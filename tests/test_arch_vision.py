@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-import memform
 from memform.errors import MemformError
 from memform.importers import Options, import_config
+from estimate_helpers import numbers  # numbers only: the numeric path (tests/test_numeric.py ties it to sympy's)
 
 HF = Path(__file__).resolve().parent / "data" / "importers" / "hf" / "vision"
 
@@ -32,13 +32,13 @@ def imported(path: Path, **options):
 
 def total(draft, overrides=None) -> int:
     """memform's parameter count at tp = pp = ep = 1 (the stages' param_count summed)."""
-    est = memform.estimate(draft.config(), overrides=overrides or {})
+    est = numbers(draft.config(), overrides=overrides or {})
     return sum(s.param_count for s in est.stages)
 
 
 def tower(draft) -> int:
     """memform's parameters of the vision blocks (patch embedding, ViT layers, projector, DeepStack)."""
-    est = memform.estimate(draft.config())
+    est = numbers(draft.config())
     return sum(int(g.count_value * g.per_layer_values["param_count"]) for s in est.stages for g in s.layers
                if g.block.startswith("vision"))
 
@@ -221,7 +221,7 @@ def test_frozen_tower_keeps_only_the_pixels_and_the_projector():
     over = {"model.vision.image_size": 448, "model.vision.images_per_sample": 2}
     act = {}
     for frozen in ("none", "encoder", "all"):
-        est = memform.estimate(draft.config(), overrides={**over, "model.vision.frozen": frozen})
+        est = numbers(draft.config(), overrides={**over, "model.vision.frozen": frozen})
         act[frozen] = {g.block: g.per_layer_values["activations"] for s in est.stages for g in s.layers
                        if g.block.startswith("vision")}
     # the pixels of the batch: 2 images × (448/16)² patches × 3·2·16² values, bf16 (the step holds them)
@@ -278,7 +278,7 @@ def test_one_more_tower_block_costs_what_its_formula_says(model, what, start, ch
     more = replace(base, **change)
     m0, m1 = hf_vision.measure(base).measured, hf_vision.measure(more).measured
     measured = m1["activations"] - m0["activations"]
-    est = memform.estimate(more.memform_config())
+    est = numbers(more.memform_config())
     per_block = [g.per_layer_values["activations"] for s in est.stages for g in s.layers if g.block == what]
     assert measured > 0 and per_block
     assert abs(per_block[0] - measured) <= 0.05 * measured, \
@@ -293,7 +293,7 @@ def test_projector_activations_are_what_freezing_it_saves(model):
     frameworks, hf_vision = _frameworks()
     trained, frozen = (replace(getattr(hf_vision, model), L=3, frozen=f) for f in ("encoder", "all"))
     measured = hf_vision.measure(trained).measured["activations"] - hf_vision.measure(frozen).measured["activations"]
-    est = memform.estimate(trained.memform_config())
+    est = numbers(trained.memform_config())
     formula = sum(g.per_layer_values["activations"] * g.count_value for s in est.stages for g in s.layers
                   if g.block in ("vision_merger", "vision_deepstack"))
     assert abs(formula - measured) <= 0.03 * measured, f"{model}: formula {formula:,} vs measured {measured:,}"
@@ -319,7 +319,7 @@ def test_tower_forward_flops_equal_torch_flop_counter(model):
 
     case = replace(getattr(hf_vision, model), images=1)
     cfg = case.memform_config()
-    ideal = [sum(s.ideal_ps for s in memform.estimate(cfg, {**UNIT_DEVICE, "model.vision.images_per_sample": n}).stages)
+    ideal = [sum(s.ideal_ps for s in numbers(cfg, {**UNIT_DEVICE, "model.vision.images_per_sample": n}).stages)
              for n in (1, 2)]
     memform_fwd = (ideal[1] - ideal[0]) / 3
     cls = {"gemma3": tf.Gemma3ForConditionalGeneration, "llama4": tf.Llama4ForConditionalGeneration}.get(

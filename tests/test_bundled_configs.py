@@ -23,6 +23,7 @@ import yaml
 
 import memform
 from cli_helpers import ROOT, sets_keys_of_another_profile
+from estimate_helpers import numbers, numeric_model
 from memform.engine.config import frameworks
 from memform.errors import MemformError
 
@@ -44,8 +45,11 @@ KNOBS = {"training.framework": "megatron", "megatron.fp8": "hybrid", "megatron.f
 
 @lru_cache(maxsize=32)
 def _estimate(cfg, overrides: tuple):
-    """``memform.estimate`` once per (config, overrides) in this process (the rows below share them)."""
-    return memform.estimate(cfg, dict(overrides))
+    """The numbers once per (config, overrides) in this process (the rows below share them), from the numeric
+    path (tests/estimate_helpers.py): ``memform.estimate`` answers the same numbers but compiles a structure the
+    second time this process asks for it (1-2 CPU-s each, most of this table's time), which the rows never
+    reuse; the compiled path's numbers are tests/test_fastpath.py's."""
+    return numbers(cfg, dict(overrides))
 
 
 def estimate(cfg, overrides=None):
@@ -127,6 +131,9 @@ def test_the_table_reaches_every_profile_and_setting():
 def test_the_numbers_report_the_structure_the_rows_read():
     """``framework`` and ``pp`` of an estimate's numbers are its model's (what the rows read instead of
     ``est.model.structure``)."""
-    est = memform.estimate(ROOT / "configs" / "llama3-405b.yaml", {"training.framework": "deepspeed",
-                                                                  "parallel.zero": 1})
-    assert (est.framework, est.pp) == (est.model.structure.framework, est.model.structure.pp) == ("deepspeed", 16)
+    over = {"training.framework": "deepspeed", "parallel.zero": 1}
+    est = memform.estimate(ROOT / "configs" / "llama3-405b.yaml", over)
+    # the model's structure as load_model binds it (est.model would build the whole symbolic estimate first:
+    # the same structure, 10-20 CPU-s later)
+    structure = numeric_model(ROOT / "configs" / "llama3-405b.yaml", over).structure
+    assert (est.framework, est.pp) == (structure.framework, structure.pp) == ("deepspeed", 16)

@@ -16,6 +16,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 from cli_helpers import ROOT, run_memform
+from cli_inprocess import memform_in_process  # memform.cli.main in this process (same output)
 
 import memform
 from memform.analysis.compare import MAX_VARIANTS, compare, parse_variant, plan
@@ -30,13 +31,13 @@ THREE = ["configs/llama2-7b.yaml", "configs/llama3-8b.yaml", "configs/mixtral-8x
 
 def estimate_json(config: str, *sets: str) -> dict:
     args = ["estimate", config, "--json"] + [x for s in sets for x in ("--set", s)]
-    r = run_memform(*args)
+    r = memform_in_process(*args)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
 
 def compare_json(*args: str) -> dict:
-    r = run_memform("compare", *args, "--json")
+    r = memform_in_process("compare", *args, "--json")
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -107,7 +108,7 @@ def test_vary_sweep_numbers_equal_estimate_with_set():
 
 
 def test_vary_sweep_terminal_uses_one_row_per_variant():
-    r = run_memform("compare", "configs/llama2-7b.yaml", "--vary", "parallel.tp=1,2,4,8", "--free-devices")
+    r = memform_in_process("compare", "configs/llama2-7b.yaml", "--vary", "parallel.tp=1,2,4,8", "--free-devices")
     assert r.returncode == 0, r.stderr
     ests = [estimate_json("configs/llama2-7b.yaml", f"parallel.tp={t}") for t in SWEEP]
     assert r.stdout.startswith("compare: llama2-7b: parallel.tp = 1, 2, 4, 8")
@@ -174,13 +175,13 @@ def test_bad_variant_and_sweep_specs_are_user_errors():
                        (["--vary", "parallel.tp=1,,2", "--free-devices"], "empty item"),
                        (["--vary", "parallel.tp=1,1", "--free-devices"], "given twice"),
                        ([], "two variants or more")]:
-        r = run_memform("compare", "configs/llama2-7b.yaml", *args)
+        r = memform_in_process("compare", "configs/llama2-7b.yaml", *args)
         assert r.returncode == 2 and text in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 # ------------------------------------------------------------------ failures
 def test_failing_variant_is_a_row_with_its_error():
-    r = run_memform("estimate", "configs/llama3-70b.yaml", "--set", "parallel.tp=3")
+    r = memform_in_process("estimate", "configs/llama3-70b.yaml", "--set", "parallel.tp=3")
     assert r.returncode == 2
     message = r.stderr.strip().removeprefix("memform: error: ")
     assert "num_heads" in message
@@ -193,7 +194,7 @@ def test_failing_variant_is_a_row_with_its_error():
     assert {"key": "parallel.tp", "values": [4, 3, 8]} in d["config_keys"]   # read from the config anyway
     e8 = estimate_json("configs/llama3-70b.yaml", "parallel.tp=8")
     assert numbers(d["variants"][2]["estimate"]) == numbers(e8)
-    t = run_memform("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=4,3,8", "--free-devices")
+    t = memform_in_process("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=4,3,8", "--free-devices")
     assert t.returncode == 0, t.stderr
     assert f"B = llama3-70b (parallel.tp=3)\n    FAILED: {message}" in t.stdout
 
@@ -206,11 +207,11 @@ def test_failing_baseline_hands_over_to_the_first_that_estimated():
 
 
 def test_every_variant_failing_exits_2_with_every_message():
-    r = run_memform("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=3,5", "--free-devices")
+    r = memform_in_process("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=3,5", "--free-devices")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "every variant failed" in r.stderr
     assert "parallel.tp = 3;" in r.stderr and "parallel.tp = 5;" in r.stderr
-    r = run_memform("compare", "configs/no-such.yaml", "configs/llama3-70b.yaml", "--set", "parallel.tp=3")
+    r = memform_in_process("compare", "configs/no-such.yaml", "configs/llama3-70b.yaml", "--set", "parallel.tp=3")
     assert r.returncode == 2 and "no-such.yaml" in r.stderr and "parallel.tp = 3;" in r.stderr
 
 
@@ -281,11 +282,11 @@ def test_cli_formats_from_suffix(tmp_path):
     args = ["compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=4,3,8", "--free-devices"]
     for suffix, start in ((".md", "# Comparison"), (".html", "<!DOCTYPE html>"), (".tex", "\\documentclass")):
         out = tmp_path / f"c{suffix}"
-        r = run_memform(*args, "-o", out)
+        r = memform_in_process(*args, "-o", out)
         assert r.returncode == 0, r.stderr
         assert out.read_text().startswith(start)
         assert "variant B (llama3-70b (parallel.tp=3)) failed" in r.stderr
-    r = run_memform(*args, "-o", tmp_path / "c.docx")
+    r = memform_in_process(*args, "-o", tmp_path / "c.docx")
     assert r.returncode == 2 and ".md" in r.stderr
 
 
@@ -323,7 +324,7 @@ def test_report_titles_carry_the_setup_line(tmp_path):
     outs = {}
     for suffix in (".md", ".html", ".tex"):
         outs[suffix] = tmp_path / f"r{suffix}"
-        r = run_memform("report", config, "-o", outs[suffix])
+        r = memform_in_process("report", config, "-o", outs[suffix])
         assert r.returncode == 0, r.stderr
     md = outs[".md"].read_text().splitlines()
     assert md[0].startswith("# mixtral-8x7b") and f"{line}." in md[:5]
@@ -349,7 +350,7 @@ def test_plot_title_carries_the_setup_line(tmp_path):
 
 
 def test_compare_headers_carry_each_variants_setup_line():
-    r = run_memform("compare", "configs/llama2-7b.yaml", "--set-b", "parallel.tp=1", "--set-b", "parallel.dp=4")
+    r = memform_in_process("compare", "configs/llama2-7b.yaml", "--set-b", "parallel.tp=1", "--set-b", "parallel.dp=4")
     assert r.returncode == 0, r.stderr
     a = setup_line(memform.estimate(ROOT / "configs/llama2-7b.yaml"))
     b = setup_line(memform.estimate(ROOT / "configs/llama2-7b.yaml", ["parallel.tp=1", "parallel.dp=4"]))
@@ -369,14 +370,14 @@ def test_variants_with_a_device_show_their_step_time_and_its_difference():
     assert got == want
     assert data["variants"][0]["step_delta_seconds"] is None
     assert data["variants"][1]["step_delta_seconds"] == pytest.approx(want[1] - want[0], rel=1e-12)
-    r = run_memform("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=4,8", "--free-devices")
+    r = memform_in_process("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=4,8", "--free-devices")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert sum(l.strip().startswith("step ≈ ") for l in lines) == 2
     delta = next(l for l in lines if l.startswith("step B - A: "))
     assert delta.startswith(f"step B - A: {want[1] - want[0]:+.3g} s (")
     for fmt in ("md", "html", "tex"):
-        r = run_memform("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=4,8", "--free-devices", "--format", fmt)
+        r = memform_in_process("compare", "configs/llama3-70b.yaml", "--vary", "parallel.tp=4,8", "--free-devices", "--format", fmt)
         assert r.returncode == 0, r.stderr
         step = "step $\\approx$ " if fmt == "tex" else "step ≈ "
         assert r.stdout.count(step) == 2 and f"{want[1] - want[0]:+.3g} s vs A" in r.stdout, fmt
@@ -386,6 +387,6 @@ def test_a_variant_without_a_time_model_shows_no_step_line():
     # llama2-7b names no device peak FLOP/s: no time model, so no step line and no step difference
     data = compare_json("configs/llama2-7b.yaml", "configs/llama3-70b.yaml")
     assert [v["step_delta_seconds"] for v in data["variants"]] == [None, None]
-    r = run_memform("compare", "configs/llama2-7b.yaml", "configs/llama3-70b.yaml")
+    r = memform_in_process("compare", "configs/llama2-7b.yaml", "configs/llama3-70b.yaml")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("step ≈ ") == 1 and "step B - A" not in r.stdout

@@ -17,6 +17,7 @@ from cli_helpers import run_memform as run
 import memform
 from memform.errors import MemformError
 from memform.importers import Options, import_config
+from estimate_helpers import numbers  # numbers only: the numeric path (tests/test_numeric.py ties it to sympy's)
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "importers"
@@ -37,8 +38,8 @@ def trainable(est: memform.Estimate, grad_bytes: int = 4) -> int:
 ])
 def test_adapter_parameters_are_r_times_k_plus_d(targets, rank, expected):
     over = {**LLAMA2, "lora.rank": rank, **{f"lora.{k}": v for k, v in targets.items()}}
-    est = memform.estimate(ROOT / "configs" / "llama2-7b.yaml", overrides=over)
-    full = memform.estimate(ROOT / "configs" / "llama2-7b.yaml", overrides=LLAMA2)
+    est = numbers(ROOT / "configs" / "llama2-7b.yaml", overrides=over)
+    full = numbers(ROOT / "configs" / "llama2-7b.yaml", overrides=LLAMA2)
     decoder = [next(g for g in e.stages[0].layers if g.block == "decoder") for e in (est, full)]
     added = int(decoder[0].per_layer_values["param_count"] - decoder[1].per_layer_values["param_count"])
     assert added * decoder[0].count_value == expected
@@ -52,16 +53,16 @@ def test_a_frozen_base_keeps_fewer_activations_and_adapters_on_every_projection_
     base = {**LLAMA2, "training.framework": "hf-trainer", "training.precision.params": "bf16",
             "training.precision.activations": "bf16"}
     cfg = ROOT / "configs" / "llama2-7b.yaml"
-    full = memform.estimate(cfg, overrides=base).stages[0].values["activations"]
-    qv = memform.estimate(cfg, overrides={**base, "lora.rank": 8}).stages[0].values["activations"]
-    every = memform.estimate(cfg, overrides={**base, "lora.rank": 8, **{f"lora.{k}": True for k in (
+    full = numbers(cfg, overrides=base).stages[0].values["activations"]
+    qv = numbers(cfg, overrides={**base, "lora.rank": 8}).stages[0].values["activations"]
+    every = numbers(cfg, overrides={**base, "lora.rank": 8, **{f"lora.{k}": True for k in (
         "k_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}}).stages[0].values["activations"]
     assert qv < every and qv < full
 
 
 def test_lora_with_tensor_parallelism_is_refused():
     with pytest.raises(MemformError, match="LoRA .* without tensor parallelism"):
-        memform.estimate(ROOT / "configs" / "llama3-8b.yaml", overrides={"lora.rank": 8})
+        numbers(ROOT / "configs" / "llama3-8b.yaml", overrides={"lora.rank": 8})
 
 
 def test_import_hf_adapter_sets_the_lora_keys():
@@ -98,7 +99,7 @@ def test_cli_import_with_adapter_then_estimate(tmp_path):
                str(DATA / "peft" / "llama3-8b-qv.adapter_config.json"), "--set", "model.seq_length=2048",
                "--set", "training.framework=hf-trainer", "--set", "training.precision.params=bf16", "-o", str(out))
     assert proc.returncode == 0, proc.stderr
-    est = memform.estimate(out)
+    est = numbers(out)
     # Llama-3-8B, r 8 on q (4096 -> 4096) and v (4096 -> 1024): 8 · (8192 + 5120) · 32 adapters, fp32
     assert trainable(est) == 3_407_872
     assert est.stages[0].values["grads"] == 3_407_872 * 4
@@ -108,7 +109,7 @@ def test_cli_import_with_adapter_then_estimate(tmp_path):
 
 def test_a_frozen_vision_tower_keeps_no_gradients_states_or_activations():
     cfg = ROOT / "configs" / "qwen2-vl-7b.yaml"
-    stage = {v: memform.estimate(cfg, overrides={"model.vision.frozen": v}).stages[0] for v in ("none", "encoder", "all")}
+    stage = {v: numbers(cfg, overrides={"model.vision.frozen": v}).stages[0] for v in ("none", "encoder", "all")}
     by_block = {g.block: g for g in stage["none"].layers}
     enc = ("vision_patch_embed", "vision_layer")
     def per(blocks, cat):   # the stage's bytes of these blocks (activations: per micro-batch in flight)
@@ -128,8 +129,8 @@ def test_optimizer_offload_moves_that_share_of_the_states_to_the_host(share):
     # MemEst's swap_os is share 1 (memest-formulas.md §1.2: "0 if swap_os"); MoE and MindSpore blocks too
     for cfg, over in ((ROOT / "configs" / "llama3-8b.yaml", {}), (ROOT / "configs" / "mixtral-8x7b.yaml", {}),
                       (ROOT / "configs" / "llama3-8b.yaml", {"training.framework": "mindspore"})):
-        base = memform.estimate(cfg, overrides=over).stages[0]
-        off = memform.estimate(cfg, overrides={**over, "training.optimizer_offload": share}).stages[0]
+        base = numbers(cfg, overrides=over).stages[0]
+        off = numbers(cfg, overrides={**over, "training.optimizer_offload": share}).stages[0]
         states = base.values["optimizer"]
         assert off.values["optimizer"] == pytest.approx((1 - share) * states, rel=1e-9, abs=2)
         assert off.host_bytes - base.host_bytes == pytest.approx(share * states, rel=1e-9, abs=2)
@@ -143,4 +144,4 @@ def test_megatron_optimizer_cpu_offload_flags(tmp_path):
     (tmp_path / "b.txt").write_text((DATA / "llama3-8b.args.txt").read_text() + "\n--optimizer-cpu-offload\n")
     assert import_config("megatron", tmp_path / "b.txt", Options()).config()["training"]["optimizer_offload"] == 1.0
     with pytest.raises(MemformError, match="between 0 and 1"):
-        memform.estimate(ROOT / "configs" / "llama3-8b.yaml", overrides={"training.optimizer_offload": 1.5})
+        numbers(ROOT / "configs" / "llama3-8b.yaml", overrides={"training.optimizer_offload": 1.5})

@@ -23,6 +23,7 @@ import yaml
 
 import memform
 from cli_helpers import ROOT, run_memform
+from cli_inprocess import memform_in_process  # memform.cli.main in this process (same output)
 from memform.importers import Options, import_config
 
 FIX = ROOT / "tests" / "fixtures" / "deepspeed"
@@ -279,7 +280,7 @@ BAD_KNOBS = [
 
 @pytest.mark.parametrize("setting, needle", BAD_KNOBS)
 def test_bad_knobs_exit_2_naming_the_key(setting, needle):
-    r = run_memform("estimate", GPT, "--set", setting)
+    r = memform_in_process("estimate", GPT, "--set", setting)
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
     assert r.stderr.startswith("memform: error:")
 
@@ -372,16 +373,16 @@ BAD_DS = [
 def test_import_errors_exit_2(tmp_path, data, needle):
     src = tmp_path / "ds_config.json"
     src.write_text(json.dumps(data))
-    r = run_memform("import", "deepspeed", src, "--model", GPT)
+    r = memform_in_process("import", "deepspeed", src, "--model", GPT)
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_import_needs_a_model_and_only_deepspeed_takes_one():
-    r = run_memform("import", "deepspeed", FIX / "megatron_ds_zero1.json")
+    r = memform_in_process("import", "deepspeed", FIX / "megatron_ds_zero1.json")
     assert r.returncode == 2 and "pass --model" in r.stderr
-    r = run_memform("import", "hf", HF_LLAMA, "--model", GPT)
+    r = memform_in_process("import", "hf", HF_LLAMA, "--model", GPT)
     assert r.returncode == 2 and "--model is not read" in r.stderr
-    r = run_memform("import", "deepspeed", FIX / "megatron_ds_zero1.json", "--model", FIX / "hf_zero3_auto.json")
+    r = memform_in_process("import", "deepspeed", FIX / "megatron_ds_zero1.json", "--model", FIX / "hf_zero3_auto.json")
     assert r.returncode == 2 and "required field 'hidden_size'" in r.stderr
 
 

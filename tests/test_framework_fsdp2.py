@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-import memform
 from memform.engine.binding import coerce
 from memform.errors import MemformError
 from memform.importers import Options, import_config
@@ -24,6 +23,8 @@ from memform.lang.parser import parse_text
 from memform.lang.printer import print_file
 
 from cli_helpers import ROOT, run_memform
+from cli_inprocess import memform_in_process  # memform.cli.main in this process (same output)
+from estimate_helpers import numbers  # numbers only: the numeric path (tests/test_numeric.py ties it to sympy's)
 
 LLAMA2 = ROOT / "configs" / "llama2-7b.yaml"
 FIXTURES = ROOT / "tests" / "fixtures" / "torchtitan"
@@ -57,7 +58,7 @@ def static(stage) -> int:
 @pytest.mark.parametrize("framework, bytes_per_param", [("fsdp2", 16), ("megatron", 18)])
 def test_static_bytes_per_parameter_at_full_sharding(n, framework, bytes_per_param):
     # the head resharded too, so that nothing unsharded is kept (tested below)
-    est = memform.estimate(LLAMA2, llama2(n, **{"training.framework": framework, "parallel.zero": 3,
+    est = numbers(LLAMA2, llama2(n, **{"training.framework": framework, "parallel.zero": 3,
                                                 "fsdp2.reshard_head_after_forward": True}
                                           if framework == "fsdp2" else {"parallel.zero": 3}))
     assert static(est.stages[0]) == bytes_per_param * PSI // n
@@ -69,7 +70,7 @@ def test_fsdp2_against_the_default_profile_in_compare():
     n = 8
     sets = [f"{k}={json.dumps(v)}" for k, v in llama2(n, **{"parallel.zero": 3}).items()]
     args = [a for s in sets for a in ("--set", s)]
-    r = run_memform("compare", LLAMA2, *args, "--set-b", "training.framework=fsdp2",
+    r = memform_in_process("compare", LLAMA2, *args, "--set-b", "training.framework=fsdp2",
                     "--set-b", "fsdp2.reshard_head_after_forward=true", "--json")
     assert r.returncode == 0, r.stderr
     delta = json.loads(r.stdout)["stages"][0]["delta"]
@@ -79,9 +80,9 @@ def test_fsdp2_against_the_default_profile_in_compare():
 def test_the_head_unit_stays_gathered_from_forward_to_backward():
     # torchtitan apply_fsdp: fully_shard([norm, output], reshard_after_forward=(policy == "always")):
     # by default the head's unsharded bf16 parameters (2 B each) are kept next to their shards
-    base = memform.estimate(LLAMA2, llama2(8, **{"training.framework": "fsdp2",
+    base = numbers(LLAMA2, llama2(8, **{"training.framework": "fsdp2",
                                                  "fsdp2.reshard_head_after_forward": True}))
-    kept = memform.estimate(LLAMA2, llama2(8, **{"training.framework": "fsdp2"}))
+    kept = numbers(LLAMA2, llama2(8, **{"training.framework": "fsdp2"}))
     assert kept.stages[0].values["params"] - base.stages[0].values["params"] == 2 * HEAD
 
 
@@ -93,8 +94,8 @@ def test_the_head_unit_stays_gathered_from_forward_to_backward():
 def test_reshard_after_forward_keeps_a_fraction_of_the_unsharded_parameters(raf, kept_fraction):
     n = 8
     over = {"training.framework": "fsdp2", "fsdp2.reshard_head_after_forward": True}
-    ref = memform.estimate(LLAMA2, llama2(n, **over, **{"fsdp2.reshard_after_forward": True})).stages[0]
-    est = memform.estimate(LLAMA2, llama2(n, **over, **{"fsdp2.reshard_after_forward": raf})).stages[0]
+    ref = numbers(LLAMA2, llama2(n, **over, **{"fsdp2.reshard_after_forward": True})).stages[0]
+    est = numbers(LLAMA2, llama2(n, **over, **{"fsdp2.reshard_after_forward": raf})).stages[0]
     assert est.values["params"] - ref.values["params"] == int(kept_fraction * 2 * (EMBED + L * LAYER))
 
 
@@ -106,7 +107,7 @@ def test_reshard_after_forward_keeps_a_fraction_of_the_unsharded_parameters(raf,
 ])
 def test_bad_reshard_after_forward_is_an_error_naming_the_key(value, needle):
     sets = [f"{k}={json.dumps(v)}" for k, v in llama2(8, **{"training.framework": "fsdp2"}).items()]
-    r = run_memform("estimate", LLAMA2, *[a for s in sets for a in ("--set", s)],
+    r = memform_in_process("estimate", LLAMA2, *[a for s in sets for a in ("--set", s)],
                     "--set", f"fsdp2.reshard_after_forward={value}")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "fsdp2.reshard_after_forward" in r.stderr and needle in r.stderr
@@ -124,7 +125,7 @@ def test_bad_reshard_after_forward_is_an_error_naming_the_key(value, needle):
 ])
 def test_inconsistent_settings_are_errors_naming_the_key(extra, key, needle):
     sets = [f"{k}={json.dumps(v)}" for k, v in llama2(8, **{"training.framework": "fsdp2", **extra}).items()]
-    r = run_memform("estimate", LLAMA2, *[a for s in sets for a in ("--set", s)])
+    r = memform_in_process("estimate", LLAMA2, *[a for s in sets for a in ("--set", s)])
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert key in r.stderr and needle in r.stderr
 
@@ -132,7 +133,7 @@ def test_inconsistent_settings_are_errors_naming_the_key(extra, key, needle):
 def test_parallel_zero_is_superseded_full_sharding_is_implied():
     # fully_shard has no ZeRO-1/2: whatever parallel.zero / distributed_optimizer say, all three are sharded
     over = llama2(8, **{"training.framework": "fsdp2", "fsdp2.reshard_head_after_forward": True})
-    values = {static(memform.estimate(LLAMA2, {**over, "parallel.zero": z}).stages[0]) for z in (0, 1, 2, 3)}
+    values = {static(numbers(LLAMA2, {**over, "parallel.zero": z}).stages[0]) for z in (0, 1, 2, 3)}
     assert values == {16 * PSI // 8}
 
 
@@ -140,7 +141,7 @@ def test_parallel_zero_is_superseded_full_sharding_is_implied():
 def test_cpu_offload_moves_shards_gradients_and_optimizer_states_to_the_host():
     # CPUOffloadPolicy: sharded parameters, gradients (copied device-to-host in foreach_reduce) and the
     # optimizer step on the CPU; the device keeps the unsharded working set (the kept head, 2 B/param)
-    est = memform.estimate(LLAMA2, llama2(8, **{"training.framework": "fsdp2", "fsdp2.cpu_offload": True}))
+    est = numbers(LLAMA2, llama2(8, **{"training.framework": "fsdp2", "fsdp2.cpu_offload": True}))
     s = est.stages[0]
     assert (s.values["params"], s.values["grads"], s.values["optimizer"]) == (2 * HEAD, 0, 0)
     assert s.host_bytes == 16 * PSI // 8
@@ -149,7 +150,7 @@ def test_cpu_offload_moves_shards_gradients_and_optimizer_states_to_the_host():
 def test_hsdp_shards_within_the_group_and_replicates_across():
     # fully_shard on a 2-D mesh (dp_replicate, dp_shard): parameters sharded over dp_shard = 8 of 16 ranks
     over = {"training.framework": "fsdp2", "fsdp2.reshard_head_after_forward": True, "parallel.zero_shard_max": 8}
-    assert static(memform.estimate(LLAMA2, llama2(16, **over)).stages[0]) == 16 * PSI // 8
+    assert static(numbers(LLAMA2, llama2(16, **over)).stages[0]) == 16 * PSI // 8
 
 
 # ---- 4. torchtitan's activation checkpointing -----------------------------------------------------------
@@ -182,7 +183,7 @@ def _op_sac_saved(b, s, t, sp):
 @pytest.mark.parametrize("b, s, t", [(1, 8192, 1), (2, 8192, 1), (1, 8192, 2), (1, 4096, 8)])
 def test_op_level_sac_keeps_what_the_policy_saves(b, s, t):
     draft = import_config("torchtitan", FIXTURES / "llama3_8b.toml", Options(devices=8))
-    est = memform.estimate(draft.config(), {"training.micro_batch_size": b, "model.seq_length": s, "parallel.tp": t,
+    est = numbers(draft.config(), {"training.micro_batch_size": b, "model.seq_length": s, "parallel.tp": t,
                                             "parallel.sequence_parallel": t > 1, "parallel.devices": 8 * t})
     layer = next(g for g in est.stages[0].layers if g.block == "decoder")
     assert layer.mode == "selective"
@@ -228,7 +229,7 @@ PUBLISHED = [
 def test_torchtitan_published_llama31_8b_memory(table, gpus, batch, reported):
     draft = import_config("torchtitan", FIXTURES / "llama3_8b_2024.toml",
                           Options(overrides={"parallel.dp": gpus, "training.micro_batch_size": batch}))
-    est = memform.estimate(draft.config(), {"device.context_mib": 0, "device.fragmentation": 0})
+    est = numbers(draft.config(), {"device.context_mib": 0, "device.fragmentation": 0})
     error = est.peak_bytes / GIB / reported - 1
     assert -0.20 <= error <= 0.0, f"{table}: memform {est.peak_bytes / GIB:.2f} GiB vs {reported} GiB ({error:+.1%})"
 
@@ -243,7 +244,7 @@ def test_torchtitan_published_llama31_8b_memory(table, gpus, batch, reported):
 def test_torchtitan_published_llama31_8b_reserved_memory(table, gpus, batch, reported):
     draft = import_config("torchtitan", FIXTURES / "llama3_8b_2024.toml",
                           Options(overrides={"parallel.dp": gpus, "training.micro_batch_size": batch}))
-    est = memform.estimate(draft.config(), {"device.context_mib": 0, "device.fragmentation": 0})
+    est = numbers(draft.config(), {"device.context_mib": 0, "device.fragmentation": 0})
     stage = est.stages[0]
     assert stage.reserve is not None and stage.reserved_bytes > stage.peak_bytes
     error = stage.reserved_bytes / GIB / reported - 1
@@ -282,7 +283,7 @@ def test_import_torchtitan(fixture, devices, expected):
     draft = import_config("torchtitan", FIXTURES / fixture, Options(devices=devices))
     got = {k: draft.get(k) for k in expected}
     assert got == expected
-    est = memform.estimate(draft.config())   # the imported config loads and estimates
+    est = numbers(draft.config())   # the imported config loads and estimates
     assert est.model.structure.framework == "fsdp2" and est.peak_bytes > 0
 
 

@@ -20,9 +20,10 @@ import math
 
 import pytest
 
-import memform
+from estimate_helpers import numbers  # numbers only: the numeric path (tests/test_numeric.py ties it to sympy's)
 
 from cli_helpers import ROOT, run_memform
+from cli_inprocess import memform_in_process  # memform.cli.main in this process (same output)
 
 BERT = ROOT / "configs" / "bert-large-uncased.yaml"
 MIB = 2 ** 20
@@ -54,7 +55,7 @@ DOC = {name: (over, mib) for name, over, mib in DOC_ROWS}
 
 
 def peak_mib(overrides: dict) -> float:
-    return memform.estimate(BERT, overrides).stages[0].peak_bytes / MIB
+    return numbers(BERT, overrides).stages[0].peak_bytes / MIB
 
 
 def bert_tensors() -> list[tuple[str, tuple[int, ...]]]:
@@ -74,7 +75,7 @@ def bert_tensors() -> list[tuple[str, tuple[int, ...]]]:
 def test_bert_large_parameter_count_and_weights_on_the_gpu():
     n = sum(math.prod(shape) for _, shape in bert_tensors())
     assert n == 335_143_938          # BertForSequenceClassification.num_parameters() of bert-large-uncased
-    est = memform.estimate(BERT).stages[0]
+    est = numbers(BERT).stages[0]
     assert est.param_count == n
     # the doc: 2631 MiB after loading the fp32 model, 1343 MiB of it the context -> 1288 MiB of weights
     # (the caching allocator rounds each tensor up: 0.7 % over the 4-byte count)
@@ -149,7 +150,7 @@ def layer_saved_bytes(precision: str, b: int = 4, s: int = 512) -> int:
     ("fp32", {}), ("amp-cuda", {"hf_trainer.amp": "fp16"}),
     ("amp-cpu", {"hf_trainer.amp": "bf16", "hf_trainer.autocast_device": "cpu"})])
 def test_bert_layer_keeps_what_autocast_makes(precision, overrides):
-    est = memform.estimate(BERT, overrides).stages[0]
+    est = numbers(BERT, overrides).stages[0]
     layer = next(g for g in est.layers if g.block == "decoder")
     expected = layer_saved_bytes(precision)
     # memform leaves out the LayerNorms' fp32 mean and 1/std (8 bytes per token each) and counts the
@@ -160,7 +161,7 @@ def test_bert_layer_keeps_what_autocast_makes(precision, overrides):
 def test_checkpointing_under_autocast_peaks_when_the_forward_ends():
     # with checkpointed layers the autocast cache still holds every layer's cast weights and biases until
     # the autocast region exits (torch.autocast.__exit__ clears it): the forward's end is the peak
-    est = memform.estimate(BERT, {**GC, **FP16}).stages[0]
+    est = numbers(BERT, {**GC, **FP16}).stages[0]
     assert est.peak_moment == "forward_end"
     cast = 2 * L * (4 * H * H + 4 * H + 2 * H * F + F + H)
     assert est.moments["forward_end"] - est.moments["warmup"] == cast
@@ -168,24 +169,24 @@ def test_checkpointing_under_autocast_peaks_when_the_forward_ends():
     layer = next(g for g in est.layers if g.block == "decoder")
     assert layer.per_layer_values["activations"] == 4 * 512 * 1 * H
     # without autocast there is no cache: the forward's end is the stored activations
-    fp32 = memform.estimate(BERT, GC).stages[0]
+    fp32 = numbers(BERT, GC).stages[0]
     assert fp32.moments["forward_end"] == fp32.moments["warmup"]
 
 
 def test_gradient_accumulation_keeps_one_micro_batch_in_flight():
     # .grad persists across the accumulation steps (it is counted throughout); the activations are one
     # micro-batch's: accumulation 4 at batch 1 needs what batch 1 alone needs
-    one = memform.estimate(BERT, {"training.micro_batch_size": 1}).stages[0]
-    four = memform.estimate(BERT, GA).stages[0]
+    one = numbers(BERT, {"training.micro_batch_size": 1}).stages[0]
+    four = numbers(BERT, GA).stages[0]
     assert one.values == four.values
 
 
 def test_ddp_buckets_hold_a_second_gradient_copy():
     # torch DDP docs (gradient_as_bucket_view: "the saved memory size will be equal to the total gradients
     # size"); pytorch#41954 measured it on roberta_base (~1 GB of parameters): peak 8250 -> 7183 MB
-    one = memform.estimate(BERT).stages[0]
-    ddp = memform.estimate(BERT, {"parallel.dp": 2}).stages[0]
-    view = memform.estimate(BERT, {"parallel.dp": 2, "hf_trainer.ddp_gradient_as_bucket_view": True}).stages[0]
+    one = numbers(BERT).stages[0]
+    ddp = numbers(BERT, {"parallel.dp": 2}).stages[0]
+    view = numbers(BERT, {"parallel.dp": 2, "hf_trainer.ddp_gradient_as_bucket_view": True}).stages[0]
     assert ddp.values["grads"] == 2 * 4 * one.param_count and view.values["grads"] == one.values["grads"]
 
 
@@ -203,7 +204,7 @@ ANATOMY = [  # (setting, overrides, weights, gradients, optimizer state)
 
 @pytest.mark.parametrize("setting,overrides,w,g,o", ANATOMY, ids=[a[0] for a in ANATOMY])
 def test_bytes_per_parameter_of_the_anatomy_page(setting, overrides, w, g, o):
-    est = memform.estimate(BERT, overrides).stages[0]
+    est = numbers(BERT, overrides).stages[0]
     n = est.param_count
     assert est.values["params"] == w * n and est.values["grads"] == g * n
     # 8-bit AdamW also keeps an fp32 absmax per 256-element block of each state (below): 2·4/256 = 1.6 % of
@@ -225,7 +226,7 @@ def test_eight_bit_and_adafactor_states_of_bert():
     ada = sum(4 * (t[0] + t[1]) if len(t) == 2 else 4 * t[0] for t in tensors)
     # (bitsandbytes' own rules: an optimizer built over the model, without the Trainer's 32-bit embedding
     # override, hf_trainer.bnb_embedding_fp32)
-    opt = {o: memform.estimate(BERT, {"hf_trainer.optim": o, **OWN_BNB}).stages[0].values["optimizer"]
+    opt = {o: numbers(BERT, {"hf_trainer.optim": o, **OWN_BNB}).stages[0].values["optimizer"]
            for o in ("adamw_8bit", "adafactor", "adamw_torch")}
     # memform counts the norms under min_8bit_size (finetune.mf small_params), not the biases
     assert abs(opt["adamw_8bit"] - bnb) / bnb < 0.005
@@ -248,7 +249,7 @@ def test_torch_optimizer_states_as_the_trainer_builds_them():
     small = {"name": "tiny", "model": {"hidden_size": 64, "num_heads": 4, "num_layers": 1, "vocab_size": 64,
                                        "seq_length": 16}, "training": {"framework": "hf-trainer"}}
     for name, expected in per_param.items():
-        est = memform.estimate(small, {"hf_trainer.optim": name}).stages[0]
+        est = numbers(small, {"hf_trainer.optim": name}).stages[0]
         assert est.values["optimizer"] == expected * est.param_count, name
 
 
@@ -276,7 +277,7 @@ BAD = [  # (--set arguments, text the one-paragraph error must contain)
 @pytest.mark.parametrize("sets,fragment", BAD, ids=[" ".join(b[0]) for b in BAD])
 def test_bad_profile_input_is_a_clear_error(sets, fragment):
     args = [x for s in sets for x in ("--set", s)]
-    r = run_memform("estimate", BERT, *args)
+    r = memform_in_process("estimate", BERT, *args)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.startswith("memform: error:") and fragment in r.stderr, r.stderr
 

@@ -22,12 +22,12 @@ from fractions import Fraction as Fr
 from pathlib import Path
 
 import pytest
-import sympy
 
-import memform
-from cli_helpers import ROOT, run_memform
+from cli_helpers import ROOT
+from cli_inprocess import memform_in_process  # memform.cli.main in this process (same output)
 from memform.errors import MemformError
 from memform.importers import Options, import_config
+from estimate_helpers import numbers  # numbers only: the numeric path (tests/test_numeric.py ties it to sympy's)
 
 STATIC = ("params", "grads", "optimizer")
 
@@ -55,9 +55,8 @@ def cfg(base: dict, **sections) -> dict:
 
 
 def exact(stage, cats=STATIC) -> Fr:
-    total = sum((stage.exact[c] for c in cats), sympy.Integer(0))
-    p, q = sympy.fraction(sympy.nsimplify(total))
-    return Fr(int(p), int(q))
+    """The exact (rational) bytes of ``cats`` on ``stage`` (ints and fractions on the numeric path)."""
+    return sum((Fr(str(stage.exact[c])) for c in cats), Fr(0))
 
 
 def shape(c: dict) -> dict:
@@ -149,7 +148,7 @@ def test_weights_and_optimizer_match_theoretical_memory_usage(base, over):
     p, t, dp, dist = par.get("pp", 1), par.get("tp", 1), par["dp"], par.get("distributed_optimizer", False)
     params = megatron_params_most_loaded(**sh, p=p, t=t) + corrections(**sh, p=p, t=t)
     expected = params * megatron_bytes_per_parameter(dist, dp)
-    stage = memform.estimate(c).stages[0]
+    stage = numbers(c).stages[0]
     assert exact(stage) == expected
     assert Fr(stage.param_count) == params or abs(stage.param_count - params) < 1
 
@@ -170,7 +169,7 @@ def test_distributed_optimizer_bytes_per_parameter(dp, cp):
     # (distributed_data_parallel.py: intra_dp_cp_group). theoretical_memory_usage.py writes 6 + 12/dp,
     # which is the same without CP.
     c = cfg(LLAMA, parallel={"dp": dp, "cp": cp})
-    stage = memform.estimate(c).stages[0]
+    stage = numbers(c).stages[0]
     n = Fr(stage.param_count)
     assert exact(stage, ("params",)) == 2 * n
     assert exact(stage, ("grads",)) == 4 * n
@@ -180,10 +179,10 @@ def test_distributed_optimizer_bytes_per_parameter(dp, cp):
 def test_overlap_and_bucket_flags_add_no_memory():
     # param_and_grad_buffer.py start_grad_sync / start_param_sync: reduce-scatter and all-gather on
     # views of the grad and param buffers (local_data_view = shard_buffer(bucket.grad_data)[rank])
-    plain = memform.estimate(LLAMA)
+    plain = numbers(LLAMA)
     over = {"parallel.overlap_grad_reduce": True, "megatron.overlap_param_gather": True,
             "megatron.ddp_bucket_size": 40_000_000}
-    est = memform.estimate(LLAMA, over)
+    est = numbers(LLAMA, over)
     assert [s.values for s in est.stages] == [s.values for s in plain.stages]
     stage = est.stages[0]
     assert exact(stage) == (6 + Fr(12, 4)) * stage.param_count
@@ -218,7 +217,7 @@ def test_first_stage_activations_match_compute_activation_memory(par, m):
     sh = shape(c)
     p, t, vp = c["parallel"]["pp"], c["parallel"]["tp"], c["parallel"].get("vpp")
     args = dict(s=sh["s"], b=1, h=sh["h"], f=sh["f"], L=sh["L"], v=sh["v"], p=p, t=t, vp=vp, m=m)
-    stage = memform.estimate(c).stages[0]
+    stage = numbers(c).stages[0]
     decoders = sum(l.inflight_value * l.count_value * l.per_layer_values["activations"]
                    for l in stage.layers if l.block == "decoder")
     # the transformer layers: exactly Megatron's term, interleaving penalty 1 + (p - 1)/(p·vp) included
@@ -239,7 +238,7 @@ def test_per_layer_without_sp_matches_compute_activation_memory_without_sp():
     for t in (2, 4, 8):
         c = cfg(GPT3, parallel={"tp": t, "sequence_parallel": False, "pp": 1, "dp": 1})
         c["training"] = {"micro_batch_size": 1, "num_micro_batches": 1, "recompute": "selective"}
-        [layer] = [l for l in memform.estimate(c).stages[0].layers if l.block == "decoder"]
+        [layer] = [l for l in numbers(c).stages[0].layers if l.block == "decoder"]
         s, h = 2048, 12288
         assert Fr(str(layer.per_layer_values["activations"])) == s * h * (10 + Fr(24, t))
 
@@ -255,7 +254,7 @@ def test_llama_activations_exceed_megatrons_gelu_mha_formula_by_what_it_leaves_o
     kv, t, s = g * h // a, 8, sh["s"]
     megatron = s * h * (18 + 4 * Fr(f, h)) / t
     expected = megatron + Fr(s, t) * (2 * f - 4 * (h - kv) - 2 * h + 4 * a)
-    [layer] = [l for l in memform.estimate(LLAMA).stages[0].layers if l.block == "decoder"]
+    [layer] = [l for l in numbers(LLAMA).stages[0].layers if l.block == "decoder"]
     assert Fr(str(layer.per_layer_values["activations"])) == expected
     assert expected / megatron - 1 == pytest.approx(0.0479, abs=5e-4)
 
@@ -270,13 +269,13 @@ def test_uniform_recompute_keeps_one_input_per_group_and_recomputes_the_group(n)
     # _checkpointed_forward, uniform: groups of n layers, one checkpoint each keeping the group's input
     # (2sbh/t with SP, Korthikanti Table 2); its backward re-runs the n layers' forward at once
     full = {"training.recompute": "full"}
-    one = memform.estimate(LLAMA7, full).stages[0]
-    est = memform.estimate(LLAMA7, {**full, "megatron.recompute_uniform_layers": n}).stages[0]
+    one = numbers(LLAMA7, full).stages[0]
+    est = numbers(LLAMA7, {**full, "megatron.recompute_uniform_layers": n}).stages[0]
     s, h, t, p = 4096, 4096, 2, 2
     inputs = p * (16 // n)                     # 1F1B stage 0 holds p micro-batches; no dropout: embedding 0
     assert est.moments["warmup"] == inputs * 2 * s * h // t
     # one layer's activations without recompute (what each recomputed layer rebuilds)
-    [layer] = [l for l in memform.estimate(LLAMA7, {"training.recompute": "none"}).stages[0].layers
+    [layer] = [l for l in numbers(LLAMA7, {"training.recompute": "none"}).stages[0].layers
                if l.block == "decoder"]
     rebuilt = layer.per_layer_values["activations"]
     grow = (est.moments["backward"] - est.moments["warmup"]) - (one.moments["backward"] - one.moments["warmup"])
@@ -286,8 +285,8 @@ def test_uniform_recompute_keeps_one_input_per_group_and_recomputes_the_group(n)
 def test_distribute_saved_activations_splits_the_kept_input_over_tp():
     # tensor_parallel/random.py CheckpointFunction: split_tensor_into_1d_equal_chunks(args[0]) over TP
     over = {"training.recompute": "full", "parallel.sequence_parallel": False}
-    plain = memform.estimate(LLAMA7, over).stages[0]
-    split = memform.estimate(LLAMA7, {**over, "megatron.distribute_saved_activations": True}).stages[0]
+    plain = numbers(LLAMA7, over).stages[0]
+    split = numbers(LLAMA7, {**over, "megatron.distribute_saved_activations": True}).stages[0]
     assert plain.moments["warmup"] == 2 * 2 * 4096 * 4096 * 16          # p micro-batches × 16 inputs 2sbh
     assert split.moments["warmup"] == plain.moments["warmup"] // 2
 
@@ -321,8 +320,8 @@ FP8_WEIGHT_CASES = [
 
 @pytest.mark.parametrize("over, extra", [c[1:] for c in FP8_WEIGHT_CASES], ids=[c[0] for c in FP8_WEIGHT_CASES])
 def test_fp8_weight_copies(over, extra):
-    base = memform.estimate(LLAMA7).stages[0]
-    est = memform.estimate(LLAMA7, over).stages[0]
+    base = numbers(LLAMA7).stages[0]
+    est = numbers(LLAMA7, over).stages[0]
     assert exact(est, ("params",)) - exact(base, ("params",)) == extra * llama7_gemm_weights_stage0()
     # main grads (fp32) and the optimizer (fp32 main shard + moments) do not change
     assert exact(est, ("grads", "optimizer")) == exact(base, ("grads", "optimizer"))
@@ -343,7 +342,7 @@ def test_fp8_saved_gemm_inputs(over, elem, flash):
     # projection's (h); the latter is also flash attention's output O, kept in bf16 by the kernel.
     # Per token on a TP rank with SP (s·b/t tokens): bf16 = 2 bytes each.
     def layer(o):
-        [l] = [l for l in memform.estimate(LLAMA7, {"model.flash_attention": flash, **o}).stages[0].layers
+        [l] = [l for l in numbers(LLAMA7, {"model.flash_attention": flash, **o}).stages[0].layers
                if l.block == "decoder"]
         return Fr(str(l.per_layer_values["activations"]))
     s, h, f, t = 4096, 4096, 11008, 2
@@ -364,7 +363,7 @@ def test_fp8_moe_layer_weights_and_expert_inputs():
     over = {"training.recompute": "none", "model.flash_attention": True, "model.moe_grouped_gemm": True}
 
     def moe_layer(o):
-        [l] = [l for l in memform.estimate(MIXTRAL, {**over, **o}).stages[0].layers if l.block == "moe_decoder"]
+        [l] = [l for l in numbers(MIXTRAL, {**over, **o}).stages[0].layers if l.block == "moe_decoder"]
         return Fr(str(l.per_layer_values["params"])), Fr(str(l.per_layer_values["activations"]))
     (p0, a0), (p1, a1) = moe_layer({}), moe_layer({"megatron.fp8": "hybrid"})
     assert p1 - p0 == 2 * gemm                                   # Float8Tensor data + transpose
@@ -390,13 +389,13 @@ PAO_CASES = [
 
 @pytest.mark.parametrize("over, per_param", [c[1:] for c in PAO_CASES], ids=[c[0] for c in PAO_CASES])
 def test_precision_aware_optimizer_state_bytes(over, per_param):
-    est = memform.estimate(LLAMA7, {"megatron.precision_aware_optimizer": True, **over}).stages[0]
+    est = numbers(LLAMA7, {"megatron.precision_aware_optimizer": True, **over}).stages[0]
     assert exact(est, ("optimizer",)) == Fr(per_param, 2) * est.param_count   # dp 2
 
 
 def test_bf16_main_grads():
     # --main-grads-dtype bf16 / --grad-reduce-in-bf16: a bf16 grad buffer (grad_reduce_in_fp32 False)
-    est = memform.estimate(LLAMA7, {"megatron.precision_aware_optimizer": True,
+    est = numbers(LLAMA7, {"megatron.precision_aware_optimizer": True,
                                     "training.precision.grads": "bf16"}).stages[0]
     assert exact(est, ("grads",)) == 2 * est.param_count
 
@@ -420,14 +419,14 @@ KNOBS = {"training.framework": "megatron", "megatron.fp8": "hybrid", "megatron.f
     ("megatron.exp_avg_dtype", "float7", "megatron.exp_avg_dtype"),
 ])
 def test_bad_megatron_keys_are_clear_errors(key, value, needle):
-    r = run_memform("estimate", LLAMA7, "--set", f"{key}={value}")
+    r = memform_in_process("estimate", LLAMA7, "--set", f"{key}={value}")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.startswith("memform: error:") and needle in r.stderr
 
 
 def test_precision_aware_optimizer_needs_the_distributed_optimizer():
     with pytest.raises(MemformError, match="parallel.distributed_optimizer"):
-        memform.estimate(LLAMA7, {"megatron.precision_aware_optimizer": True,
+        numbers(LLAMA7, {"megatron.precision_aware_optimizer": True,
                                   "parallel.distributed_optimizer": False})
 
 
@@ -458,9 +457,9 @@ def test_import_maps_the_profile_flags(tmp_path: Path):
                              "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}
     assert draft.warnings == []
     # the imported config is llama2-7b.yaml plus those knobs
-    expected = memform.estimate(LLAMA7, {f"megatron.{k}": v for k, v in c["megatron"].items()} | {
+    expected = numbers(LLAMA7, {f"megatron.{k}": v for k, v in c["megatron"].items()} | {
         "training.recompute": "full", "training.precision.grads": "bf16"})
-    assert [s.peak_bytes for s in memform.estimate(c).stages] == [s.peak_bytes for s in expected.stages]
+    assert [s.peak_bytes for s in numbers(c).stages] == [s.peak_bytes for s in expected.stages]
 
 
 # ---- the default profile over any formula files: include "..." if "dense.mf" ---------------------------
@@ -479,9 +478,9 @@ def test_profile_physics_loads_only_over_dense_mf(tmp_path: Path):
     prog = load_program([own, formulas_dir() / "frameworks/megatron.mf"])
     assert not [f for f in prog.files if "megatron-core" in f]
     cfg_own = {"formulas": [str(own)]}
-    assert memform.estimate(cfg_own).stages[0].values["params"] == 2 * 10 * 2       # bf16
+    assert numbers(cfg_own).stages[0].values["params"] == 2 * 10 * 2       # bf16
     with pytest.raises(MemformError, match="unknown config key 'megatron'"):
-        memform.estimate(cfg_own, {"megatron.fp8": "hybrid"})
+        numbers(cfg_own, {"megatron.fp8": "hybrid"})
 
 
 def test_conditional_include_prints_back_and_checks_its_path(tmp_path: Path):

@@ -27,10 +27,11 @@ import math
 from pathlib import Path
 
 import pytest
-from cli_helpers import ROOT, run_memform
+from cli_helpers import ROOT
+from cli_inprocess import memform_in_process  # memform.cli.main in this process (same output)
 
-import memform
 from memform.importers import Options, import_config
+from estimate_helpers import numbers  # numbers only: the numeric path (tests/test_numeric.py ties it to sympy's)
 
 DS3_YAML = ROOT / "tests" / "data" / "importers" / "deepseek3-mindformers.yaml"
 GIB = 2 ** 30
@@ -103,7 +104,7 @@ def mindspore_static(tensors: list[tuple[int, int]], received: int = 0) -> dict[
 def ds3(tmp_path_factory):
     out = tmp_path_factory.mktemp("ds3") / "deepseek3.yaml"
     out.write_text(import_config("mindformers", DS3_YAML, Options()).to_yaml())
-    return memform.estimate(out)
+    return numbers(out)
 
 
 @pytest.mark.parametrize("stage", range(16))
@@ -272,7 +273,7 @@ def optimizer_bytes(tensors):
 # on 4 ranks, the replicated table and head on 8; a size that does not divide the group shards nothing
 @pytest.mark.parametrize("k", [0, 2, 4, 8, 3])
 def test_shard_size_groups(tiny, k):
-    est = memform.estimate(tiny(), {"parallel.zero_shard_max": k})
+    est = numbers(tiny(), {"parallel.zero_shard_max": k})
     assert est.stages[0].values["optimizer"] == pytest.approx(optimizer_bytes(tiny_tensors(k)), rel=1e-12)
 
 
@@ -280,7 +281,7 @@ def test_shard_size_groups(tiny, k):
 # w1/w2/w3 16384 KB, table and head 128000 KB (a parameter of exactly the threshold is sharded)
 @pytest.mark.parametrize("thr", [0, 4096, 4097, 16385, 128001])
 def test_threshold(tiny, thr):
-    est = memform.estimate(tiny(), {"mindspore.parallel_optimizer_threshold": thr})
+    est = numbers(tiny(), {"mindspore.parallel_optimizer_threshold": thr})
     assert est.stages[0].values["optimizer"] == pytest.approx(optimizer_bytes(tiny_tensors(0, thr)), rel=1e-12)
 
 
@@ -291,7 +292,7 @@ def test_threshold(tiny, thr):
 @pytest.mark.parametrize("thr", [4096, 4097])
 def test_threshold_learned_position_table(tiny, thr):
     s = 1024
-    est = memform.estimate(tiny(), {"mindspore.parallel_optimizer_threshold": thr,
+    est = numbers(tiny(), {"mindspore.parallel_optimizer_threshold": thr,
                                     "model.position_embedding": "learned"})
     shard = 1 if s * h * 4 < thr * 1024 else dp * tp
     want = optimizer_bytes(tiny_tensors(0, thr) + [(s * h, shard)])
@@ -304,7 +305,7 @@ def test_threshold_learned_position_table(tiny, thr):
 @pytest.mark.parametrize("vocab_dp, thr, want", [(True, 64, v * h * 4), (False, 64, v * h // tp * 4),
                                                  (True, 128001, 0)])
 def test_embedding_all_gather_buffer_is_the_table_slice(tiny, vocab_dp, thr, want):
-    est = memform.estimate(tiny(), {"mindspore.parallel_optimizer_threshold": thr,
+    est = numbers(tiny(), {"mindspore.parallel_optimizer_threshold": thr,
                                     "mindspore.vocab_emb_dp": vocab_dp})
     (emb,) = [e for e in est.stages[0].layers if e.block == "embedding"]
     assert int(emb.per_layer_values["comm"]) == want
@@ -315,7 +316,7 @@ def test_embedding_all_gather_buffer_is_the_table_slice(tiny, vocab_dp, thr, wan
 # it there instead ("to release the memory used by the forward pass allgather", optimizer_parallel.md)
 @pytest.mark.parametrize("vocab_dp, level", [(True, "level1"), (False, "level1"), (True, "level3")])
 def test_embedding_keeps_its_gathered_bf16_table_until_backward(tiny, vocab_dp, level):
-    est = memform.estimate(tiny(), {"mindspore.parallel_optimizer_threshold": 64,
+    est = numbers(tiny(), {"mindspore.parallel_optimizer_threshold": 64,
                                     "mindspore.vocab_emb_dp": vocab_dp, "mindspore.optimizer_level": level})
     (emb,) = [e for e in est.stages[0].layers if e.block == "embedding"]
     local, ranks = (v * h, dp * tp) if vocab_dp else (v * h // tp, dp)
@@ -326,7 +327,7 @@ def test_embedding_keeps_its_gathered_bf16_table_until_backward(tiny, vocab_dp, 
 @pytest.mark.parametrize("m, accum_shard, sharded", [(4, False, False), (4, True, True), (1, False, True)])
 def test_gradient_accumulation_shard(tiny, m, accum_shard, sharded):
     """accu_grads keep the unsharded slice unless gradient_accumulation_shard (or no accumulation)."""
-    est = memform.estimate(tiny(m), {"parallel.grad_accumulation_shard": accum_shard})
+    est = numbers(tiny(m), {"parallel.grad_accumulation_shard": accum_shard})
     ts = tiny_tensors(0)
     want = sum(n / s if sharded else n for n, s in ts) * 4
     assert est.stages[0].values["grads"] == pytest.approx(want, rel=1e-12)
@@ -336,8 +337,8 @@ def test_vocab_emb_dp_replicates_table_head_and_head_input(tiny):
     """vocab_emb_dp: the table and head are whole per TP rank (v·h instead of v·h/tp) and the head's
     input (the whole sequence, s·b·h) is not split over tp; the loss's saved tensors are laid out over
     (dp, mp) either way (mindformers/core/loss/loss.py CrossEntropyLoss: add shard ((dp, mp), ()))."""
-    on = memform.estimate(tiny(), {"mindspore.parallel_optimizer": False})
-    off = memform.estimate(tiny(), {"mindspore.parallel_optimizer": False, "mindspore.vocab_emb_dp": False})
+    on = numbers(tiny(), {"mindspore.parallel_optimizer": False})
+    off = numbers(tiny(), {"mindspore.parallel_optimizer": False, "mindspore.vocab_emb_dp": False})
     grad = {e.block: e for e in on.stages[0].layers}, {e.block: e for e in off.stages[0].layers}
     for block in ("embedding", "output"):
         diff = grad[0][block].per_layer_values["grads"] - grad[1][block].per_layer_values["grads"]
@@ -361,7 +362,7 @@ def test_vocab_emb_dp_replicates_table_head_and_head_input(tiny):
 ])
 def test_loss_keeps_fp32_log_softmax_and_one_hot_over_model_parallel(tiny, vocab, vocab_dp, logits, grad_bytes):
     s = 1024
-    est = memform.estimate(tiny(), {"mindspore.parallel_optimizer": False, "model.vocab_size": vocab,
+    est = numbers(tiny(), {"mindspore.parallel_optimizer": False, "model.vocab_size": vocab,
                                     "mindspore.vocab_emb_dp": vocab_dp, "mindspore.loss_logits_dtype": logits})
     out = next(e for e in est.stages[0].layers if e.block == "output")
     head_in = 2 * s * h // (1 if vocab_dp else tp)     # bf16, the norm's output gathered or SP-split
@@ -385,8 +386,8 @@ def test_recomputed_layer_keeps_its_sp_all_gathers_without_mp_comm_recompute(tin
     """A fully recomputed decoder keeps its input (s·b·h/tp with SP); with mp_comm_recompute off also the
     all-gathered attention and MLP inputs (s·b·h each, bf16): Cell.recompute(mp_comm_recompute=False)."""
     base = {"training.recompute": "full", "mindspore.parallel_optimizer": False}
-    rec = memform.estimate(tiny(), base)
-    kept = memform.estimate(tiny(), base | {"mindspore.mp_comm_recompute": False})
+    rec = numbers(tiny(), base)
+    kept = numbers(tiny(), base | {"mindspore.mp_comm_recompute": False})
     act = {e.block: e.per_layer_values["activations"] for e in rec.stages[0].layers}
     act_kept = {e.block: e.per_layer_values["activations"] for e in kept.stages[0].layers}
     assert int(act["decoder"]) == 2 * 1024 * h // tp
@@ -399,8 +400,8 @@ def test_recomputed_layer_keeps_its_sp_all_gathers_without_mp_comm_recompute(tin
     ({"mindspore.fused_rms_norm": False, "mindspore.layernorm_compute_type": "bf16"}, 2),
 ])
 def test_norm_input_dtype(tiny, overrides, norm_bytes):
-    est = memform.estimate(tiny(), overrides | {"mindspore.parallel_optimizer": False})
-    ref = memform.estimate(tiny(), {"mindspore.parallel_optimizer": False})
+    est = numbers(tiny(), overrides | {"mindspore.parallel_optimizer": False})
+    ref = numbers(tiny(), {"mindspore.parallel_optimizer": False})
     dec = {e.block: e.per_layer_values["activations"] for e in est.stages[0].layers}["decoder"]
     dec_ref = {e.block: e.per_layer_values["activations"] for e in ref.stages[0].layers}["decoder"]
     # two norms per layer, each input s·b·h/tp with SP
@@ -411,9 +412,9 @@ def test_norm_input_dtype(tiny, overrides, norm_bytes):
 def test_unfused_softmax_dtype(tiny, softmax, per_element):
     """softmax_compute_type fp32: the fp32 probabilities and their bf16 cast for P·V are both kept
     (DeepSeekV2Attention._attn: softmax(cast(score, softmax_dtype)), cast(probs, dtype)); a·s²·b/tp each."""
-    est = memform.estimate(tiny(flash=False), {"mindspore.softmax_compute_type": softmax,
+    est = numbers(tiny(flash=False), {"mindspore.softmax_compute_type": softmax,
                                                "mindspore.parallel_optimizer": False})
-    flash = memform.estimate(tiny(flash=True), {"mindspore.parallel_optimizer": False})
+    flash = numbers(tiny(flash=True), {"mindspore.parallel_optimizer": False})
     core = {e.block: e.per_layer_values["activations"] for e in est.stages[0].layers}["decoder"] - \
         {e.block: e.per_layer_values["activations"] for e in flash.stages[0].layers}["decoder"]
     assert int(core) == (per_element * 8 * 1024 * 1024 - 4 * 8 * 1024) // tp   # minus flash's fp32 LSE
@@ -430,7 +431,7 @@ def test_expert_tp_is_expert_model_parallel(ds3, tmp_path):
     moe1 = next(e for e in ds3.stages[2].layers if e.block == "moe_decoder")
     out = tmp_path / "etp4.yaml"
     out.write_text(draft.to_yaml())
-    moe4 = next(e for e in memform.estimate(out).stages[2].layers if e.block == "moe_decoder")
+    moe4 = next(e for e in numbers(out).stages[2].layers if e.block == "moe_decoder")
     assert int(moe1.per_layer_values["param_count"] - moe4.per_layer_values["param_count"]) == \
         E // EP * 3 * H * FE * (T - 1) // T
 
@@ -441,7 +442,7 @@ def test_selective_recompute_counts_per_stage(tiny, tmp_path):
     cfg = tmp_path / "four.yaml"
     cfg.write_text(TINY.format(m=4, flash="true").replace("num_layers: 2", "num_layers: 6")
                    .replace("pp: 1", "pp: 2"))
-    est = memform.estimate(cfg, {"training.recompute_num_layers": [1, 0],
+    est = numbers(cfg, {"training.recompute_num_layers": [1, 0],
                                  "training.selective_recompute_num_layers": [2, 1]})
     modes = [[(e.block, e.mode, e.count_value) for e in s.layers if e.block == "decoder"] for s in est.stages]
     assert modes == [[("decoder", "full", 1), ("decoder", "selective", 1), ("decoder", "none", 1)],
@@ -459,7 +460,7 @@ def test_selective_recompute_counts_per_stage(tiny, tmp_path):
     (["--set", "mindspore.parallel_optimiser=true"], "mindspore.parallel_optimiser"),
 ])
 def test_bad_values_exit_2(tiny, args, needle):
-    r = run_memform("estimate", tiny(), *args)
+    r = memform_in_process("estimate", tiny(), *args)
     assert r.returncode == 2 and "memform: error:" in r.stderr and needle in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
@@ -477,7 +478,7 @@ def test_import_bad_values_exit_2(tmp_path, edit, needle):
     text = DS3_YAML.read_text()
     assert edit[0] in text
     src.write_text(text.replace(edit[0], edit[1]))
-    r = run_memform("import", "mindformers", src)
+    r = memform_in_process("import", "mindformers", src)
     assert r.returncode == 2 and "memform: error:" in r.stderr and needle in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 

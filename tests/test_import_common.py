@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_helpers import ROOT, memform_command, run_memform
+from cli_inprocess import memform_in_process  # memform.cli.main in this process (same output)
 
 from memform.importers import IMPORTERS, Options, import_config, takes_several_files
 from memform.importers.draft import Draft, default_name
@@ -67,7 +68,7 @@ def test_a_malformed_source_writes_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("fmt", sorted(f for f in IMPORTERS if not takes_several_files(f)))
 def test_one_file_per_format_unless_it_reads_several(fmt: str) -> None:
-    r = run_memform("import", fmt, LLAMA, DATA / "gpt2.config.json")
+    r = memform_in_process("import", fmt, LLAMA, DATA / "gpt2.config.json")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert f"'memform import {fmt}' reads one file, got 2" in r.stderr
 
@@ -200,5 +201,5 @@ def test_fields_alias_refuses_spellings_that_disagree_naming_both(tmp_path):
     cfg = json.loads((DATA / "hf" / "glm-4-9b-chat.config.json").read_text())
     cfg["num_hidden_layers"] = cfg["num_layers"] + 1
     path = write(tmp_path / "glm.json", json.dumps(cfg))
-    r = run_memform("import", "hf", str(path))
+    r = memform_in_process("import", "hf", str(path))
     assert r.returncode == 2 and "disagrees with itself" in r.stderr

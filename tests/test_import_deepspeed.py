@@ -18,6 +18,7 @@ import memform
 from memform.errors import MemformError
 from memform.importers import Options, import_config
 from cli_helpers import run_memform
+from cli_inprocess import memform_in_process  # memform.cli.main in this process (same output)
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "importers" / "deepspeed"
@@ -277,7 +278,7 @@ def test_a_model_file_without_a_sequence_length_needs_one(tmp_path):
 def test_unmodelled_features_are_refused(tmp_path, data, key):
     src = tmp_path / "ds.json"
     src.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, **data}))
-    r = run_memform("import", "deepspeed", src, "--model", GPT)
+    r = memform_in_process("import", "deepspeed", src, "--model", GPT)
     assert r.returncode == 2 and key in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
@@ -295,7 +296,7 @@ def test_unmodelled_features_are_refused(tmp_path, data, key):
 def test_neutral_values_import(tmp_path, data):
     src = tmp_path / "ds.json"
     src.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, **data}))
-    r = run_memform("import", "deepspeed", src, "--model", GPT)
+    r = memform_in_process("import", "deepspeed", src, "--model", GPT)
     assert r.returncode == 0, r.stderr
 
 
@@ -346,6 +347,6 @@ def test_partition_activations_matters_only_for_recompute_over_tp(tmp_path, sets
                                "activation_checkpointing": {"partition_activations": True,
                                                             "contiguous_memory_optimization": False}}))
     args = [a for s in sets for a in ("--set", s)]
-    r = run_memform("import", "deepspeed", src, "--model", GPT, "--devices", "8", *args)
+    r = memform_in_process("import", "deepspeed", src, "--model", GPT, "--devices", "8", *args)
     assert (r.returncode == 2) == refused, r.stderr
     assert ("activation_checkpointing.partition_activations" in r.stderr) == refused

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import ROOT, run_memform
+from cli_inprocess import memform_in_process  # memform.cli.main in this process (same output)
 
 import memform
 from memform.errors import MemformError
@@ -281,7 +282,7 @@ def test_memory_changing_arguments_are_refused(tmp_path: Path, extra: str, needl
     with pytest.raises(MemformError) as err:
         import_config("megatron", path, Options())
     assert needle in str(err.value) and str(path) in str(err.value)
-    r = run_memform("import", "megatron", path)
+    r = memform_in_process("import", "megatron", path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 

@@ -20,6 +20,7 @@ from memform.lang.loader import load_program
 from memform.resources import formulas_dir
 
 from cli_helpers import ROOT, run_memform
+from cli_inprocess import memform_in_process  # memform.cli.main in this process (same output)
 
 DATA = ROOT / "tests" / "data" / "importers"
 TITAN = DATA / "torchtitan"
@@ -206,7 +207,7 @@ REFUSED = [
 
 @pytest.mark.parametrize("fixture, needle", REFUSED, ids=[r[0] for r in REFUSED])
 def test_real_job_configs_refused_with_the_reason(fixture, needle):
-    r = run_memform("import", "torchtitan", TITAN / fixture, "--devices", "64")
+    r = memform_in_process("import", "torchtitan", TITAN / fixture, "--devices", "64")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert needle in r.stderr and fixture in r.stderr
 

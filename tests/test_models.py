@@ -23,8 +23,10 @@ from hypothesis import strategies as st
 from memform import api
 from memform.engine.config import known_keys
 from memform.engine.interpreter import CATEGORIES
+from memform.engine.model import estimate as interpreted
 from memform.errors import MemformError
 from cli_helpers import memform_command
+from estimate_helpers import numbers, numeric_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -36,11 +38,12 @@ ONE_DEVICE = {"parallel.pp": 1, "parallel.tp": 1, "parallel.dp": 1, "parallel.ep
 
 
 def single_device(config: Any, **extra: Any) -> api.Estimate:
-    """``config`` on one device (the degrees its formula files know set to 1)."""
-    known = known_keys(api.load_model(config).program.bindings)
+    """``config`` on one device (the degrees its formula files know set to 1); numbers only
+    (tests/estimate_helpers.py: the numeric path, equal to the symbolic one by tests/test_numeric.py)."""
+    known = known_keys(numeric_model(config).program.bindings)
     overrides = {k: v for k, v in ONE_DEVICE.items() if k in known}
     overrides.update(extra)
-    return api.estimate(config, overrides)
+    return numbers(config, overrides)
 
 
 def total_params(est: api.Estimate) -> int:
@@ -142,10 +145,10 @@ def test_moe_and_mla_params_match_megatron_formula(config):
 def test_mla_kv_cache_is_latent_plus_rope_key():
     # DeepSeek-V2 (arXiv:2405.04434) Table 1: MLA caches (d_c + d_h^R) elements per token and
     # layer, = 4.5·d_h for its d_c = 4·d_h = 512, d_h^R = d_h/2 = 64; GQA caches 2·n_g·d_h.
-    mla = api.load_model(CONFIGS / "deepseek-v2-lite.yaml")
+    mla = numeric_model(CONFIGS / "deepseek-v2-lite.yaml")
     ev = mla.evaluator(keep=frozenset())
     assert ev.number(ev.quantity("attention", "kv_cache")) == Fraction(9, 2) * 128
-    gqa = api.load_model(CONFIGS / "llama3-70b.yaml")  # 8 KV heads of 128 (Llama 3 Table 3)
+    gqa = numeric_model(CONFIGS / "llama3-70b.yaml")  # 8 KV heads of 128 (Llama 3 Table 3)
     ev = gqa.evaluator(keep=frozenset())
     assert ev.number(ev.quantity("attention", "kv_cache")) == 2 * 8 * 128
 
@@ -160,14 +163,14 @@ def test_mtp_module_is_projection_norms_and_a_moe_layer_on_the_last_stage():
     assert layer_values(with_mtp, "mtp")["param_count"] == 2 * h * h + 3 * h
     assert total_params(with_mtp) - total_params(without) == \
         2 * h * h + 3 * h + layer_values(with_mtp, "moe_decoder")["param_count"]
-    est = api.estimate(CONFIGS / "deepseek-v3.yaml")      # PP 16: all of it on the last stage
+    est = numbers(CONFIGS / "deepseek-v3.yaml")      # PP 16: all of it on the last stage
     assert [g.block for g in est.stages[-1].layers] == ["moe_decoder", "mtp_embedding", "mtp", "moe_decoder",
                                                          "output"]
 
 
 def test_first_k_dense_then_moe_in_the_stack():
     # DeepSeek-V3 config: first_k_dense_replace 3 of 61 layers; MemEst partition §3.2
-    est = api.estimate(CONFIGS / "deepseek-v3.yaml")
+    est = numbers(CONFIGS / "deepseek-v3.yaml")
     blocks = [(g.block, g.count_value) for s in est.stages for g in s.layers]
     assert blocks[:3] == [("embedding", 1), ("decoder", 3), ("moe_decoder", 3)]
     assert sum(n for b, n in blocks if b == "moe_decoder") == 58 + 1   # + the MTP module's block
@@ -180,7 +183,7 @@ def test_first_k_dense_then_moe_in_the_stack():
 def test_ep_all_to_all_buffer_is_memest_formula():
     # MemEst comm.py (memest-formulas.md §1.4): tokens local = k·s·b/cp, crossing (ep-1)/ep,
     # buffer = crossing tokens · h · bytes · 2 (dispatch + combine). Mixtral fixture: t = 1, no SP.
-    est = api.estimate(CONFIGS / "mixtral-8x7b.yaml", {"model.moe_grouped_gemm": True})
+    est = numbers(CONFIGS / "mixtral-8x7b.yaml", {"model.moe_grouped_gemm": True})
     k, s, b, h, ep, cp, nbytes = 2, 4096, 1, 4096, 8, 1, 2
     expected = Fraction(k * s * b, cp) * Fraction(ep - 1, ep) * h * nbytes * 2
     assert layer_values(est, "moe_decoder")["comm"] == expected
@@ -191,7 +194,7 @@ def test_expert_weights_shard_over_expert_dp():
     # dp·tp·cp/(ep·etp); DeepSeek-V3 config: 16·4·1/(8·1) = 8. Distributed optimizer: fp32
     # master + 2 fp32 moments (12 bytes) sharded over DP for dense weights, over expert-DP for
     # expert weights (MemEst shard_p_os_exp, memest-formulas.md §3.3).
-    est = api.estimate(CONFIGS / "deepseek-v3.yaml")
+    est = numbers(CONFIGS / "deepseek-v3.yaml")
     h, a, t, d, ep, e, fe = 7168, 128, 4, 16, 8, 256, 2048
     attn = h * 1536 + 1536 + h * (512 + 64) + 512 + (1536 * a * 192 + 512 * a * 256 + a * 128 * h) // t
     dense = attn + 2 * h + e * h + 3 * h * fe // t          # + norms, router, 1 shared expert
@@ -209,15 +212,15 @@ def test_capacity_factor_pads_per_expert_buffers(capacity):
     # experts, and every expert's buffer is padded to it; one grouped GEMM over the concatenated
     # routed tokens (dropless) holds exactly tokens·k (MemEst gmm vs cap_fact, §1.3).
     def experts_act(grouped: bool) -> Fraction:
-        model = api.load_model(CONFIGS / "mixtral-8x7b.yaml", {"model.capacity_factor": capacity,
-                                                                "model.moe_grouped_gemm": grouped})
+        model = numeric_model(CONFIGS / "mixtral-8x7b.yaml", {"model.capacity_factor": capacity,
+                                                               "model.moe_grouped_gemm": grouped})
         ev = model.evaluator(keep=frozenset())
         return Fraction(str(ev.number(ev.quantity("experts", "act", "none"))))
     assert experts_act(False) == Fraction(str(capacity)) * experts_act(True)
 
 
 def _llama8b_cp(cp: int, algo: str) -> api.Estimate:
-    return api.estimate(CONFIGS / "llama3-8b.yaml", {"parallel.tp": 1, "parallel.sequence_parallel": False,
+    return numbers(CONFIGS / "llama3-8b.yaml", {"parallel.tp": 1, "parallel.sequence_parallel": False,
                                                      "parallel.cp": cp, "parallel.cp_algo": algo,
                                                      "parallel.dp": 1, "training.global_batch_size": None,
                                                      "parallel.devices": None})
@@ -241,8 +244,8 @@ def test_cp_halves_every_layer_of_mla_and_moe_models_under_every_profile(config,
     over = {"training.framework": framework, "parallel.tp": 4, "parallel.sequence_parallel": True,
             "parallel.devices": None, "training.global_batch_size": None, "parallel.ep": 1,
             "parallel.expert_tp": 1, "parallel.dp": 1, "model.flash_attention": True}
-    one = api.estimate(CONFIGS / config, {**over, "parallel.cp": 1}, keep=frozenset())
-    two = api.estimate(CONFIGS / config, {**over, "parallel.cp": 2}, keep=frozenset())
+    one = numbers(CONFIGS / config, {**over, "parallel.cp": 1})
+    two = numbers(CONFIGS / config, {**over, "parallel.cp": 2})
     checked = 0
     for a, b in zip(one.stages, two.stages):
         for la, lb in zip(a.layers, b.layers):
@@ -320,7 +323,7 @@ def test_new_architecture_from_a_formula_file(tmp_path):
     per_block = 2 * h + 4 * h * h + 2 * h * f + f + h
     head = 2 * h + v * h + v
     # one device, defaults: bf16 params (2), fp32 grads (4), fp32 master + 2 fp32 moments (12)
-    est = api.estimate(_gptj_config(tmp_path))
+    est = numbers(_gptj_config(tmp_path))
     (stage,) = est.stages
     assert stage.param_count == v * h + L * per_block + head
     assert stage.values["params"] == 2 * stage.param_count
@@ -329,10 +332,10 @@ def test_new_architecture_from_a_formula_file(tmp_path):
     # per micro-batch and layer (how many micro-batches are held is the schedule's business)
     assert layer_values(est, "parallel_block")["activations"] == 2 * s * b * (2 * h + 4 * h + 2 * f) + 2 * a * s * s * b
     assert layer_values(est, "lm_head")["activations"] == 2 * s * b * h + 4 * s * b * v
-    sel = api.estimate(_gptj_config(tmp_path), {"training.recompute": "selective"})
+    sel = numbers(_gptj_config(tmp_path), {"training.recompute": "selective"})
     assert layer_values(sel, "parallel_block")["activations"] == 2 * s * b * (2 * h + 4 * h + 2 * f)
     # two stages, TP 2: embedding + 14 blocks / 14 blocks + head; per-device TP shards
-    est2 = api.estimate(_gptj_config(tmp_path, pp=2, tp=2))
+    est2 = numbers(_gptj_config(tmp_path, pp=2, tp=2))
     block_tp2 = 2 * h + (4 * h * h + 2 * h * f + f) // 2 + h
     assert [s.param_count for s in est2.stages] == [v * h // 2 + 14 * block_tp2,
                                                      14 * block_tp2 + 2 * h + (v * h + v) // 2]
@@ -446,9 +449,13 @@ def configs(draw, kind: str) -> dict[str, Any]:
 
 
 def estimate_or_skip(cfg: dict[str, Any], **kw: Any) -> api.Estimate:
-    """Estimate ``cfg``; a config a formula file's ``require`` rejects is not a valid example."""
+    """Estimate ``cfg``; a config a formula file's ``require`` rejects is not a valid example. Without
+    ``kw`` (the properties of numbers) from the numeric path (tests/estimate_helpers.py), which neither
+    builds closed forms nor compiles each drawn structure; with ``kw`` (closed forms) the symbolic
+    interpreter itself (``memform.estimate`` would answer from the numeric path first and build the
+    interpreter's estimate on first use of ``exprs``)."""
     try:
-        return api.estimate(cfg, **kw)
+        return interpreted(cfg, **kw) if kw else numbers(cfg)
     except MemformError as exc:
         assume(not any(w in str(exc) for w in ("must divide", "needs parallel", "split evenly")))
         raise
@@ -510,7 +517,7 @@ def test_symbolic_value_equals_exact_value(kind, data, resolve):
 @pytest.mark.parametrize("config", ["mixtral-8x7b.yaml", "deepseek-v3.yaml", "deepseek-v2-lite.yaml",
                                     "llama3-405b.yaml", "qwen2-vl-7b.yaml"])
 def test_bundled_closed_forms_evaluate_to_the_exact_numbers(config):
-    est = api.estimate(CONFIGS / config)
+    est = interpreted(CONFIGS / config)  # the closed forms: the symbolic interpreter
     values = est.model.bound.values
     for s in est.stages:
         for c in CATEGORIES:
@@ -519,7 +526,7 @@ def test_bundled_closed_forms_evaluate_to_the_exact_numbers(config):
 
 def test_vision_encoder_comes_before_the_language_model():
     # the stack of vision.mf: patch embedding, ViT layers, merger, then the LM decoder layers
-    est = api.estimate(CONFIGS / "qwen2-vl-7b.yaml")
+    est = numbers(CONFIGS / "qwen2-vl-7b.yaml")
     order = [g.block for s in est.stages for g in s.layers]
     assert order.index("vision_layer") < order.index("vision_merger") < order.index("decoder")
     assert est.stages[0].layers[0].block == "vision_patch_embed"

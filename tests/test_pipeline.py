@@ -1,8 +1,9 @@
 """Pipeline schedules, their peak moments, recomputation modes and ZeRO-3 / FSDP working sets.
 
 Reference cases cite where each expected number comes from; property tests (hypothesis)
-check the monotonicity every memory model must have. Everything runs numerically
-(``keep=frozenset()``) so the file stays fast.
+check the monotonicity every memory model must have. Everything runs on the numeric path (plain ints and
+fractions, tests/estimate_helpers.py; equal to the sympy evaluator's numbers by tests/test_numeric.py) so
+the file stays fast.
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memform.api import estimate, estimate_model, load_model, rebind
+from memform.api import estimate_model, load_model, rebind
 from memform.errors import MemformError
 from cli_helpers import memform_command
-
-NUMERIC = frozenset()
+from estimate_helpers import numbers
 
 #: a Llama-like dense model; dropout off so the embedding stores no activations, which keeps the
 #: first stage's activations exactly "its transformer layers" (Megatron's formulas count only those)
@@ -49,7 +49,7 @@ def config(**overrides) -> dict:
 
 
 def est(**overrides):
-    return estimate(config(**overrides), keep=NUMERIC)
+    return numbers(config(**overrides))
 
 
 def inflight(e, stage: int) -> dict[int, int]:
@@ -384,7 +384,7 @@ def zero_model(tmp_path: Path):
 def test_zero_table_1(zero_model, zero, gb):
     """ZeRO (Rajbhandari et al. 2020) Table 1 / Figure 1: Ψ = 7.5B, K = 12, N_d = 64:
     120 GB, 31.4 GB (P_os), 16.6 GB (P_os+g), 1.9 GB (P_os+g+p) of model states per device."""
-    e = estimate(zero_model(zero=zero), keep=NUMERIC)
+    e = numbers(zero_model(zero=zero))
     assert round(e.stages[0].static_bytes / 1e9, 1) == gb
 
 
@@ -394,13 +394,13 @@ def test_fsdp_reshard_vs_no_reshard(zero_model):
     prefetching, §3.4 rate limiter); reshard_after_forward=False (SHARD_GRAD_OP, §3.2.1) keeps
     every gathered unit from forward to backward next to its shard."""
     psi = Fraction(7_500_000_000, 4)
-    on = estimate(zero_model(zero=3), keep=NUMERIC).stages[0]
-    off = estimate(zero_model(zero=3, reshard_after_forward=False), keep=NUMERIC).stages[0]
+    on = numbers(zero_model(zero=3)).stages[0]
+    off = numbers(zero_model(zero=3, reshard_after_forward=False)).stages[0]
     assert on.values["params"] == 4 * psi * 2 / 64
     assert on.values["comm"] == 2 * psi * 2 + psi * 2   # current + prefetched, + a layer's grads
     assert off.values["params"] == 4 * psi * 2 / 64 + 4 * psi * 2
     assert off.values["comm"] == psi * 2
-    deeper = estimate(zero_model(zero=3, prefetch_layers=2, overlap_grad_reduce=True), keep=NUMERIC).stages[0]
+    deeper = numbers(zero_model(zero=3, prefetch_layers=2, overlap_grad_reduce=True)).stages[0]
     assert deeper.values["comm"] == 3 * psi * 2 + 2 * psi * 2
 
 
@@ -408,13 +408,13 @@ def test_zero_shard_limit_and_unsharded_accumulation(zero_model):
     """MemEst os_max_shard (memest-formulas.md §3.3: optimizer ranks ≤ os_max_shard) and MindSpore
     gradient_accumulation_shard=False (a full accumulation buffer held across micro-batches)."""
     psi = Fraction(7_500_000_000)
-    limited = estimate(zero_model(zero=1, zero_shard_max=8), keep=NUMERIC).stages[0]
+    limited = numbers(zero_model(zero=1, zero_shard_max=8)).stages[0]
     assert limited.values["optimizer"] == 12 * psi / 8
-    accum = estimate(zero_model(zero=2, grad_accumulation_shard=False), keep=NUMERIC).stages[0]
+    accum = numbers(zero_model(zero=2, grad_accumulation_shard=False)).stages[0]
     assert accum.values["grads"] == 2 * psi
     single = zero_model(zero=2, grad_accumulation_shard=False)
     single["training"]["num_micro_batches"] = 1
-    assert estimate(single, keep=NUMERIC).stages[0].values["grads"] == 2 * psi / 64
+    assert numbers(single).stages[0].values["grads"] == 2 * psi / 64
 
 
 # ------------------------------------------------------------------ moments in the DSL
@@ -435,7 +435,7 @@ def test_moments_are_declared_in_formula_files(tmp_path: Path):
                   '  moment late = layers_max(act) + layers_sum(if mode == "none" then act else 0)\n'
                   '}\n')
     cfg = config(formulas=[str(mf)], parallel__pp_schedule="flat")
-    e = estimate(cfg, keep=NUMERIC)
+    e = numbers(cfg)
     s = e.stages[1]
     act = decoder_act(e)
     bwd = 3 * 2 * 2048 * 1 * 4096   # the SwiGLU backward's gradients (dense.mf mlp.bwd_grads)
@@ -447,10 +447,10 @@ def test_layers_reductions_only_in_schedules(tmp_path: Path):
     mf = tmp_path / "bad.mf"
     mf.write_text('include "dense.mf"\nlet x = layers_sum(act)\n')
     with pytest.raises(MemformError, match="only be used in schedule blocks"):
-        estimate(config(formulas=[str(mf)]), keep=NUMERIC)
+        numbers(config(formulas=[str(mf)]))
     mf.write_text('include "dense.mf"\nlet x = (h where nosuch = 2)\n')
     with pytest.raises(MemformError, match="'nosuch' is not one"):
-        estimate(config(formulas=[str(mf)]), keep=NUMERIC)
+        numbers(config(formulas=[str(mf)]))
 
 
 def test_cli_json_reports_the_peak_moment(tmp_path: Path):
@@ -491,7 +491,7 @@ def shaped(sh: dict, **overrides) -> dict:
     return cfg
 
 
-_BASE_MODEL = load_model(config())
+_BASE_MODEL = load_model(config(), numeric=True)
 
 
 def fast(cfg: dict):
@@ -506,7 +506,7 @@ def fast(cfg: dict):
                 flat[f"{prefix}{k}"] = v
     walk(cfg, "")
     flat.pop("name", None)
-    return estimate_model(rebind(_BASE_MODEL, flat), keep=NUMERIC)
+    return estimate_model(rebind(_BASE_MODEL, flat))
 
 
 @FAST

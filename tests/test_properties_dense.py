@@ -5,8 +5,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import memform
 from memform.engine.interpreter import CATEGORIES
+from memform.engine.model import estimate as interpreted
+from estimate_helpers import numbers  # numbers only: the numeric path (tests/test_numeric.py ties it to sympy's)
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -48,7 +49,7 @@ def values_of(est):
 @SETTINGS
 @given(dense_configs())
 def test_symbolic_equals_numeric(cfg):
-    est = memform.estimate(cfg)
+    est = interpreted(cfg)  # closed forms: the symbolic interpreter
     vals = values_of(est)
     for stage in est.stages:
         for c in CATEGORIES:
@@ -60,9 +61,9 @@ def test_symbolic_equals_numeric(cfg):
 @given(dense_configs())
 def test_general_form_agrees_with_resolved_form(cfg):
     # resolve=False keeps Piecewise/Min: valid for all values, so it must agree at this config too
-    resolved = memform.estimate(cfg)
-    general = memform.estimate(cfg, resolve=False)
-    numeric = memform.estimate(cfg, keep=frozenset())
+    resolved = interpreted(cfg)
+    general = interpreted(cfg, resolve=False)
+    numeric = interpreted(cfg, keep=frozenset())
     for r, g, n in zip(resolved.stages, general.stages, numeric.stages):
         assert r.values == g.values == n.values
         for c in CATEGORIES:
@@ -79,10 +80,10 @@ def test_more_sharding_never_increases_static_bytes(data, key):
     # every example checks the property: the config is drawn so that the key can grow
     cfg = data.draw(dense_configs(tp_room=2 if key == "parallel.tp" else 1,
                                   zero_max=2 if key == "parallel.zero" else 3))
-    base = memform.estimate(cfg)
+    base = numbers(cfg)
     grown = {"parallel.zero": cfg["parallel"]["zero"] + 1, "parallel.dp": cfg["parallel"]["dp"] * 2,
              "parallel.tp": cfg["parallel"]["tp"] * 2}[key]
-    bumped = memform.estimate(cfg, {key: grown})
+    bumped = numbers(cfg, {key: grown})
     assert max(static(bumped)) <= max(static(base))
 
 
@@ -91,7 +92,7 @@ def test_more_sharding_never_increases_static_bytes(data, key):
 def test_recompute_orders_activations(cfg):
     acts = {}
     for mode in ("none", "selective", "full"):
-        est = memform.estimate(cfg, {"training.recompute": mode})
+        est = numbers(cfg, {"training.recompute": mode})
         acts[mode] = [s.values["activations"] for s in est.stages]
     for a_full, a_sel, a_none in zip(acts["full"], acts["selective"], acts["none"]):
         assert a_full <= a_sel <= a_none
@@ -102,7 +103,7 @@ def test_recompute_orders_activations(cfg):
 def test_pipeline_split_conserves_static_bytes(cfg):
     # the same layers on more stages: the sum over stages of parameter counts is unchanged (untied: a
     # tied head has its own copy only when it sits on another stage than the embedding)
-    split = memform.estimate(cfg)
-    whole = memform.estimate(cfg, {"parallel.pp": 1})
+    split = numbers(cfg)
+    whole = numbers(cfg, {"parallel.pp": 1})
     assert sum(s.param_count for s in split.stages) == whole.stages[0].param_count
     assert max(static(split)) <= max(static(whole))

@@ -21,9 +21,9 @@ import pytest
 import sympy
 from cli_helpers import run_memform as run
 
-import memform
 from memform.api import load_model, partition_of
 from memform.errors import MemformError
+from estimate_helpers import numbers  # numbers only: the numeric path (tests/test_numeric.py ties it to sympy's)
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
@@ -77,9 +77,9 @@ def test_moe_act_recompute_drops_the_activation_output():
 
 def test_recompute_modules_are_checked():
     with pytest.raises(MemformError, match="recompute_modules.*'atn' is not one of them"):
-        memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={"training.recompute_modules": ["atn"]})
+        numbers(CONFIGS / "llama3-8b.yaml", overrides={"training.recompute_modules": ["atn"]})
     with pytest.raises(MemformError, match="mla_up_proj needs MLA"):
-        memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={"training.recompute_modules": ["mla_up_proj"]})
+        numbers(CONFIGS / "llama3-8b.yaml", overrides={"training.recompute_modules": ["mla_up_proj"]})
 
 
 def test_recompute_modules_from_a_megatron_command_line(tmp_path):
@@ -126,7 +126,7 @@ def test_dualpipe_keeps_pp_plus_one_micro_batches():
 
 # ---- the published runs ---------------------------------------------------------------------------
 def test_deepseek_v3_as_its_report_states_fits_on_h800():
-    est = memform.estimate(CONFIGS / "deepseek-v3-report.yaml")
+    est = numbers(CONFIGS / "deepseek-v3-report.yaml")
     assert est.fits and all(st.fits for st in est.stages)
     assert est.peak_bytes < 80 * GIB and max(st.reserved_bytes for st in est.stages) < 80 * GIB
 
@@ -140,7 +140,7 @@ def test_deepseek_v3_as_its_report_states_fits_on_h800():
     ("FP8 GEMMs and cached inputs (§3.3)", {"megatron.fp8": "none", "megatron.activation_func_fp8_input_store": False}),
 ])
 def test_deepseek_v3_needs_each_mechanism_of_its_report(without, overrides):
-    est = memform.estimate(CONFIGS / "deepseek-v3-report.yaml", overrides=overrides)
+    est = numbers(CONFIGS / "deepseek-v3-report.yaml", overrides=overrides)
     assert not est.fits, f"fits without {without}"
 
 
@@ -149,16 +149,16 @@ def test_deepseek_v3_bf16_moments_and_shared_mtp_embedding_are_margin():
     # fit: fp32 moments add 2.7 GiB to the peak stage (79.0 GiB allocated, 79.5 GiB reserved with Megatron's
     # gradient buffers kept across steps: still fits; 84.6 GiB and three cache releases while the replay freed
     # them), a private MTP embedding copy adds to stage 0 only
-    base = memform.estimate(CONFIGS / "deepseek-v3-report.yaml")
-    fp32 = memform.estimate(CONFIGS / "deepseek-v3-report.yaml", overrides={"training.precision.optimizer": "fp32"})
+    base = numbers(CONFIGS / "deepseek-v3-report.yaml")
+    fp32 = numbers(CONFIGS / "deepseek-v3-report.yaml", overrides={"training.precision.optimizer": "fp32"})
     assert fp32.peak_bytes > base.peak_bytes and fp32.fits
     assert max(st.reserved_bytes for st in fp32.stages) > max(st.reserved_bytes for st in base.stages)
-    copy = memform.estimate(CONFIGS / "deepseek-v3-report.yaml", overrides={"parallel.mtp_embedding_shared": False})
+    copy = numbers(CONFIGS / "deepseek-v3-report.yaml", overrides={"parallel.mtp_embedding_shared": False})
     assert copy.stages[0].peak_bytes > base.stages[0].peak_bytes and copy.peak_bytes == base.peak_bytes
 
 
 def test_llama3_405b_long_context_fits_on_h100():
-    est = memform.estimate(CONFIGS / "llama3-405b.yaml")
+    est = numbers(CONFIGS / "llama3-405b.yaml")
     assert est.fits and all(st.fits for st in est.stages)
 
 
@@ -169,7 +169,7 @@ def test_llama3_405b_long_context_fits_on_h100():
     "1F1B holds 16 (68 GiB, which fits). The paper gives neither V nor its scheduler's warm-up depth, and "
     "names no mechanism that would hold fewer micro-batches in flight."))
 def test_llama3_405b_8k_as_its_paper_states_fits_on_h100():
-    est = memform.estimate(CONFIGS / "llama3-405b-8k.yaml")
+    est = numbers(CONFIGS / "llama3-405b-8k.yaml")
     assert est.fits
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 import memform
+from estimate_helpers import numbers  # numbers only: the numeric path (tests/test_numeric.py ties it to sympy's)
 
 s, b, h, a, L, v = 2048, 1, 12288, 96, 96, 51200
 
@@ -27,7 +28,7 @@ def decoder_act(est, stage: int = 0) -> int:
 def test_korthikanti_eq1_no_parallelism(gpt3, t):
     # eq. (1): sbh(34 + 5as/h) per layer; with tp only (no SP), eq. (2): sbh(10 + 24/t + 5as/(ht))
     gpt3["parallel"]["tp"] = t
-    est = memform.estimate(gpt3)
+    est = numbers(gpt3)
     expected = s * b * h * (10 + sympy_frac(24, t) + sympy_frac(5 * a * s, h * t))
     assert decoder_act(est) == expected
     if t == 1:
@@ -38,7 +39,7 @@ def test_korthikanti_eq1_no_parallelism(gpt3, t):
 def test_korthikanti_eq4_tensor_and_sequence_parallel(gpt3, t):
     # eq. (4): sbh/t · (34 + 5as/h)
     gpt3["parallel"].update(tp=t, sequence_parallel=True)
-    est = memform.estimate(gpt3)
+    est = numbers(gpt3)
     assert decoder_act(est) == sympy_frac(s * b * h, t) * (34 + sympy_frac(5 * a * s, h))
 
 
@@ -46,8 +47,8 @@ def test_korthikanti_eq4_tensor_and_sequence_parallel(gpt3, t):
 def test_korthikanti_table2_selective_and_full(gpt3, t):
     # Table 2 (TP + SP rows): selective 34sbh/t, full 2sbh/t per layer
     gpt3["parallel"].update(tp=t, sequence_parallel=t > 1)
-    sel = memform.estimate(gpt3, {"training.recompute": "selective"})
-    full = memform.estimate(gpt3, {"training.recompute": "full"})
+    sel = numbers(gpt3, {"training.recompute": "selective"})
+    full = numbers(gpt3, {"training.recompute": "full"})
     assert decoder_act(sel) == 34 * s * b * h / sympy_frac(t, 1)
     assert decoder_act(full) == 2 * s * b * h / sympy_frac(t, 1)
 
@@ -59,7 +60,7 @@ def test_korthikanti_first_stage_independent_of_p(gpt3):
     gpt3["training"]["num_micro_batches"] = 16
     totals = []
     for p in (1, 2, 4, 8):
-        est = memform.estimate(gpt3, {"parallel.pp": p})
+        est = numbers(gpt3, {"parallel.pp": p})
         [layer] = [l for l in est.stages[0].layers if l.block == "decoder"]
         totals.append(layer.inflight_value * layer.count_value * layer.per_layer_values["activations"])
         assert layer.inflight_value == p
@@ -91,7 +92,7 @@ def megatron_weight_and_optimizer_bytes(*, h, L, f, v, a, g, p, t, dp, dist_opt,
 def test_megatron_weights_and_optimizer_gpt3_175b(dist_opt):
     # configs/gpt3-175b.yaml (t = 8, p = 8, dp = 8). memform also counts GPT-3's learned position
     # embedding (s·h, replicated) and the linear biases, which Megatron's estimate leaves out: < 1%.
-    est = memform.estimate("configs/gpt3-175b.yaml", {"parallel.distributed_optimizer": dist_opt})
+    est = numbers("configs/gpt3-175b.yaml", {"parallel.distributed_optimizer": dist_opt})
     ref = megatron_weight_and_optimizer_bytes(h=h, L=L, f=4 * h, v=v, a=a, g=a, p=8, t=8, dp=8,
                                               dist_opt=dist_opt)
     ours = est.stages[0].static_bytes
@@ -112,7 +113,7 @@ def test_zero_paper_model_states(gpt3, zero, coeff):
     nd = 64
     cfg = gpt3 | {"parallel": {"dp": nd, "tp": 1, "pp": 1, "zero": zero}}
     cfg["training"] = dict(gpt3["training"], precision={"params": "fp16", "grads": "fp16"})
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     psi = est.stages[0].param_count
     expected = coeff(psi, nd)
     assert abs(est.stages[0].static_bytes - expected) <= 3  # each of 3 categories rounds up < 1 byte
@@ -127,7 +128,7 @@ def test_zero_paper_figure1_numbers():
            "parallel": {"dp": nd}, "training": {"precision": {"params": "fp16", "grads": "fp16"}}}
     got = []
     for zero in range(4):
-        est = memform.estimate(cfg, {"parallel.zero": zero})
+        est = numbers(cfg, {"parallel.zero": zero})
         st = est.stages[0]
         got.append(round(st.static_bytes / st.param_count * psi / 1e9, 1))
     assert got == [120.0, 31.4, 16.6, 1.9]

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import memform
+# the numbers of an estimate, from the numeric path (tests/estimate_helpers.py: equal to the symbolic
+# interpreter's by tests/test_numeric.py; memform.estimate would build the symbolic estimate on .layers)
+from estimate_helpers import numbers
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 VISION = ("vision_patch_embed", "vision_layer", "vision_merger")
@@ -32,7 +34,7 @@ def test_qwen2_vl_vision_encoder_parameters():
       merger: ln_q LayerNorm(1280) 2,560; mlp 5120 -> 5120 + bias 26,219,520; 5120 -> 3584 + bias
               18,353,664                                                           =  44,575,744
     total 675,759,104 (the paper's 675M)."""
-    est = memform.estimate(CONFIGS / "qwen2-vl-7b.yaml", overrides={"parallel.tp": 1,
+    est = numbers(CONFIGS / "qwen2-vl-7b.yaml", overrides={"parallel.tp": 1,
                                                                    "parallel.sequence_parallel": False})
     layers = _layers(est)
     assert layers["vision_patch_embed"].per_layer_values["param_count"] == 1_505_280
@@ -55,7 +57,7 @@ def test_qwen2_vl_vision_activations():
                                                                                           =    131,072
       merger (replicated): norm input, fc1 input, fc1 and GeLU outputs, 1280 each per patch:
       4 · 2 · 4096 · 1280                                                                 = 41,943,040"""
-    layers = _layers(memform.estimate(CONFIGS / "qwen2-vl-7b.yaml"))
+    layers = _layers(numbers(CONFIGS / "qwen2-vl-7b.yaml"))
     assert layers["vision_patch_embed"].per_layer_values["activations"] == 9_633_792
     assert layers["vision_layer"].per_layer_values["activations"] == 83_886_080 + 131_072
     assert layers["vision_merger"].per_layer_values["activations"] == 41_943_040
@@ -67,7 +69,7 @@ def test_bert_embedding_activations():
     token-type embeddings (fp32), then LayerNorm -- on autocast's fp32 list, so it saves its fp32 input,
     4 · s · b · h bytes -- then dropout, which saves its 1-byte mask, s · b · h (Korthikanti §4.3). b = 4:
       4 · 512 · 4 · 1024 + 512 · 4 · 1024 = 8,388,608 + 2,097,152 = 10,485,760 bytes."""
-    layers = _layers(memform.estimate(CONFIGS / "bert-large-uncased.yaml"))
+    layers = _layers(numbers(CONFIGS / "bert-large-uncased.yaml"))
     assert layers["embedding"].per_layer_values["activations"] == 10_485_760
 
 
@@ -76,10 +78,10 @@ def test_sequence_parallel_all_gather_buffer():
     sequence-sharded layer input to the full s · b · h before the QKV and fc1 GEMMs, one such buffer
     live at a time. Llama-3-8B (Dubey et al. 2024 Table 3: h 4096), s 8192, b 1, bf16, TP 4 + SP, DP 2,
     no bucket memory, no CP: 2 · 8192 · 1 · 4096 = 67,108,864 bytes of comm, on every stage."""
-    est = memform.estimate(CONFIGS / "llama3-8b.yaml")
+    est = numbers(CONFIGS / "llama3-8b.yaml")
     assert [s.values["comm"] for s in est.stages] == [67_108_864] * len(est.stages)
     # without SP nothing is gathered (the TP all-reduce works in place)
-    off = memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={"parallel.sequence_parallel": False})
+    off = numbers(CONFIGS / "llama3-8b.yaml", overrides={"parallel.sequence_parallel": False})
     assert [s.values["comm"] for s in off.stages] == [0] * len(off.stages)
 
 
@@ -93,7 +95,7 @@ def test_mindspore_parallel_optimizer_threshold_default():
             "model.num_kv_heads": 4}
 
     def optimizer(**extra):
-        est = memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={**base, **extra})
+        est = numbers(CONFIGS / "llama3-8b.yaml", overrides={**base, **extra})
         return [s.values["optimizer"] for s in est.stages]
 
     default = optimizer()
@@ -115,7 +117,7 @@ def test_deepseek_v2_lite_first_layer_mla_activations():
            2f = 21888                                                                   -> 69760
       two RMSNorm inputs 2·2h                                                           ->  8192
     104768 bytes · 4096 tokens = 429,129,728."""
-    layers = _layers(memform.estimate(CONFIGS / "deepseek-v2-lite.yaml"))
+    layers = _layers(numbers(CONFIGS / "deepseek-v2-lite.yaml"))
     assert layers["decoder"].per_layer_values["activations"] == 104_768 * 4096
 
 
@@ -136,14 +138,14 @@ def test_deepseek_v3_dense_layer_mla_shapes():
            output (128·128 each) over t: 2·(2·24576 + 2·16384)/4 = 40960; flash LSE 4·128/4 = 128
       MLP: input 2h/4 = 3584; [gate|up] and output 2·3·18432/4 = 27648; two norm inputs 2·2h/4 = 7168
     91392 bytes · 8192 tokens = 748,683,264."""
-    est = memform.estimate(CONFIGS / "deepseek-v3.yaml", overrides={"training.recompute": "selective"})
+    est = numbers(CONFIGS / "deepseek-v3.yaml", overrides={"training.recompute": "selective"})
     dense = _layers(est)["decoder"]
     assert dense.count_value == 3
     assert dense.per_layer_values["param_count"] == 11_011_584 + 4_129_280 + 42_991_616 + 99_090_432 + 14_336
     assert dense.per_layer_values["activations"] == 91_392 * 8192
     # no recompute keeps the same: with flash attention selective recompute has nothing to drop (the
     # a·s² core is never stored; Korthikanti §5, Dao et al. 2022 §3.1)
-    none = memform.estimate(CONFIGS / "deepseek-v3.yaml", overrides={"training.recompute": "none"})
+    none = numbers(CONFIGS / "deepseek-v3.yaml", overrides={"training.recompute": "none"})
     assert _layers(none)["decoder"].per_layer_values["activations"] == 91_392 * 8192
 
 
@@ -151,7 +153,7 @@ def test_deepseek_v3_mtp_embedding_copy_on_the_last_stage():
     """DeepSeek-V3 §2.2: the MTP module shares the embedding with the main model; with PP 16 it sits on the
     last stage, which needs its own copy of the vocabulary-parallel word embedding (as Megatron keeps
     word_embeddings there for a tied head): v · h / t = 129280 · 7168 / 4 = 231,669,760 parameters."""
-    last = _layers(memform.estimate(CONFIGS / "deepseek-v3.yaml"), stage=-1)
+    last = _layers(numbers(CONFIGS / "deepseek-v3.yaml"), stage=-1)
     assert last["mtp_embedding"].per_layer_values["param_count"] == 231_669_760
     # the MTP module's own weights (§2.2, Fig. 3): RMSNorms of the hidden state, of the next token's
     # embedding and before the shared head, 3 · 7168, and the projection M from the 2h-wide
@@ -165,7 +167,7 @@ def test_torch_dtensor_tp_holds_two_sbh_gradients():
     place (_functional_collectives.all_reduce), so two s·b·h tensors are live at once, with or without SP
     (measured by bench/validate.py --distributed, tp and tp+sp). Llama-3-8B, s 8192, b 1, bf16, t = 4:
     2 · 2 · 8192 · 4096 = 268,435,456 bytes of comm."""
-    est = memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={"training.framework": "torch", "parallel.zero": 0})
+    est = numbers(CONFIGS / "llama3-8b.yaml", overrides={"training.framework": "torch", "parallel.zero": 0})
     assert [s.values["comm"] for s in est.stages] == [268_435_456] * len(est.stages)
 
 
@@ -178,7 +180,7 @@ def test_deepspeed_ipg_bucket():
     buffers alone."""
     base = {"training.framework": "deepspeed", "parallel.zero": 1}
     for overlap, buffers in ((False, 1), (True, 2)):
-        est = memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={**base, "deepspeed.overlap_comm": overlap})
+        est = numbers(CONFIGS / "llama3-8b.yaml", overrides={**base, "deepspeed.overlap_comm": overlap})
         assert _layers(est)["embedding"].per_layer_values["comm"] == buffers * 500_000_000 * 2 + 500_000_000 * 2
 
 
@@ -191,7 +193,7 @@ def test_bert_classification_head_activations():
     dropout's 1-byte mask (Korthikanti et al. 2022 §4.1 counts masks at 1 byte):
       (3 · 4 + 1) · 4 · 1024 = 53,248 bytes. The loss is over b × 2 logits: its backward adds nothing
     worth an s·b·v term."""
-    layers = _layers(memform.estimate(CONFIGS / "bert-large-uncased.yaml"))
+    layers = _layers(numbers(CONFIGS / "bert-large-uncased.yaml"))
     assert layers["output"].per_layer_values["activations"] == 53_248
 
 
@@ -207,7 +209,7 @@ def test_torch_pipelining_buffers_hold_the_local_shard():
     base = {"training.framework": "torch", "parallel.zero": 0, "parallel.pp": 2, "parallel.pp_schedule": "torch-1f1b"}
 
     def p2p(**extra):
-        est = memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={**base, **extra})
+        est = numbers(CONFIGS / "llama3-8b.yaml", overrides={**base, **extra})
         return [s.runtime["torch_p2p"] for s in est.stages]
 
     sp = p2p()
@@ -225,7 +227,7 @@ def test_qwen2_vl_vision_layer_splits_over_tensor_parallel_ranks():
              = 19,669,760 / 2                                                  = 9,834,880
       replicated: proj and fc2 biases 2·1280, norms 4·1280                    =     7,680
     = 9,842,560 parameters per rank."""
-    est = memform.estimate(CONFIGS / "qwen2-vl-7b.yaml", overrides={"parallel.tp": 2})
+    est = numbers(CONFIGS / "qwen2-vl-7b.yaml", overrides={"parallel.tp": 2})
     assert _layers(est)["vision_layer"].per_layer_values["param_count"] == 9_842_560
 
 
@@ -236,7 +238,7 @@ def test_deepseek_v2_lite_shared_experts_activations():
     router reads too (saved once). They add, per token, [gate | up] 2 · 2 · 2816 and the SwiGLU output
     2 · 2816 (Korthikanti et al. 2022 §4.1 with the gated MLP): 16,896 bytes · 4096 = 69,206,016 per layer."""
     def moe_act(**over):
-        est = memform.estimate(CONFIGS / "deepseek-v2-lite.yaml", overrides=over)
+        est = numbers(CONFIGS / "deepseek-v2-lite.yaml", overrides=over)
         return _layers(est)["moe_decoder"].per_layer_values["activations"]
 
     assert moe_act() - moe_act(**{"model.num_shared_experts": 0}) == 69_206_016
@@ -249,7 +251,7 @@ def test_torch_dtensor_embedding_gradient_is_the_whole_table():
     shard at t = 2). Llama-3-8B's table (v 128256, h 4096) under the torch profile (fp32 parameters and
     .grad), TP 4, no data parallelism: 128256 · 4096 · 4 = 2,101,346,304 bytes of gradient for a
     525,336,576-byte shard."""
-    est = memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={"training.framework": "torch", "parallel.zero": 0,
+    est = numbers(CONFIGS / "llama3-8b.yaml", overrides={"training.framework": "torch", "parallel.zero": 0,
                                                                   "parallel.dp": 1})
     emb = _layers(est)["embedding"].per_layer_values
     assert emb["params"] == 128256 * 4096 // 4 * 4
@@ -261,7 +263,7 @@ def test_mindspore_full_recompute_keeps_the_whole_layer_input_without_sp():
     only with sequence parallelism or recompute_slice_activation (MindSpore docs, "Recomputation";
     MemEst rec_op, §1.4). Llama-3-8B (h 4096, s 8192, b 1, bf16) at TP 4 without SP: the whole
     2 · 8192 · 4096 = 67,108,864 bytes per layer."""
-    est = memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={"training.framework": "mindspore",
+    est = numbers(CONFIGS / "llama3-8b.yaml", overrides={"training.framework": "mindspore",
                                                                   "parallel.sequence_parallel": False,
                                                                   "training.recompute": "full"})
     assert _layers(est)["decoder"].per_layer_values["activations"] == 67_108_864
@@ -275,7 +277,7 @@ def test_mindspore_parallel_optimizer_threshold_is_64_kb_not_more():
             "model.num_kv_heads": 2, "parallel.tp": 1, "parallel.sequence_parallel": False}
 
     def optimizer(**extra):
-        est = memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={**base, **extra})
+        est = numbers(CONFIGS / "llama3-8b.yaml", overrides={**base, **extra})
         return [s.values["optimizer"] for s in est.stages]
 
     assert optimizer() == optimizer(**{"mindspore.parallel_optimizer_threshold": 64})
@@ -286,7 +288,7 @@ def test_deepspeed_keeps_nothing_in_host_memory_without_offload():
     """DeepSpeed ZeRO-3 without offload_optimizer / offload_param keeps parameters, gradients and optimizer
     states on the device (DeepSpeed config docs, zero_optimization.offload_*: "none" by default): no host
     bytes on any rank."""
-    est = memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={
+    est = numbers(CONFIGS / "llama3-8b.yaml", overrides={
         "training.framework": "deepspeed", "parallel.zero": 3, "parallel.tp": 1,
         "parallel.sequence_parallel": False, "parallel.dp": 8})
     assert [s.host_bytes for s in est.stages] == [0] * len(est.stages)
@@ -302,7 +304,7 @@ def test_mindspore_keeps_the_gathered_copies_of_gqa_attention_weights():
       (2 · 16,777,216 + 2 · 4,194,304 + 3 · 58,720,256) / 4 = 54,525,952 elements · 2 bytes
     = 109,051,904 bytes per decoder more with level1 than with level3."""
     def params(**extra):
-        est = memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={"training.framework": "mindspore", **extra})
+        est = numbers(CONFIGS / "llama3-8b.yaml", overrides={"training.framework": "mindspore", **extra})
         return _layers(est)["decoder"].per_layer_values["params"]
 
     assert params() - params(**{"mindspore.optimizer_level": "level3"}) == 109_051_904
@@ -318,7 +320,7 @@ def test_fsdp2_head_backward_buffers():
     prefetch): q and o 4096², k and v 4096 · 1024, gate, up and down 4096 · 14336, two norms 4096 --
     218,112,000 parameters. 525,340,672 · (2 + 4) + 218,112,000 · 2 = 3,588,268,032 bytes, the stage's
     largest buffers."""
-    est = memform.estimate(CONFIGS / "llama3-8b.yaml", overrides={
+    est = numbers(CONFIGS / "llama3-8b.yaml", overrides={
         "training.framework": "fsdp2", "parallel.zero": 3, "parallel.tp": 1,
         "parallel.sequence_parallel": False, "parallel.dp": 8})
     layers = _layers(est)
@@ -336,6 +338,6 @@ def test_deepseek_v3_mtp_activations_under_full_recompute():
     (1 + 129280/7168) = 1,117,782,016 bytes. The MTP module (§2.2, Fig. 3) has its own head for the extra
     token with the same saved tensors, and keeps its two inputs, the hidden state and the next token's
     embedding (2 · 2 · 7168 / 4 bytes per token): 1,117,782,016 + 8192 · 7168 = 1,176,502,272."""
-    last = _layers(memform.estimate(CONFIGS / "deepseek-v3.yaml"), stage=-1)
+    last = _layers(numbers(CONFIGS / "deepseek-v3.yaml"), stage=-1)
     assert last["output"].per_layer_values["activations"] == 1_117_782_016
     assert last["mtp"].per_layer_values["activations"] == 1_117_782_016 + 8192 * 7168

@@ -16,10 +16,10 @@ from fractions import Fraction
 
 import pytest
 
-import memform
 from memform.errors import MemformError
 
 from cli_helpers import ROOT, run_memform
+from estimate_helpers import numbers  # numbers only: the numeric path (tests/test_numeric.py ties it to sympy's)
 
 #: a device whose figures make seconds easy to read back: 10^12 FLOP/s at efficiency 1 (so compute
 #: picoseconds = FLOPs), 10^12 bytes/s links (picoseconds = bytes), no memory-bound time
@@ -46,7 +46,7 @@ def test_full_recompute_step_flops_are_narayanan_eq3(h, a, L, s, v, b, m):
     # Narayanan et al. 2021 eq. (3): F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) per iteration, B sequences,
     # with activation recomputation (4 passes of the layers, 3 of the logits); on one device at 10^12 FLOP/s
     # and efficiency 1 the compute part in picoseconds is F itself
-    est = memform.estimate(gpt(h, a, L, s, v, b, m))
+    est = numbers(gpt(h, a, L, s, v, b, m))
     B = b * m
     F = Fraction(96 * B * s * L * h * h) * (1 + Fraction(s, 6 * h) + Fraction(v, 16 * L * h))
     assert est.stages[0].time_ps["compute"] == F
@@ -59,7 +59,7 @@ def test_ideal_seconds_are_korthikanti_eq7_model_flops(recompute):
     h, a, L, s, v, b, m = 2048, 16, 4, 1024, 51200, 2, 4
     cfg = gpt(h, a, L, s, v, b, m, pp=2)
     cfg["training"]["recompute"] = recompute
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     B = b * m
     model_flops = Fraction(72 * B * L * s * h * h) * (1 + Fraction(s, 6 * h) + Fraction(v, 12 * h * L))
     assert sum(st.ideal_ps for st in est.stages) == model_flops
@@ -74,7 +74,7 @@ def test_selective_recompute_adds_the_attention_core_forward():
     for mode in ("none", "selective"):
         cfg = gpt(h, a, L, s, v, b, m)
         cfg["training"]["recompute"] = mode
-        times[mode] = memform.estimate(cfg).stages[0].time_ps["compute"]
+        times[mode] = numbers(cfg).stages[0].time_ps["compute"]
     assert times["selective"] - times["none"] == m * L * 4 * b * s * s * h
 
 
@@ -87,7 +87,7 @@ def test_gqa_and_swiglu_flops_follow_the_projection_shapes():
                      "vocab_size": 32000, "seq_length": s, "activation": "swiglu", "norm": "rmsnorm", "bias": False,
                      "dropout": False},
            "training": {"micro_batch_size": b, "recompute": "none"}, "device": dict(UNIT_DEVICE)}
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     kv = g * h // a
     layer_fwd = 2 * s * b * (2 * h * h + 2 * h * kv + 3 * h * f) + 4 * b * s * s * h
     head_fwd = 2 * s * b * h * 32000
@@ -106,7 +106,7 @@ def test_tensor_parallel_traffic_is_four_all_reduces_per_layer():
     for mode, per_layer in (("none", 4), ("full", 6)):
         cfg = gpt(h, a, L, s, 51200, b, m, tp=t)
         cfg["training"]["recompute"] = mode
-        est = memform.estimate(cfg)
+        est = numbers(cfg)
         allreduce = Fraction(2 * (t - 1), t) * 2 * s * b * h
         assert est.stages[0].time_ps["tp"] == m * (L * per_layer + 2) * allreduce
 
@@ -124,7 +124,7 @@ def test_sequence_parallel_traffic_adds_the_weight_gradient_regathers():
     for mode, per_layer in (("none", 10), ("selective", 10), ("full", 14)):
         cfg = gpt(h, a, L, s, 51200, b, m, tp=t, sequence_parallel=True)
         cfg["training"]["recompute"] = mode
-        est = memform.estimate(cfg)
+        est = numbers(cfg)
         one = Fraction(t - 1, t) * 2 * s * b * h
         assert est.stages[0].time_ps["tp"] == m * (L * per_layer + 2 + 3) * one, mode
 
@@ -133,9 +133,9 @@ def test_groups_beyond_a_node_use_the_inter_node_bandwidth():
     # tp = 8 on 8-device nodes stays on the intra-node links; 16 ranks cross nodes
     cfg = gpt(tp=8)
     cfg["device"]["inter_node_bandwidth"] = 10 ** 11
-    inside = memform.estimate(cfg).stages[0].time_ps["tp"]
+    inside = numbers(cfg).stages[0].time_ps["tp"]
     cfg["parallel"]["tp"] = 16
-    across = memform.estimate(cfg).stages[0].time_ps["tp"]
+    across = numbers(cfg).stages[0].time_ps["tp"]
     # the same bytes per rank up to (t-1)/t, at a tenth of the bandwidth
     assert across == pytest.approx(inside * 10 * Fraction(15, 16) / Fraction(7, 8), rel=1e-9)
 
@@ -144,7 +144,7 @@ def test_one_f_one_b_bubble_is_p_minus_one_over_m_vp():
     # Narayanan et al. 2021 §2.2.1-2.2.2: bubble time fraction (p - 1)/(m·vp) of the ideal step
     for pp, vpp, m in ((4, 1, 8), (4, 2, 8), (2, 1, 3)):
         cfg = gpt(L=8, m=m, pp=pp, vpp=vpp)
-        est = memform.estimate(cfg)
+        est = numbers(cfg)
         for st in est.stages:
             busy = sum(v for k, v in st.time_ps.items() if k not in ("bubble", "dp", "optimizer"))
             assert st.time_ps["bubble"] == pytest.approx(busy * Fraction(pp - 1, m * vpp), abs=8)
@@ -156,7 +156,7 @@ def test_zero_bubble_schedules_have_no_bubble_and_gpipe_has_p_minus_one():
     # (p - 1)/3 = 1 slot at p = 4 (issue 33; it was 0 with B read as the input gradient alone)
     for schedule, slots in (("zero-bubble-v", 0), ("dualpipev", 1), ("gpipe", 3)):
         cfg = gpt(L=8, m=8, pp=4, pp_schedule=schedule, vpp=1 if schedule == "gpipe" else 2)
-        st = memform.estimate(cfg).stages[0]
+        st = numbers(cfg).stages[0]
         busy = sum(v for k, v in st.time_ps.items() if k not in ("bubble", "dp", "optimizer"))
         assert st.time_ps["bubble"] == pytest.approx(busy * Fraction(slots, 8), abs=8)
 
@@ -165,18 +165,18 @@ def test_data_parallel_gradients_are_all_reduced_once_per_step():
     # DDP: one all-reduce of the fp32 main gradients per step, 2(d-1)/d of 4·Φ bytes per rank (ZeRO §7.1:
     # 2Ψ); the distributed optimizer: reduce-scatter of the gradients + all-gather of the bf16 parameters
     cfg = gpt(dp=4)
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     phi = est.stages[0].param_count
     assert est.stages[0].time_ps["dp"] == pytest.approx(Fraction(2 * 3, 4) * 4 * phi, abs=16)
     cfg["parallel"]["distributed_optimizer"] = True
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     assert est.stages[0].time_ps["dp"] == pytest.approx(Fraction(3, 4) * (4 + 2) * phi, abs=16)
 
 
 def test_a_dense_model_has_no_expert_parallel_time():
     # no routed experts: no dispatch / combine all-to-all (Lepikhin et al. 2021 §3), not even a byte
     for overrides in ({}, {"dp": 2, "tp": 2}):
-        est = memform.estimate(gpt(**overrides))
+        est = numbers(gpt(**overrides))
         assert all(st.time_ps["ep"] == 0 for st in est.stages)
 
 
@@ -184,15 +184,15 @@ def test_pipeline_transfers_are_one_activation_each_way_per_micro_batch():
     # Megatron-LM p2p_communication: every micro-batch each stage boundary carries the activations
     # forward and their gradient back, s·b·h in bf16 (no scatter-gather at t = 1); one stage: nothing
     h, s, b, m = 2048, 1024, 2, 4
-    assert memform.estimate(gpt(h=h, s=s, b=b, m=m)).stages[0].time_ps["pp"] == 0
-    est = memform.estimate(gpt(h=h, s=s, b=b, m=m, pp=2))
+    assert numbers(gpt(h=h, s=s, b=b, m=m)).stages[0].time_ps["pp"] == 0
+    est = numbers(gpt(h=h, s=s, b=b, m=m, pp=2))
     # pipeline neighbours are 2·t·cp·d = 2 ranks apart: one node, at 10^12 bytes/s (picoseconds = bytes)
     assert [st.time_ps["pp"] for st in est.stages] == [m * 2 * 2 * s * b * h] * 2
     # with t·cp·d = 8 ranks per stage the neighbours are 8 apart: a 16-rank span crosses 8-device nodes,
     # and each tensor-parallel rank sends its 1/t share (Megatron-LM's scatter-gather)
     cfg = gpt(h=h, s=s, b=b, m=m, pp=2, tp=2, dp=4)
     cfg["device"]["inter_node_bandwidth"] = 10 ** 10
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     assert [st.time_ps["pp"] for st in est.stages] == [m * 2 * 2 * s * b * h // 2 * 100] * 2
 
 
@@ -205,7 +205,7 @@ def test_a_ring_slower_than_the_attention_shows_its_excess():
     h, L, s, b, m, cp = 2048, 4, 1024, 2, 4, 2
     cfg = gpt(h=h, L=L, s=s, b=b, m=m, cp=cp)
     cfg["device"]["intra_node_bandwidth"] = 10 ** 8  # 10^4 ps per byte: the ring is the slower
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     ring_bytes = 4 * (cp - 1) * 2 * (s // cp) * b * 2 * h
     core = 4 * b * (s // cp) * s * h
     hidden_ps = core + 2 * core + core  # at 10^12 FLOP/s: picoseconds = FLOPs
@@ -213,7 +213,7 @@ def test_a_ring_slower_than_the_attention_shows_its_excess():
     tail = 2 * (s // cp) * b * 2 * h
     assert est.stages[0].time_ps["cp"] == m * L * (ring_bytes * 10 ** 4 - hidden_ps + tail * 10 ** 4)
     cfg["device"]["intra_node_bandwidth"] = 10 ** 12  # fast links: the attention hides the ring, not the tail
-    assert memform.estimate(cfg).stages[0].time_ps["cp"] == m * L * tail
+    assert numbers(cfg).stages[0].time_ps["cp"] == m * L * tail
 
 
 def _dp_allreduce_ps(est, d, bandwidth):
@@ -229,14 +229,14 @@ def test_overlapped_gradient_reduction_shows_only_what_the_backward_cannot_hide(
     cfg = gpt(dp=d, m=m, overlap_grad_reduce=True)
     cfg["training"]["recompute"] = "none"
     cfg["device"]["intra_node_bandwidth"] = 10 ** 8  # the all-reduce takes longer than one backward
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     st = est.stages[0]
     backward_ps = Fraction(2, 3) * st.time_ps["compute"] / m
     assert 0 < st.time_ps["dp"] == pytest.approx(_dp_allreduce_ps(est, d, 10 ** 8) - backward_ps, abs=16)
     cfg["device"]["intra_node_bandwidth"] = 10 ** 12  # now it hides entirely
-    assert memform.estimate(cfg).stages[0].time_ps["dp"] == 0
+    assert numbers(cfg).stages[0].time_ps["dp"] == 0
     cfg["parallel"]["overlap_grad_reduce"] = False  # and without overlap all of it shows
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     assert est.stages[0].time_ps["dp"] == pytest.approx(_dp_allreduce_ps(est, d, 10 ** 12), abs=16)
 
 
@@ -247,10 +247,10 @@ def test_the_data_parallel_group_spans_tp_times_cp_times_dp_ranks():
     t, cp, d = 2, 4, 2
     cfg = gpt(tp=t, cp=cp, dp=d)
     cfg["device"]["inter_node_bandwidth"] = 10 ** 10
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     assert est.stages[0].time_ps["dp"] == pytest.approx(_dp_allreduce_ps(est, d * cp, 10 ** 10), abs=16)
     cfg["parallel"]["cp"] = 2  # 8 ranks: one node
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     assert est.stages[0].time_ps["dp"] == pytest.approx(_dp_allreduce_ps(est, d * 2, 10 ** 12), abs=16)
 
 
@@ -261,7 +261,7 @@ def test_the_bubble_idles_every_busy_part_of_a_micro_batch():
     cfg = gpt(L=4, m=m, pp=pp, tp=2, cp=2)
     cfg["device"]["memory_bandwidth"] = 10 ** 12
     cfg["device"]["intra_node_bandwidth"] = 10 ** 8   # a slow ring: cp time shows
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     for st in est.stages:
         parts = {k: v for k, v in st.time_ps.items() if k not in ("bubble", "dp", "optimizer")}
         assert all(parts[k] > 0 for k in ("compute", "memory", "tp", "cp", "pp")), parts
@@ -276,9 +276,9 @@ def test_selective_recompute_reruns_the_core_kernels_over_what_it_drops():
     cfg = gpt(a=a, L=L, s=s, b=b, m=m)
     cfg["device"]["memory_bandwidth"] = 10 ** 12   # picoseconds = bytes
     cfg["training"]["recompute"] = "none"
-    none = memform.estimate(cfg).stages[0].time_ps["memory"]
+    none = numbers(cfg).stages[0].time_ps["memory"]
     cfg["training"]["recompute"] = "selective"
-    selective = memform.estimate(cfg).stages[0].time_ps["memory"]
+    selective = numbers(cfg).stages[0].time_ps["memory"]
     assert selective - none == pytest.approx(m * L * 2 * 5 * a * s * s * b, abs=8)
 
 
@@ -288,9 +288,9 @@ def test_full_recompute_adds_two_passes_of_memory_bound_traffic():
     # write what a layer keeps for backward 5 times without recompute and 7 times with a full one
     cfg = gpt()
     cfg["device"]["memory_bandwidth"] = 10 ** 12
-    full = memform.estimate(cfg)
+    full = numbers(cfg)
     cfg["training"]["recompute"] = "none"
-    none = memform.estimate(cfg)
+    none = numbers(cfg)
     assert full.stages[0].time_ps["memory"] == pytest.approx(Fraction(7, 5) * none.stages[0].time_ps["memory"],
                                                              abs=8)
 
@@ -300,7 +300,7 @@ def _mixtral(schedule="1f1b", **extra):
     over = {"parallel.dp": 2, "parallel.tp": 1, "parallel.pp": 2, "parallel.ep": 2, "model.capacity_factor": None,
             "training.global_batch_size": None, "training.num_micro_batches": 4, "training.micro_batch_size": 1,
             "training.recompute": "none", "device": dict(UNIT_DEVICE), "parallel.pp_schedule": schedule, **extra}
-    return memform.estimate(ROOT / "configs" / "mixtral-8x7b.yaml", over)
+    return numbers(ROOT / "configs" / "mixtral-8x7b.yaml", over)
 
 
 def test_expert_all_to_alls_are_exposed_in_1f1b_and_the_bubble_idles_them_too():
@@ -345,7 +345,7 @@ def test_dualpipev_hides_expert_and_pipeline_transfers_under_compute():
 def test_tokens_per_second_count_every_data_parallel_replica():
     # a step trains d·m·b sequences of s tokens (the global batch), in step_seconds
     d, m, b, s = 4, 3, 2, 1024
-    est = memform.estimate(gpt(s=s, b=b, m=m, dp=d))
+    est = numbers(gpt(s=s, b=b, m=m, dp=d))
     assert est.tokens_per_second * est.step_seconds == pytest.approx(d * m * b * s, rel=1e-9)
 
 
@@ -355,7 +355,7 @@ def test_a_context_parallel_ring_across_nodes_uses_the_inter_node_links():
     h, L, s, b, m, t, cp = 2048, 4, 1024, 2, 4, 2, 8
     cfg = gpt(h=h, L=L, s=s, b=b, m=m, tp=t, cp=cp)
     cfg["device"]["inter_node_bandwidth"] = 10 ** 8
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     ring_bytes = 4 * (cp - 1) * 2 * (s // cp) * b * 2 * h // t   # K,V of the t-split heads (as above)
     core = 4 * b * (s // cp) * s * h // t
     tail = 2 * (s // cp) * b * 2 * h // t
@@ -370,13 +370,13 @@ def test_ring_context_parallelism_merges_each_steps_partial_results_at_memory_sp
     h, L, s, b, m, cp = 2048, 4, 1024, 2, 4, 4
     cfg = gpt(h=h, L=L, s=s, b=b, m=m, cp=cp)
     cfg["device"]["memory_bandwidth"] = 10 ** 12
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     merge = (cp - 1) * 2 * (s // cp) * b   # bf16, per element of width
     merges = merge * (8 * h + 3 * (h + 2 * h))   # full recompute: 2 x 4 passes of the output, 3 of dQ and dK,dV
     tail = 2 * (s // cp) * b * 2 * h
     assert est.stages[0].time_ps["cp"] == m * L * (merges + tail)
     cfg["parallel"]["cp_algo"] = "ulysses"   # all-to-alls of whole heads: nothing to merge
-    assert memform.estimate(cfg).stages[0].time_ps["cp"] > 0
+    assert numbers(cfg).stages[0].time_ps["cp"] > 0
 
 
 def test_context_parallelism_on_a_short_sequence_costs_time():
@@ -384,7 +384,7 @@ def test_context_parallelism_on_a_short_sequence_costs_time():
     # merges and its last dK,dV transfer now make CP8 slower, and more so than CP2
     steps = {}
     for cp in (1, 2, 8):
-        est = memform.estimate(str(ROOT / "configs" / "llama3-8b.yaml"),
+        est = numbers(str(ROOT / "configs" / "llama3-8b.yaml"),
                                {"parallel.cp": cp, "parallel.dp": 8 // cp, "parallel.tp": 1, "parallel.pp": 1})
         steps[cp] = est.step_seconds
     assert steps[1] < steps[2] < steps[8]
@@ -400,19 +400,19 @@ def test_zero_2_and_zero_3_data_parallel_traffic():
     cfg = gpt(dp=d, m=m, zero=2)
     cfg["training"]["framework"] = "deepspeed"
     cfg["device"]["intra_node_bandwidth"] = 10 ** 8  # 10^4 ps per byte
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     phi = est.stages[0].param_count
     ring = Fraction(d - 1, d) * phi * 2 * 10 ** 4    # one reduce-scatter or all-gather of Φ bf16 values
     assert est.stages[0].time_ps["dp"] == pytest.approx(2 * ring, abs=16)
     cfg["parallel"]["zero"] = 3
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     st = est.stages[0]
     assert st.time_ps["dp"] == pytest.approx(m * 3 * ring - st.time_ps["compute"], abs=64)
     # Megatron-LM (the default profile) reduces its fp32 main gradients (as for DDP above) and does not
     # overlap the step's reduction: with ZeRO-3 there is none left at the step's end, only the per
     # micro-batch gathers (bf16) and reduce-scatters (fp32)
     del cfg["training"]["framework"]
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     st = est.stages[0]
     per_mb = Fraction(d - 1, d) * phi * (2 + 2 + 4) * 10 ** 4
     assert st.time_ps["dp"] == pytest.approx(m * per_mb - st.time_ps["compute"], abs=64)
@@ -429,7 +429,7 @@ def test_a_multi_token_prediction_module_adds_its_block_head_and_embedding_colle
     for n in (0, 1):
         cfg = gpt(h=h, s=s, b=b, m=m, L=4, tp=t, pp=2)
         cfg["formulas"], cfg["model"]["mtp_layers"], cfg["training"]["recompute"] = ["moe.mf"], n, "none"
-        last.append(memform.estimate(cfg).stages[-1].time_ps["tp"])
+        last.append(numbers(cfg).stages[-1].time_ps["tp"])
     assert last[0] == m * (2 * 4 + 1) * allreduce   # two body layers and the head
     assert last[1] - last[0] == m * (4 + 1 + 1) * allreduce
 
@@ -446,7 +446,7 @@ def test_multi_token_prediction_full_recompute_reruns_the_block_and_the_projecti
         for mode in ("none", "full"):
             cfg = gpt(h=h, s=s, b=b, m=m, L=L)
             cfg["formulas"], cfg["model"]["mtp_layers"], cfg["training"]["recompute"] = ["moe.mf"], n, mode
-            compute[n, mode] = memform.estimate(cfg).stages[-1].time_ps["compute"]
+            compute[n, mode] = numbers(cfg).stages[-1].time_ps["compute"]
     rerun = {n: compute[n, "full"] - compute[n, "none"] for n in (0, 1)}
     assert rerun[1] - rerun[0] - Fraction(rerun[0], L) == m * 2 * s * b * 2 * h * h
 
@@ -460,7 +460,7 @@ def test_a_multi_token_prediction_module_adds_its_projection_head_and_block_flop
     for layers, n in ((L, 0), (L + 1, 0), (L, 1)):
         cfg = gpt(h=h, s=s, b=b, m=m, L=layers, v=v)
         cfg["formulas"], cfg["model"]["mtp_layers"], cfg["training"]["recompute"] = ["moe.mf"], n, "none"
-        ideal[layers, n] = memform.estimate(cfg).stages[0].ideal_ps
+        ideal[layers, n] = numbers(cfg).stages[0].ideal_ps
     block = ideal[L + 1, 0] - ideal[L, 0]
     assert ideal[L, 1] - ideal[L, 0] - block == 3 * m * (2 * s * b * 2 * h * h + 2 * s * b * h * v)
 
@@ -472,7 +472,7 @@ def test_a_multi_token_prediction_module_keeps_its_norm_inputs_and_concatenation
     h, s, b = 2048, 1024, 2
     cfg = gpt(h=h, s=s, b=b, m=1, L=4)
     cfg["formulas"], cfg["model"]["mtp_layers"], cfg["training"]["recompute"] = ["moe.mf"], 1, "none"
-    layers = {e.block: e for e in memform.estimate(cfg).stages[0].layers}
+    layers = {e.block: e for e in numbers(cfg).stages[0].layers}
     act = {k: int(e.per_layer_values["activations"]) for k, e in layers.items()}
     assert act["mtp"] == 4 * 2 * s * b * h + act["embedding"] + act["output"]
 
@@ -481,29 +481,30 @@ def test_a_multi_token_prediction_module_keeps_its_norm_inputs_and_concatenation
 
 
 def test_device_preset_and_overrides():
-    est = memform.estimate(ROOT / "configs" / "llama3-8b.yaml", {"device": "h200"})
+    est = numbers(ROOT / "configs" / "llama3-8b.yaml", {"device": "h200"})
     assert est.capacity_bytes == int(141 * 2 ** 30) or est.capacity_bytes > 80 * 2 ** 30
-    slower = memform.estimate(ROOT / "configs" / "llama3-8b.yaml",
+    slower = numbers(ROOT / "configs" / "llama3-8b.yaml",
                               {"device": {"preset": "h200", "efficiency": 0.4}})
     assert slower.stages[0].time_ps["compute"] == pytest.approx(2 * est.stages[0].time_ps["compute"] * 0.803 / 0.8,
                                                               rel=1e-9)
     with pytest.raises(MemformError, match="no such device preset.*h100-sxm"):
-        memform.estimate(ROOT / "configs" / "llama3-8b.yaml", {"device": "h100"})
+        numbers(ROOT / "configs" / "llama3-8b.yaml", {"device": "h100"})
 
 
 def test_no_peak_flops_means_no_time_model():
     cfg = gpt()
     cfg["device"] = {"capacity_gib": 80}
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     assert not est.has_time and est.step_seconds is None and est.mfu is None
     assert "time" not in est.numbers_dict()
     with pytest.raises(MemformError, match="bandwidth must be positive"):
-        memform.estimate(cfg, {"device.peak_flops_bf16": 1e15})
+        numbers(cfg, {"device.peak_flops_bf16": 1e15})
     with pytest.raises(MemformError, match="efficiency must be in"):
-        memform.estimate(cfg, {"device": {"preset": "h100-sxm", "efficiency": 1.5}})
+        numbers(cfg, {"device": {"preset": "h100-sxm", "efficiency": 1.5}})
 
 
 def test_fast_path_and_interpreter_agree_on_time():
+    import memform
     from memform.engine.model import estimate as interpreted
     for name in ("llama3-70b", "deepseek-v3", "gpt3-175b"):
         path = ROOT / "configs" / f"{name}.yaml"
@@ -544,7 +545,7 @@ def _profile(tmp_path, text):
 def test_cost_blocks_see_the_stage_and_each_other(tmp_path):
     cfg, ov = _profile(tmp_path, "cost extra { seconds = (stage + 1) * compute.seconds }\n")
     cfg["parallel"]["pp"] = 2
-    est = memform.estimate(cfg, ov)
+    est = numbers(cfg, ov)
     for st in est.stages:
         assert st.time_ps["extra"] == pytest.approx((st.stage + 1) * st.time_ps["compute"], abs=2)
 
@@ -553,11 +554,11 @@ def test_stages_with_the_same_layers_share_costs_unless_a_cost_reads_the_stage(t
     """The interpreter evaluates the cost blocks once per distinct stage (same layer groups, bubble
     and overlap); a cost block that names ``stage`` itself must still get every stage's own value."""
     cfg = gpt(L=4, pp=4)  # stages 1 and 2 hold one body layer each, nothing else
-    plain = memform.estimate(cfg)
+    plain = numbers(cfg)
     assert plain.stages[1].time_ps == plain.stages[2].time_ps
     assert plain.stages[1].time_exprs["compute"] is plain.stages[2].time_exprs["compute"]  # shared
     _, ov = _profile(tmp_path, "cost extra { seconds = (stage + 1) * compute.seconds }\n")
-    est = memform.estimate(cfg, ov)
+    est = numbers(cfg, ov)
     got = [st.time_ps["extra"] for st in est.stages]
     assert got[2] == pytest.approx(3 * est.stages[2].time_ps["compute"], abs=3)
     assert got[1] == pytest.approx(2 * est.stages[1].time_ps["compute"], abs=3) and got[1] != got[2]
@@ -585,7 +586,7 @@ def test_moe_flops_follow_the_active_parameters():
     cfg = ROOT / "configs" / "mixtral-8x7b.yaml"
     over = {"parallel.dp": 1, "parallel.tp": 1, "parallel.pp": 1, "parallel.ep": 1, "model.capacity_factor": None,
             "training.global_batch_size": None, "training.num_micro_batches": 1, "device": dict(UNIT_DEVICE)}
-    est = memform.estimate(cfg, over)
+    est = numbers(cfg, over)
     h, L, s, v = 4096, 32, 4096, 32000
     tokens = s   # one sequence
     active = (est.stages[0].ideal_ps / tokens - 12 * L * s * h) / 6 + v * h
@@ -611,7 +612,7 @@ def test_moe_model_flops_count_every_gemm_a_token_passes_exactly(shared):
     d_h = h // a
     per_token_layer = 2 * (h * (h + 2 * g * d_h) + h * h) + 4 * s * h + 2 * h * E + (k + shared) * 2 * 3 * h * f
     expected = 3 * s * b * (L * per_token_layer + 2 * h * v)
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     assert est.stages[0].ideal_ps == expected
     assert est.stages[0].time_ps["compute"] == expected    # no recompute, no memory-bound time on this device
 
@@ -632,7 +633,7 @@ def test_mla_value_width_costs_its_up_projection_output_projection_and_core():
                "parallel": {"dp": 1, "tp": 1, "pp": 1},
                "training": {"micro_batch_size": b, "num_micro_batches": 1, "recompute": "none"},
                "device": dict(UNIT_DEVICE)}
-        return memform.estimate(cfg).stages[0].ideal_ps
+        return numbers(cfg).stages[0].ideal_ps
 
     delta = 32
     per_token_layer = 2 * d_c * a * delta + 2 * a * delta * h + 2 * s * a * delta
@@ -681,10 +682,10 @@ def test_gemm_tile_quantization_adds_the_idle_tile_slots_of_every_projection(rec
     fwd, bwd = sum(x for x, _ in layer), sum(y for _, y in layer)
     head_fwd, head_bwd = _gemm_idle(tok, v // t, h, S)
     per_mb = L * (fwd + bwd + (fwd if recompute == "full" else 0)) + head_fwd + head_bwd
-    extra = memform.estimate(quantized).stages[0].time_ps["compute"] - memform.estimate(base).stages[0].time_ps["compute"]
+    extra = numbers(quantized).stages[0].time_ps["compute"] - numbers(base).stages[0].time_ps["compute"]
     assert per_mb > 0 and extra == m * per_mb   # unit device: picoseconds = FLOPs
     # MFU's model FLOPs do not change: the idle slots are time, not work
-    assert memform.estimate(quantized).stages[0].ideal_ps == memform.estimate(base).stages[0].ideal_ps
+    assert numbers(quantized).stages[0].ideal_ps == numbers(base).stages[0].ideal_ps
 
 
 def test_shapes_that_fill_whole_waves_pay_nothing():
@@ -692,7 +693,7 @@ def test_shapes_that_fill_whole_waves_pay_nothing():
     base = gpt(h=2048, a=16, L=2, s=1024, v=51200, b=1, m=2)
     quantized = json.loads(json.dumps(base))
     quantized["device"]["sm_count"] = 1
-    assert memform.estimate(quantized).stages[0].time_ps == memform.estimate(base).stages[0].time_ps
+    assert numbers(quantized).stages[0].time_ps == numbers(base).stages[0].time_ps
 
 
 def _grouped_idle(E, M, N, K, S):
@@ -718,7 +719,7 @@ def test_moe_layers_pad_their_attention_and_grouped_experts_not_the_dense_mlp_th
            "device": {**UNIT_DEVICE, "sm_count": 1}}
     plain = json.loads(json.dumps(cfg))
     del plain["device"]["sm_count"]
-    tiled, flat = memform.estimate(cfg).stages[0].time_ps, memform.estimate(plain).stages[0].time_ps
+    tiled, flat = numbers(cfg).stages[0].time_ps, numbers(plain).stages[0].time_ps
     Me = 2 * s * b // 4   # top-2 of 4 experts, balanced
     experts = _grouped_idle(4, Me, 2 * 1000, h, 1) + _grouped_idle(4, Me, h, 1000, 1)
     assert tiled["compute"] - flat["compute"] == L * experts
@@ -752,7 +753,7 @@ def test_mla_pads_each_of_its_projections():
                "parallel": {"dp": 1, "tp": 1, "pp": 1},
                "training": {"micro_batch_size": b, "num_micro_batches": 1, "recompute": "none"},
                "device": {**UNIT_DEVICE, **({"sm_count": sms} if sms else {})}}
-        return memform.estimate(cfg).stages[0].time_ps["compute"]
+        return numbers(cfg).stages[0].time_ps["compute"]
 
     tok = s * b
     gemms = [(tok, q_c, h), (tok, a * (d_n + d_r), q_c), (tok, d_c + d_r, h), (tok, a * (d_n + d_v), d_c),
@@ -784,7 +785,7 @@ def test_shared_experts_and_mtp_pad_their_gemms(mtp):
                "parallel": {"dp": 1, "tp": 1, "pp": 1},
                "training": {"micro_batch_size": b, "num_micro_batches": 1, "recompute": "none"},
                "device": {**UNIT_DEVICE, **({"sm_count": sms} if sms else {})}}
-        return memform.estimate(cfg).stages[0].time_ps["compute"]
+        return numbers(cfg).stages[0].time_ps["compute"]
 
     tok = s * b
     attention = sum(_gemm_idle(tok, 3 * h, h, S)) + sum(_gemm_idle(tok, h, h, S))
@@ -804,9 +805,9 @@ def test_data_parallel_overlap_windows_include_the_idle_tile_slots():
     cfg = gpt(h, a, L, s, v, b, m, dp=d, overlap_grad_reduce=True)
     cfg["training"]["recompute"] = "none"
     cfg["device"]["intra_node_bandwidth"] = 10 ** 8   # the all-reduce outlasts one backward
-    plain = memform.estimate(cfg)
+    plain = numbers(cfg)
     cfg["device"]["sm_count"] = S
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     tok = s * b
     layer = [_gemm_idle(tok, 3 * h, h, S), _gemm_idle(tok, h, h, S), _gemm_idle(tok, 4 * h, h, S),
              _gemm_idle(tok, h, 4 * h, S)]
@@ -817,10 +818,10 @@ def test_data_parallel_overlap_windows_include_the_idle_tile_slots():
     # ZeRO-3 (DeepSpeed, bf16): 3 rings of Φ per micro-batch less that micro-batch's compute, pads included
     cfg["parallel"]["zero"] = 3
     cfg["training"]["framework"] = "deepspeed"
-    est = memform.estimate(cfg)
+    est = numbers(cfg)
     st = est.stages[0]
     ring = Fraction(d - 1, d) * st.param_count * 2 * 10 ** 4
-    assert st.time_ps["compute"] > memform.estimate({**cfg, "device": {**cfg["device"], "sm_count": 0}}).stages[0].time_ps["compute"]
+    assert st.time_ps["compute"] > numbers({**cfg, "device": {**cfg["device"], "sm_count": 0}}).stages[0].time_ps["compute"]
     assert 0 < st.time_ps["dp"] == pytest.approx(m * 3 * ring - st.time_ps["compute"], abs=64)
 
 
@@ -837,7 +838,7 @@ def test_zigzag_chunks_leave_flash_attention_blocks_idle():
         cfg = gpt(h=h, a=a, L=L, s=s, b=b, m=m, cp=cp)
         cfg["model"]["flash_attention"] = True
         cfg["device"].update(sm_count=64, attention_tile=tile)
-        return memform.estimate(cfg).stages[0].time_ps["compute"]
+        return numbers(cfg).stages[0].time_ps["compute"]
 
     core = 4 * b * (s // cp) * s * h   # QKᵀ and scores·V of the local rows against all s keys
     idle = Fraction(3, 4)               # (cp - 1)/cp of the steps at half the SMs: 1 idle slot per busy one
@@ -852,10 +853,10 @@ def test_fp8_gemms_leave_the_attention_cores_and_the_output_head_at_the_bf16_pea
     # operators" and "the output head" in BF16 too). FP8 peak 2 x BF16 here: the rest takes half the time.
     h, a, L, s, v, b, m = 2048, 16, 4, 1024, 51200, 2, 4
     cfg = gpt(h, a, L, s, v, b, m)
-    bf16 = memform.estimate(cfg).stages[0].time_ps["compute"]
+    bf16 = numbers(cfg).stages[0].time_ps["compute"]
     cfg["device"]["peak_flops_fp8"] = 2 * 10 ** 12
     cfg["megatron"] = {"fp8": "hybrid"}
-    fp8 = memform.estimate(cfg).stages[0].time_ps["compute"]
+    fp8 = numbers(cfg).stages[0].time_ps["compute"]
     core = 4 * b * s * s * h   # QKᵀ and scores·V; eager backward twice it, full recompute the forward again
     head = 3 * 2 * s * b * h * v
     kept = m * (L * 4 * core + head)
@@ -868,10 +869,10 @@ def test_a_causal_flash_core_takes_the_time_of_its_blocks_on_and_below_the_diago
     h, a, L, s, b, m = 2048, 16, 4, 1024, 2, 4
     cfg = gpt(h, a, L, s, b=b, m=m)
     cfg["model"]["flash_attention"] = True
-    flash = memform.estimate(cfg)
+    flash = numbers(cfg)
     core = 4 * b * s * s * h
     counted = m * L * (2 * core + Fraction(5, 2) * core)   # full recompute: the forward twice, backward 5/2
     cfg["device"]["attention_tile"] = s                     # one block: nothing skipped
-    whole = memform.estimate(cfg)
+    whole = numbers(cfg)
     assert whole.stages[0].time_ps["compute"] - flash.stages[0].time_ps["compute"] == counted * Fraction(7, 16)
     assert whole.mfu * whole.step_seconds == pytest.approx(flash.mfu * flash.step_seconds, rel=1e-12)   # same model FLOPs

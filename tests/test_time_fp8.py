@@ -17,9 +17,9 @@ from fractions import Fraction
 import pytest
 from memform.engine.config import parse_yaml
 
-import memform
 
 from cli_helpers import ROOT, run_memform
+from estimate_helpers import numbers  # numbers only: the numeric path (tests/test_numeric.py ties it to sympy's)
 
 UNIT_DEVICE = {"peak_flops_bf16": 10 ** 12, "efficiency": 1, "intra_node_bandwidth": 10 ** 12,
                "inter_node_bandwidth": 10 ** 12, "devices_per_node": 8, "capacity_gib": 80}
@@ -77,8 +77,8 @@ def test_fp8_depth_term_is_2_k8_flops_per_gemm_output(k8):
     # dW (h×3h, h×h, h×4h, 4h×h) = 12·h²; the BF16 head (DeepSeek-V3 §3.3) pays none
     h, L, s, b, m = 1024, 2, 1024, 1, 2
     tok = s * b
-    base = memform.estimate(_gpt_fp8(0)).stages[0].time_ps["compute"]
-    with_k8 = memform.estimate(_gpt_fp8(k8)).stages[0].time_ps["compute"]
+    base = numbers(_gpt_fp8(0)).stages[0].time_ps["compute"]
+    with_k8 = numbers(_gpt_fp8(k8)).stages[0].time_ps["compute"]
     assert with_k8 - base == m * L * 2 * k8 * (16 * tok * h + 12 * h * h)
 
 
@@ -89,8 +89,8 @@ def test_fp8_casts_move_three_bytes_per_left_operand_element():
     # forward X (QKV, proj, fc1: tok×h; fc2: tok×4h) 7·tok·h, dX's dY 9·tok·h, dW's Xᵀ 7·tok·h
     h, L, s, b, m, hbm = 1024, 2, 1024, 1, 2, 10 ** 12
     tok = s * b
-    base = memform.estimate(_gpt_fp8(0, hbm=0)).stages[0].time_ps["compute"]
-    cast = memform.estimate(_gpt_fp8(0, hbm=hbm)).stages[0].time_ps["compute"]
+    base = numbers(_gpt_fp8(0, hbm=0)).stages[0].time_ps["compute"]
+    cast = numbers(_gpt_fp8(0, hbm=hbm)).stages[0].time_ps["compute"]
     # at 10^12 B/s one byte is one picosecond
     assert cast - base == m * L * Fraction(3 * 128 + 4, 128) * 23 * tok * h
 
@@ -122,8 +122,8 @@ def test_grouped_expert_gemms_pad_each_experts_rows_to_whole_tiles(E, k):
     expected = (_gpad(E, Me, 2 * f, h) + _gpad(E, Me, h, f)                       # forward
                 + _gpad(E, Me, h, 2 * f) + _gpad(E, h, 2 * f, Me)                 # fc1 dX, dW
                 + _gpad(E, Me, f, h) + _gpad(E, f, h, Me))                        # fc2 dX, dW
-    with_tiles = memform.estimate(_moe(E, k, sms=1)).stages[0].time_ps["compute"]
-    without = memform.estimate(_moe(E, k, sms=0)).stages[0].time_ps["compute"]
+    with_tiles = numbers(_moe(E, k, sms=1)).stages[0].time_ps["compute"]
+    without = numbers(_moe(E, k, sms=0)).stages[0].time_ps["compute"]
     assert with_tiles - without == expected
     assert (expected > 0) == (Me % 256 != 0)
 
@@ -133,15 +133,15 @@ def test_grouped_expert_gemms_pad_each_experts_rows_to_whole_tiles(E, k):
 def test_deepseek_v3_all_to_all_sms_stretch_compute_by_132_over_112():
     # §3.2.2: "only 20 SMs are sufficient to fully utilize the bandwidths of IB and NVLink"; the other 112
     # of the H800's 132 run the computation they overlap (DualPipe, overlap = 1)
-    held = memform.estimate(str(DSV3)).stages[1].time_ps["compute"]
-    free = memform.estimate(str(DSV3), {"parallel.comm_sms": 0}).stages[1].time_ps["compute"]
+    held = numbers(str(DSV3)).stages[1].time_ps["compute"]
+    free = numbers(str(DSV3), {"parallel.comm_sms": 0}).stages[1].time_ps["compute"]
     assert held / free == pytest.approx(132 / 112, rel=1e-12)
 
 
 def test_dualpipe_bubble_is_table_2s_with_b_the_full_backward():
     # DeepSeek-V3 Table 2: (PP/2 - 1)(F&B + B - 3W) with B = 2F (the full backward chunk), W = F,
     # F&B = F + B: (PP/2 - 1)·2F, in slots of F + B = 3F: 7 · 2/3 for PP 16
-    est = memform.estimate(str(DSV3))
+    est = numbers(str(DSV3))
     st, m = est.stages[1], 15360 // 128
     busy = sum(st.time_ps[k] for k in ("compute", "memory", "tp", "cp", "ep", "pp"))
     assert st.time_ps["bubble"] == pytest.approx(float(Fraction(7 * 2, 3) * busy / m), rel=1e-9)
@@ -152,7 +152,7 @@ def test_deepseek_v3_chunk_pair_is_its_profiles():
     # tokens, balanced routing) keep the compute stream busy 118.2 ms. A rank of stage 1 runs 8 MoE
     # layers (4 per DualPipe piece) for each of 120 micro-batches per direction pair: its compute and
     # memory-bound time per micro-batch is one such pair
-    st = memform.estimate(str(DSV3)).stages[1]
+    st = numbers(str(DSV3)).stages[1]
     pair_ms = (st.time_ps["compute"] + st.time_ps["memory"]) / 1e12 * 1e3 / 120
     assert pair_ms == pytest.approx(118.2, rel=0.05)
 
@@ -160,7 +160,7 @@ def test_deepseek_v3_chunk_pair_is_its_profiles():
 def test_deepseek_v3_mfu_is_far_from_100_percent_and_states_its_peak():
     # 180K H800 hours per trillion tokens = 1,543 tokens/s per GPU = 45.5 % of the BF16 peak with memform's
     # FLOPs per token; before issue 33's FP8 terms memform said 98.4 %
-    est = memform.estimate(str(DSV3))
+    est = numbers(str(DSV3))
     assert 0.45 < est.mfu < 0.65
     r = run_memform("estimate", str(DSV3))
     assert r.returncode == 0 and "% of the dense BF16 peak" in r.stdout, r.stdout[-400:]

@@ -1,0 +1,33 @@
+"""Estimates for tests that read NUMBERS only (issue 32/35: the suite within its time budget at equal power).
+
+:func:`numbers` is the interpreter's numeric path (``memform.engine.model.estimate(..., numeric=True)``:
+plain ints and fractions, no sympy, no compile of the fast path). tests/test_numeric.py proves its numbers
+equal to the sympy evaluator's on every bundled config under every framework profile (every category,
+moment, layer group, per-layer value, parameter count and reserve) and tests/test_fastpath.py ties those to
+the full symbolic interpreter's and to the compiled fast path's, so a test that compares numbers loses no
+power by reading them here (3-12x cheaper than the symbolic estimate, and no per-structure compile as
+``memform.estimate`` does the second time a process asks for a structure). Tests of closed forms, of the
+public ``memform.estimate`` object or of its fast path keep calling those.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def numbers(config: Any, overrides: Any = None) -> Any:
+    """The :class:`memform.engine.model.Estimate` of ``config`` with ``overrides``, numbers only (every stage's
+    ``exprs`` and each layer group's ``per_layer_values`` are plain numbers; no closed forms). Where a formula's
+    value is irrational the sympy evaluator with every symbol replaced by its value answers instead."""
+    from memform.engine.model import estimate
+    from memform.engine.numeric import Inexact
+    try:
+        return estimate(config, overrides, numeric=True)
+    except Inexact:
+        return estimate(config, overrides, keep=frozenset())
+
+
+def numeric_model(config: Any, overrides: Any = None) -> Any:
+    """``memform.engine.model.load_model(..., numeric=True)``: a model whose evaluator gives plain numbers."""
+    from memform.engine.model import load_model
+    return load_model(config, overrides, numeric=True)
