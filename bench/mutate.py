@@ -1217,6 +1217,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--classify-only", action="store_true",
                     help="classify the sample (invalid / equivalent / step-time / live, and the draw that told "
                          "each live one apart) and stop: no tests")
+    ap.add_argument("--only", action="append", metavar="WHERE",
+                    help="run only the mutants at FILE:LINE:COL (or whose label starts with the text given, e.g. "
+                         "'formulas/torch.mf:77:20  number: 1 -> 0'); repeatable; '@PATH' reads one per line "
+                         "(a previous run's survivors, re-checked after new tests); applied after --limit/--seed")
     ap.add_argument("--list", action="store_true", help="print the mutants and stop")
     ap.add_argument("--json", metavar="PATH", help="also write every mutant's outcome as JSON")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
@@ -1242,6 +1246,14 @@ def main(argv: list[str] | None = None) -> int:
                          key=lambda m: (m.file, m.line, m.col, m.kind, m.desc))
         sampled = f"sampled {len(mutants)} of {total} mutants (--limit {args.limit} --seed {args.seed})"
         print(sampled)
+    if args.only:
+        wanted = _only(args.only)
+        mutants = [m for m in mutants if any(m.where == w or m.label().startswith(w) for w in wanted)]
+        sampled += f"; --only: {len(mutants)} of them"
+        print(f"--only: {len(mutants)} mutants match", flush=True)
+        if not mutants:
+            print("mutate: --only matches no mutant", file=sys.stderr)
+            return 2
     set_space(args.space, args.draw_seed, args.draws, args.time)
     base = _baseline()
     if args.space == "draws":
@@ -1315,6 +1327,21 @@ def main(argv: list[str] | None = None) -> int:
           f"{valid} valid mutants ({100 * len(equivalent) / valid if valid else 0:.1f} %)"
           + (f", step-time only {len(timed)}" if timed else ""))
     return 0
+
+
+def _only(items: list[str]) -> list[str]:
+    """The ``--only`` selectors: each item, or with ``@PATH`` the file's non-empty lines (a leading
+    ``survived``/``equivalent``... class word of ``--classify-only`` output is dropped)."""
+    out = []
+    for item in items:
+        lines = Path(item[1:]).read_text(encoding="utf-8").splitlines() if item.startswith("@") else [item]
+        for line in lines:
+            line = line.strip()
+            if line.split(" ", 1)[0] in ("invalid", "equivalent", "time", "live", "survived", "killed"):
+                line = line.split(" ", 1)[1].strip()
+            if line:
+                out.append(line)
+    return out
 
 
 def _classify_all(mutants: list[Mutant], jobs: int, time_model: bool = False) -> list[tuple[str, str]]:
