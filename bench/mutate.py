@@ -89,7 +89,7 @@ SWAPS = {"h": "f", "f": "h", "t": "cp", "cp": "t", "g": "a", "a": "g"}
 DEFAULT_TESTS = ("tests/test_reference_*.py", "tests/test_pipeline.py", "tests/test_models.py",
                  "tests/test_validate.py", "tests/test_frameworks.py", "tests/test_framework_*.py",
                  "tests/test_distributed.py", "tests/test_arch_*.py", "tests/test_optimizers.py",
-                 "tests/test_finetune.py")
+                 "tests/test_finetune.py", "tests/test_qlora.py")
 #: the selection before issue 35 (``--tests`` with these, ``--space variants --no-subprocess``: the figure
 #: the tool reported then, on the same sample)
 OLD_TESTS = DEFAULT_TESTS[:7]
