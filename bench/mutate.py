@@ -758,6 +758,8 @@ def _draw_once(rng: random.Random, raw: dict, p_option: float, time_model: bool 
     return over
 
 
+#: pipeline schedules that place two chunks per stage in a V (schedules.mf, frameworks/torch.mf)
+V_SCHEDULES = ("zero-bubble-v", "dualpipev", "torch-zbv", "torch-dualpipev")
 #: sequence lengths a widened draw sets (besides the base's): short, past one 2048-token scan chunk, long
 WIDE_SEQ = (256, 3000, 8192, 65536)
 
@@ -871,12 +873,18 @@ def draw_configs(seed: int, n: int, p_option: float = 0.35, time_model: bool = F
             if profile:
                 over["training.framework"] = profile
             over[key] = _parse_value(value)
+            pinned: tuple[str, ...] = (key,)
+            if key == "parallel.pp_schedule" and value in V_SCHEDULES:
+                # a V schedule needs two chunks per stage and a pipeline (its require): pinned with it, or the
+                # repair takes vpp back and the value is never reached (stop 43: torch-zbv, zero-bubble-v)
+                over.update({"parallel.pp": 2, "parallel.vpp": 2, "training.num_micro_batches": 4})
+                pinned += ("parallel.pp", "parallel.vpp", "training.num_micro_batches")
             if not _declares(raw, over, key):
                 continue
             if wide:
-                _widen(random.Random(f"{seed}:{item}:{t}:wide"), raw, over, keep=(key,))
+                _widen(random.Random(f"{seed}:{item}:{t}:wide"), raw, over, keep=pinned)
             tries += 1
-            attempts = _repair(raw, over, rng, keep=(key,))
+            attempts = _repair(raw, over, rng, keep=pinned)
             if attempts:
                 out.append(Draw(f"T{k}", name, over, attempts))
                 break
