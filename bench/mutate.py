@@ -6,6 +6,7 @@
     python bench/mutate.py --space variants --no-subprocess --tests 'tests/test_reference_*.py' ...
                                                # the tool before issue 35 (its space, its tests), same sample
     python bench/mutate.py --files dense.mf    # only mutants of the named files (glob patterns, repeatable)
+    python bench/mutate.py --seed 101 --limit 60 --only @survivors.txt   # re-run chosen mutants of the sample
     python bench/mutate.py --limit 300 --seed 1   # another sample size / sample
     python bench/mutate.py --jobs 2            # worker processes (default: 2)
     python bench/mutate.py --list              # only print the mutants, run nothing
@@ -26,7 +27,11 @@ for a sibling (h<->f, t<->cp, g<->a). Each mutant is then classified, in this or
                  dp/tp/cp/ep/expert-tp/ZeRO/SP/distributed optimizer x each ``option`` of the loaded formula
                  files (drawn from its type's values), repaired where the loader refuses -- plus a targeted
                  draw for each value of a finite-valued option no draw reached (the run prints how many of
-                 them the space reaches, and which not). Each config is estimated by the numeric path
+                 them the space reaches, and which not). Each draw is then widened (:func:`_widen`; ``--space
+                 narrow`` leaves this out: stop 43's space): a device preset (so that step-time terms are
+                 told apart as step-time), a sequence length, the width with the head count, the layer count,
+                 and one or two of the base's keys that a formula declares with a default DROPPED (the
+                 default is read). Each config is estimated by the numeric path
                  (``memform.estimate(numeric=True)``: categories, moments, peak moment, parameters, host and
                  runtime bytes, the allocator's reserve); a live mutant names the draw that told it apart.
                  ``--space variants`` is the space before issue 35 (the bundled configs and :data:`VARIANTS`),
@@ -89,7 +94,7 @@ SWAPS = {"h": "f", "f": "h", "t": "cp", "cp": "t", "g": "a", "a": "g"}
 DEFAULT_TESTS = ("tests/test_reference_*.py", "tests/test_pipeline.py", "tests/test_models.py",
                  "tests/test_validate.py", "tests/test_frameworks.py", "tests/test_framework_*.py",
                  "tests/test_distributed.py", "tests/test_arch_*.py", "tests/test_optimizers.py",
-                 "tests/test_finetune.py")
+                 "tests/test_finetune.py", "tests/test_qlora.py")
 #: the selection before issue 35 (``--tests`` with these, ``--space variants --no-subprocess``: the figure
 #: the tool reported then, on the same sample)
 OLD_TESTS = DEFAULT_TESTS[:7]
@@ -441,8 +446,9 @@ def variants() -> list[tuple[str, tuple[str, ...]]]:
     return [(str(p.relative_to(ROOT)), ()) for p in sorted((ROOT / "configs").glob("*.yaml"))] + list(VARIANTS)
 
 
-#: the equivalence space: ``("draws", seed, n, time_model)`` (:func:`draw_configs`) or ``("variants",)``
-SPACE: list = [("draws", 17, 0, False, True)]
+#: the equivalence space: ``("draws", seed, n, time_model, targeted, wide)`` (:func:`draw_configs`) or
+#: ``("variants",)``
+SPACE: list = [("draws", 17, 0, False, True, True)]
 #: per point of the space: (its label, raw config or path, overrides, its numbers, the formula files it reads)
 _BASE: list[tuple[str, object, object, dict | str, set[str]]] = []
 #: the drawn configs of the space (:func:`draw_configs`), for the coverage line
@@ -451,9 +457,11 @@ _DRAWN: list = []
 
 def set_space(kind: str, seed: int = 17, n: int = 0, time_model: bool = False, targeted: bool = True) -> None:
     """Choose the equivalence space (before the first :func:`classify`): ``draws`` (``n`` drawn with
-    ``seed``, plus the targeted draws unless ``targeted`` is false: :func:`draw_configs`) or ``variants``
-    (the bundled configs and :data:`VARIANTS`)."""
-    SPACE[0] = ("draws", seed, n or DEFAULT_DRAWS, time_model, targeted) if kind == "draws" else ("variants",)
+    ``seed``, plus the targeted draws unless ``targeted`` is false, each widened by :func:`_widen`:
+    :func:`draw_configs`), ``narrow`` (the same without :func:`_widen`: the space of stop 43) or
+    ``variants`` (the bundled configs and :data:`VARIANTS`)."""
+    SPACE[0] = (("draws", seed, n or DEFAULT_DRAWS, time_model, targeted, kind == "draws")
+                if kind in ("draws", "narrow") else ("variants",))
     _BASE.clear()
     _DRAWN.clear()
 
@@ -465,6 +473,27 @@ def set_draws(draws: list) -> None:
     _DRAWN.clear()
 
 
+#: a drawn override value that removes the base config's key instead (:func:`_widen`: the formula's
+#: default is read then)
+DROP = "<dropped>"
+
+
+def _split(raw: dict, overrides: dict) -> tuple[dict, dict]:
+    """``raw`` less the keys ``overrides`` maps to :data:`DROP`, and the other overrides."""
+    drops = [k for k, v in overrides.items() if v == DROP]
+    if not drops:
+        return raw, overrides
+    raw = json.loads(json.dumps(raw))
+    for k in drops:
+        *parents, last = k.split(".")
+        node = raw
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return raw, {k: v for k, v in overrides.items() if v != DROP}
+
+
 def _draw_numbers(raw: dict, overrides: dict) -> dict | str:
     """The numbers of one drawn config from the numeric evaluator (``memform.estimate``'s numbers without
     sympy): per stage its categories, moments, peak moment, parameters, host and runtime bytes, the
@@ -473,7 +502,7 @@ def _draw_numbers(raw: dict, overrides: dict) -> dict | str:
     from memform.errors import MemformError
 
     try:
-        est = model.estimate(raw, overrides, numeric=True)
+        est = model.estimate(*_split(raw, overrides), numeric=True)
     except MemformError as exc:
         return f"error: {exc}"
     out: dict = {}
@@ -516,8 +545,9 @@ def _baseline() -> list[tuple[str, object, object, dict | str, set[str]]]:
             if SPACE[0][0] == "given":
                 _DRAWN[:] = SPACE[0][1]
             else:
-                _, seed, n, time_model, targeted = SPACE[0]
-                _DRAWN[:] = draw_configs(seed, n or DEFAULT_DRAWS, time_model=time_model, targeted=targeted)
+                _, seed, n, time_model, targeted, wide = SPACE[0]
+                _DRAWN[:] = draw_configs(seed, n or DEFAULT_DRAWS, time_model=time_model, targeted=targeted,
+                                         wide=wide)
             rows = []
             for d in _DRAWN:
                 _READS.clear()
@@ -698,6 +728,7 @@ _NO = object()
 def _program_of(raw: dict, overrides: dict):
     from memform.engine.config import apply_overrides, normalize
     from memform.engine.model import _program
+    raw, overrides = _split(raw, overrides)
     return _program(normalize(apply_overrides(raw, overrides), None), None)
 
 
@@ -727,6 +758,44 @@ def _draw_once(rng: random.Random, raw: dict, p_option: float, time_model: bool 
     return over
 
 
+#: pipeline schedules that place two chunks per stage in a V (schedules.mf, frameworks/torch.mf)
+V_SCHEDULES = ("zero-bubble-v", "dualpipev", "torch-zbv", "torch-dualpipev")
+#: sequence lengths a widened draw sets (besides the base's): short, past one 2048-token scan chunk, long
+WIDE_SEQ = (256, 3000, 8192, 65536)
+
+
+def _widen(rng: random.Random, raw: dict, over: dict, keep: tuple[str, ...] = ()) -> None:
+    """Widen one draw (issue 35: mutants "equivalent" only because the space held these fixed), in place,
+    with its own ``rng``: a device preset (half the draws: step-time terms then classify as step-time, not
+    equivalent), a sequence length (half), the width doubled with the head count (a quarter: head size
+    kept), the layer count doubled where no per-layer pattern fixes it (a quarter), and one or two of the
+    base's keys that a formula declares with a default dropped (40 %: the default is read then)."""
+    from memform.engine.config import device_presets
+
+    model = raw.get("model") or {}
+    if rng.random() < 0.5 and "device.preset" not in keep:
+        over["device.preset"] = rng.choice(sorted(device_presets()))
+    if rng.random() < 0.5 and model.get("seq_length"):
+        over["model.seq_length"] = rng.choice(WIDE_SEQ)
+    if rng.random() < 0.25 and model.get("hidden_size") and model.get("num_heads"):
+        over["model.hidden_size"] = 2 * model["hidden_size"]
+        over["model.num_heads"] = 2 * model["num_heads"]
+    if rng.random() < 0.25 and model.get("num_layers") and not model.get("hybrid_pattern"):
+        over["model.num_layers"] = 2 * model["num_layers"]
+    if rng.random() < 0.4:
+        try:
+            program = _program_of(raw, over)
+        except Exception:
+            return
+        from memform.engine.config import get_path
+        cands = sorted(b.path for b in program.bindings.values()
+                       if b.default is not None and b.path not in over and b.path not in keep
+                       and b.path.split(".")[0] in ("model", "training", "parallel")
+                       and get_path(raw, b.path, None) is not None)
+        for k in rng.sample(cands, min(len(cands), rng.choice((1, 2)))):
+            over[k] = DROP
+
+
 def _repair(raw: dict, over: dict, rng: random.Random, keep: tuple[str, ...] = ()) -> int:
     """Take drawn keys back until the numeric estimate accepts ``over`` (in place): the keys an error names
     (else one at random; never ``training.framework`` nor ``keep``). The attempts it took, or 0."""
@@ -734,7 +803,7 @@ def _repair(raw: dict, over: dict, rng: random.Random, keep: tuple[str, ...] = (
 
     for attempt in range(1, REDRAWS + 1):
         try:
-            model.estimate(raw, over, numeric=True)
+            model.estimate(*_split(raw, over), numeric=True)
             return attempt
         except Exception as exc:     # MemformError, or an inexact (irrational) value
             text = str(exc)
@@ -753,7 +822,7 @@ def _repair(raw: dict, over: dict, rng: random.Random, keep: tuple[str, ...] = (
 
 
 def draw_configs(seed: int, n: int, p_option: float = 0.35, time_model: bool = False,
-                 targeted: bool = True) -> list[Draw]:
+                 targeted: bool = True, wide: bool = False) -> list[Draw]:
     """``n`` valid configs drawn with ``seed``: architecture ``i % len(bases)`` (every bundled config and
     toy in turn), a framework profile, pipeline schedule, recompute mode, pipeline/virtual-pipeline sizes,
     micro-batches, parallel degrees (dp, tp, cp, ep, expert tp, ZeRO, sequence parallelism, the distributed
@@ -776,6 +845,8 @@ def draw_configs(seed: int, n: int, p_option: float = 0.35, time_model: bool = F
             over = _draw_once(rng, raw, p_option, time_model)
         except MemformError:
             continue
+        if wide:
+            _widen(random.Random(f"{seed}:{i}:wide"), raw, over)
         attempts = _repair(raw, over, rng)
         if attempts:
             out.append(Draw(i, name, over, attempts))
@@ -802,10 +873,18 @@ def draw_configs(seed: int, n: int, p_option: float = 0.35, time_model: bool = F
             if profile:
                 over["training.framework"] = profile
             over[key] = _parse_value(value)
+            pinned: tuple[str, ...] = (key,)
+            if key == "parallel.pp_schedule" and value in V_SCHEDULES:
+                # a V schedule needs two chunks per stage and a pipeline (its require): pinned with it, or the
+                # repair takes vpp back and the value is never reached (stop 43: torch-zbv, zero-bubble-v)
+                over.update({"parallel.pp": 2, "parallel.vpp": 2, "training.num_micro_batches": 4})
+                pinned += ("parallel.pp", "parallel.vpp", "training.num_micro_batches")
             if not _declares(raw, over, key):
                 continue
+            if wide:
+                _widen(random.Random(f"{seed}:{item}:{t}:wide"), raw, over, keep=pinned)
             tries += 1
-            attempts = _repair(raw, over, rng, keep=(key,))
+            attempts = _repair(raw, over, rng, keep=pinned)
             if attempts:
                 out.append(Draw(f"T{k}", name, over, attempts))
                 break
@@ -853,7 +932,7 @@ def option_coverage(draws: list[Draw]) -> tuple[int, int, list[str]]:
     for d in draws:
         from memform.engine.model import load_model
         try:
-            m = load_model(raws[d.base], d.overrides, numeric=True)
+            m = load_model(*_split(raws[d.base], d.overrides), numeric=True)
         except Exception:
             continue
         for name, b in m.program.bindings.items():
@@ -1209,14 +1288,20 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"configs drawn for the equivalence check (with --draw-seed; default {DEFAULT_DRAWS}, and the targeted draws)")
     ap.add_argument("--draw-seed", type=int, default=DRAW_SEED, metavar="N",
                     help=f"seed of the drawn configs (default {DRAW_SEED}, fixed; --seed picks the sample)")
-    ap.add_argument("--space", choices=("draws", "variants"), default="draws",
-                    help="the equivalence space: drawn configs (default), or the bundled configs and override "
-                         "variants the tool used before issue 35 (for comparison)")
+    ap.add_argument("--space", choices=("draws", "narrow", "variants"), default="draws",
+                    help="the equivalence space: drawn configs, widened (default: device presets, sequence "
+                         "lengths, widths, layer counts, dropped keys), 'narrow' the same without the widening "
+                         "(stop 43's space), or the bundled configs and override variants the tool used before "
+                         "issue 35 (for comparison)")
     ap.add_argument("--no-subprocess", action="store_true",
                     help="leave out the tests that start a subprocess (the tool before issue 35)")
     ap.add_argument("--classify-only", action="store_true",
                     help="classify the sample (invalid / equivalent / step-time / live, and the draw that told "
                          "each live one apart) and stop: no tests")
+    ap.add_argument("--only", action="append", metavar="WHERE",
+                    help="run only the mutants at FILE:LINE:COL (or whose label starts with the text given, e.g. "
+                         "'formulas/torch.mf:77:20  number: 1 -> 0'); repeatable; '@PATH' reads one per line "
+                         "(a previous run's survivors, re-checked after new tests); applied after --limit/--seed")
     ap.add_argument("--list", action="store_true", help="print the mutants and stop")
     ap.add_argument("--json", metavar="PATH", help="also write every mutant's outcome as JSON")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
@@ -1242,9 +1327,17 @@ def main(argv: list[str] | None = None) -> int:
                          key=lambda m: (m.file, m.line, m.col, m.kind, m.desc))
         sampled = f"sampled {len(mutants)} of {total} mutants (--limit {args.limit} --seed {args.seed})"
         print(sampled)
+    if args.only:
+        wanted = _only(args.only)
+        mutants = [m for m in mutants if any(m.where == w or m.label().startswith(w) for w in wanted)]
+        sampled += f"; --only: {len(mutants)} of them"
+        print(f"--only: {len(mutants)} mutants match", flush=True)
+        if not mutants:
+            print("mutate: --only matches no mutant", file=sys.stderr)
+            return 2
     set_space(args.space, args.draw_seed, args.draws, args.time)
     base = _baseline()
-    if args.space == "draws":
+    if args.space in ("draws", "narrow"):
         reached, values, missing = option_coverage(_DRAWN)
         print(f"equivalence space: {len(base)} valid configs: {sum(isinstance(d.index, int) for d in _DRAWN)} of "
               f"{args.draws} draws (--draw-seed {args.draw_seed} --draws {args.draws}) and "
@@ -1315,6 +1408,21 @@ def main(argv: list[str] | None = None) -> int:
           f"{valid} valid mutants ({100 * len(equivalent) / valid if valid else 0:.1f} %)"
           + (f", step-time only {len(timed)}" if timed else ""))
     return 0
+
+
+def _only(items: list[str]) -> list[str]:
+    """The ``--only`` selectors: each item, or with ``@PATH`` the file's non-empty lines (a leading
+    ``survived``/``equivalent``... class word of ``--classify-only`` output is dropped)."""
+    out = []
+    for item in items:
+        lines = Path(item[1:]).read_text(encoding="utf-8").splitlines() if item.startswith("@") else [item]
+        for line in lines:
+            line = line.strip()
+            if line.split(" ", 1)[0] in ("invalid", "equivalent", "time", "live", "survived", "killed"):
+                line = line.split(" ", 1)[1].strip()
+            if line:
+                out.append(line)
+    return out
 
 
 def _classify_all(mutants: list[Mutant], jobs: int, time_model: bool = False) -> list[tuple[str, str]]:

@@ -251,3 +251,36 @@ def test_each_layer_saves_what_mamba1_mf_says(which):
         moe = which == "JAMBA" and i % 2 == 1
         assert abs(e / m - 1) < 0.01 if moe else e == m
     assert math.isclose(sum(estimated), sum(measured), rel_tol=0.01)
+
+
+# The shape keys' defaults are transformers' (issue 35: `mamba1_state_dim default 16 -> 32` survived, every
+# test config set the key): MambaConfig state_size = 16, expand = 2 (intermediate_size = expand ·
+# hidden_size), time_step_rank "auto" = ceil(hidden_size / 16) (configuration_mamba.py; JambaConfig's
+# mamba_d_state 16, mamba_expand 2, mamba_dt_rank "auto" the same, configuration_jamba.py)
+@pytest.mark.parametrize("h", [64, 128])
+@pytest.mark.parametrize("impl", ["combined", "torch"])
+def test_omitted_shape_keys_take_transformers_defaults(h, impl):
+    bare = toy(hidden_size=h, mamba_impl=impl)
+    del bare["model"]["mamba1_state_dim"]
+    spelled = toy(hidden_size=h, mamba_impl=impl, mamba1_state_dim=16, mamba1_d_inner=2 * h,
+                  mamba1_dt_rank=math.ceil(h / 16))
+    a, b = memform.estimate(bare).stages[0], memform.estimate(spelled).stages[0]
+    assert a.values == b.values and a.moments == b.moments and a.param_count == b.param_count
+
+
+# transformers' PyTorch path in 16 bits (issue 35: the fp32 copy of x for deltaB_u, `(bytes_a < 4) · 4 ·
+# d_inner`, was read by no test: the per-layer test above runs fp32 only). What autograd saves in each
+# Mamba layer (saved_tensors_hooks), measured: bf16 8,377,344 B against memform's 8,376,832 (-0.006 %),
+# amp-bf16 8,535,552 B exactly (bench/validate.py --frameworks --only "hf mamba", these dtypes)
+@pytest.mark.parametrize("dtype, rel", [("bf16", 1e-4), ("amp-bf16", 0)])
+def test_each_mamba_layer_saves_what_mamba1_mf_says_in_16_bits(dtype, rel):
+    pytest.importorskip("transformers")
+    from dataclasses import replace
+
+    from memform.validation.frameworks import hf_hybrid
+
+    case = replace(hf_hybrid.MAMBA, dtype=dtype)
+    measured, estimated = hf_hybrid.per_layer(case), hf_hybrid.estimated_per_layer(case)
+    assert len(measured) == len(estimated) == len(case.pattern)
+    for m, e in zip(measured, estimated):
+        assert abs(e / m - 1) <= rel, (dtype, e, m)

@@ -215,3 +215,73 @@ def test_full_sweep():
     assert set(over) == set(KNOWN_OVER), over
     # and only in the activation peak
     assert all(cats == ["activations_peak"] for cats in over.values()), over
+
+
+# ---- torch.mf's schedule terms, each against its own measurement (issue 35: these were killed only by
+# the slow sweep) ------------------------------------------------------------------------------------------
+# What a pending W holds per one-decoder piece (torch.mf decoder zb_grads less the received gradient,
+# zb_hold), measured with bench/validate.py --distributed --explain (zbv, the timeline): +168 KiB per
+# one-decoder piece at s·b = 64, h 64, Q 64, K = V 32, f 176 fp32 = (2·64 + 128 + 64 + 352) · 256 B -- the
+# two norms' output gradients, Q/K/V's, the output projection's and fc1's (gate and up); fc2's is the
+# received gradient itself. memform's side: the cooldown moment under a profile that zeroes every stored
+# activation, kept output and transient, so that it reads (past-I passes) · zb_hold, plus on rank p - 1 the
+# m chunk-0 outputs it keeps (torch.mf torch-zbv cooldown, measured: p = 4, rank 3, 7 · 168 KiB).
+_ZB_ONLY = """include "frameworks/torch.mf"
+block decoder { act[none, selective, full] = 0  pp_keep = 0  bwd_extra = 0 }
+block embedding { act = 0  pp_keep = 0 }
+block output { act = 0  pp_keep = 0  zb_hold = 0  bwd_extra = 0  grad_live = 0 }
+"""
+ZB_HOLD_ONE_DECODER = (2 * 64 + 128 + 64 + 352) * 256      # 168 KiB, measured (above)
+
+
+@pytest.mark.parametrize("kind, p, m", [("zbv", 2, 4), ("zbv", 3, 6), ("zbv", 4, 8), ("dualpipev", 4, 8)])
+def test_zero_bubble_pending_weight_pass_holds_the_measured_gradients(tmp_path, kind, p, m):
+    prof = tmp_path / "zb_only.mf"
+    prof.write_text(_ZB_ONLY)
+    cfg = D.Case(kind, world=p, m=m, point=replace(P, L=2 * p)).config()
+    cfg["training"]["framework"] = str(prof)
+    est = memform.estimate(cfg)
+    for r in range(1, p):
+        past = _torch_pending(kind, p, m, r) % 10**6 if kind == "zbv" else None
+        got = est.stages[r].moments["cooldown"] - (m * X if r == p - 1 else 0)
+        if past is None:      # DualPipeV: whole multiples of the measured 168 KiB (its counts: the test above)
+            assert got % ZB_HOLD_ONE_DECODER == 0 and got > 0, (kind, r, got)
+        else:
+            assert got == past * ZB_HOLD_ONE_DECODER, (kind, r, got / ZB_HOLD_ONE_DECODER, past)
+
+
+# What a piece keeps per in-flight micro-batch beyond its stored activations (torch.mf pp_keep), with the
+# non-runtime schedules (Schedule1F1B, ScheduleGPipe wait for each send): stage.py forward_one_chunk caches
+# the stage output in fwd_cache until its backward. The first piece's is its h-wide output (s·b·h·4 B);
+# the last piece's is the fp32 logits (its Piece returns head(...).float(): s·b·v·4 B), less its received
+# input, which is the receive buffer itself (counted in torch_p2p). A middle piece adds nothing (its output
+# is kept, its input is the receive buffer). Read off the warm-up moment: warmup - Σ inflight · act.
+V = 256        # D.BASE's vocabulary (dist_models.py)
+
+
+@pytest.mark.parametrize("kind, p, m, kept", [
+    ("1f1b", 2, 4, {0: 2 * X, 1: 1 * (4 * P.s * P.b * V - X)}),            # warm-up min(m, p - i)
+    ("1f1b", 4, 8, {0: 4 * X, 1: 0, 2: 0, 3: 1 * (4 * P.s * P.b * V - X)}),
+    ("gpipe", 2, 4, {0: 4 * X, 1: 4 * (4 * P.s * P.b * V - X)}),          # all m forwards first
+])
+def test_pipeline_pieces_keep_their_outputs_per_inflight_micro_batch(kind, p, m, kept):
+    est = memform.estimate(D.Case(kind, world=p, m=m, point=replace(P, L=2 * p)).config())
+    got = {}
+    for st in est.stages:
+        acts = sum(g.inflight_value * g.count_value * g.per_layer_values["activations"] for g in st.layers)
+        got[st.stage] = st.moments["warmup"] - acts
+    assert got == kept
+
+
+# Without a pipeline (pp = 1) torch.distributed.pipelining is not in the step: no fwd_cache, nothing kept
+# beyond the stored activations, whatever parallel.pp_schedule names (the warm-up moment is Σ act).
+@pytest.mark.parametrize("schedule", ["torch-1f1b", "torch-gpipe", "1f1b"])
+@pytest.mark.parametrize("m", [1, 4])
+def test_no_pipeline_keeps_no_stage_outputs(schedule, m):
+    cfg = D.Case("ddp", world=2).config()
+    cfg["parallel"]["pp_schedule"] = schedule
+    cfg["training"]["num_micro_batches"] = m
+    st = memform.estimate(cfg).stages[0]
+    acts = sum(g.inflight_value * g.count_value * g.per_layer_values["activations"] for g in st.layers)
+    assert st.moments["warmup"] == acts
+    assert st.runtime.get("torch_p2p", 0) == 0

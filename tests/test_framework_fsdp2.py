@@ -400,3 +400,56 @@ def test_fsdp2_steps_on_two_cpu_ranks():
 def test_fsdp2_validation_sweep():
     from memform.validation.fsdp2 import run, sweep
     _check(run(sweep()))
+
+
+# ---- two transients, each by hand from torchtitan / torch source (issue 35: their mutants survived) ------
+# A profile that keeps only the term under test: every other stored activation and transient is 0, so the
+# stage's backward moment reads it (the schedule's backward moment: warm-up + the last layer's backward).
+_ONLY_RERUN = """include "frameworks/fsdp2.mf"
+block decoder { act[none, selective, full] = 0  bwd_extra[none] = 0  bwd_extra[selective] = 0  bwd_extra[full] = tp_rerun }
+block embedding { act = 0  bwd_extra = 0 }
+block output { act = 0  bwd_extra = 0 }
+"""
+_ONLY_LOSS = """include "frameworks/fsdp2.mf"
+block decoder { act[none, selective, full] = 0  bwd_extra = 0 }
+block embedding { act = 0  bwd_extra = 0 }
+"""
+TITAN_8B = {"parallel.dp": 8, "parallel.pp": 1, "model.num_layers": 2, "model.seq_length": 4096,
+            "training.precision.params": "bf16", "training.precision.activations": "bf16",
+            "training.precision.grads": "fp32", "training.precision.optimizer": "fp32",
+            "training.precision.master_weights": True, "fsdp2.param_dtype": "bf16", "fsdp2.reduce_dtype": "fp32"}
+S8, H8, V8 = 4096, 4096, 128256      # configs/llama3-8b.yaml at s 4096
+
+
+def _moments(tmp_path, text: str, **over) -> dict:
+    prof = tmp_path / "only.mf"
+    prof.write_text(text)
+    return memform.estimate(ROOT / "configs" / "llama3-8b.yaml",
+                            overrides={**TITAN_8B, "training.framework": str(prof), **over}).stages[0].moments
+
+
+# A fully checkpointed block's forward re-run in backward ends holding, in s·b·h units (bf16): the block's
+# output gradient (1/t with SP, its shard), w2's output and the collective's copy of it (2: with TP
+# reduce_scatter_single's chunk-cat input or the all-reduce's output, t = 1 the residual add's output), and
+# with SP the output gradient's all-gather (1), the reduce-scatter's output shard and the FFN norm's output
+# shard that FeedForward's call still holds (1/t each) (torchtitan models/common/decoder_sharding.py,
+# torch/distributed/_functional_collectives.py reduce_scatter_tensor / all_gather_tensor)
+@pytest.mark.parametrize("t, sp, units", [(1, False, 1 + 2), (2, False, 1 + 2), (2, True, 1 / 2 + 2 + 1 + 2 / 2),
+                                          (4, True, 1 / 4 + 2 + 1 + 2 / 4)])
+def test_full_ac_rerun_holds_the_gradients_and_collective_outputs(tmp_path, t, sp, units):
+    m = _moments(tmp_path, _ONLY_RERUN, **{"parallel.tp": t, "parallel.sequence_parallel": sp,
+                                          "training.recompute": "full", "training.micro_batch_size": 1})
+    assert m["backward"] - m["warmup"] == 2 * S8 * 1 * H8 * units
+
+
+# torchtitan's ChunkedLossWrapper (components/loss.py): the loop's peak beyond what the forward keeps is one
+# chunk's loss backward -- its bf16 logits and F.cross_entropy's three fp32 tensors of them (12 B; four with
+# TP's _LossParallelCrossEntropy: 16 B), or the bf16 hidden-state chunk if larger --, plus the fp32
+# GradAccumulator buffer (zeros_like of the hidden states: 4·s·b·h) and, unless b = 1, the chunks'
+# contiguous copies (_chunk_local: torch.split along the sequence, .contiguous(): 2·s·b·h)
+@pytest.mark.parametrize("t, b, chunks", [(1, 1, 8), (1, 2, 8), (2, 2, 8), (1, 2, 2), (2, 1, 4)])
+def test_chunked_loss_loop_holds_one_chunk_and_the_accumulator(tmp_path, t, b, chunks):
+    m = _moments(tmp_path, _ONLY_LOSS, **{"parallel.tp": t, "parallel.sequence_parallel": t > 1,
+                                         "training.loss_chunks": chunks, "training.micro_batch_size": b})
+    one_chunk = max((2 + (16 if t > 1 else 12)) * S8 * b * V8 / t / chunks, 2 * S8 * b * H8)
+    assert m["backward"] - m["warmup"] == one_chunk + (4 + (2 if b > 1 else 0)) * S8 * b * H8

@@ -291,3 +291,26 @@ def test_cli_reports_the_context_and_the_profile():
     assert d["stages"][0]["runtime"]["context"] == DOC_CONTEXT * MIB
     keys = run_memform("keys", BERT)
     assert keys.returncode == 0 and "hf_trainer.amp" in keys.stdout and "hf_trainer.optim" in keys.stdout
+
+
+# Context parallelism splits the sequence: each rank runs s / cp tokens of every layer (Megatron-Core's
+# context_parallel docs, "each GPU processes a chunk of s/cp tokens"; Liu et al. 2023, Ring Attention §3),
+# so with flash attention (no s² term) a rank's activation moments at (s, cp = 2) are those of (s / 2, cp = 1)
+# -- the eager loss's fp32 log-probs and their gradient included (hf-trainer.mf / deepspeed.mf
+# head_not_regrad: 4·s·b·v/t/cp). Issue 35: `4 · s · b · v / t / cp -> / t / t` survived.
+CP_BASE = {"parallel.tp": 1, "parallel.sequence_parallel": False, "parallel.zero": 0, "parallel.dp": 1,
+           "parallel.pp": 1, "model.cross_entropy": "eager", "training.precision.params": "bf16",
+           "training.precision.grads": "bf16", "training.precision.optimizer": "bf16",
+           "training.precision.master_weights": False, "training.precision.activations": "bf16"}
+
+
+@pytest.mark.parametrize("framework", ["hf-trainer", "deepspeed"])
+@pytest.mark.parametrize("s, mbs", [(8192, 1), (2048, 2)])
+def test_context_parallel_moments_are_those_of_the_split_sequence(framework, s, mbs):
+    over = {**CP_BASE, "training.framework": framework, "training.micro_batch_size": mbs}
+    split = memform.estimate(ROOT / "configs" / "llama3-8b.yaml",
+                             overrides={**over, "parallel.cp": 2, "model.seq_length": s}).stages[0]
+    short = memform.estimate(ROOT / "configs" / "llama3-8b.yaml",
+                             overrides={**over, "parallel.cp": 1, "model.seq_length": s // 2}).stages[0]
+    assert split.moments == short.moments
+    assert split.values["activations"] == short.values["activations"]
