@@ -184,6 +184,21 @@ def transient_unit(lb: "LayerBlocks") -> int | tuple[int, ...]:
     return max(unit) if isinstance(unit, tuple) else unit
 
 
+def _place(ev: list, plan: list, key: int, saved_count: int, temp_count: int) -> int:
+    """Append one layer's forward (or its recompute) as ``plan`` orders it: ``(size, -1)`` allocates the next
+    saved tensor, ``(size, j)`` temporary ``j`` (size 0: frees it). The saved tensors keep consecutive keys
+    from ``key`` (their frees come later, in order); the temporaries take the ``temp_count`` keys after them.
+    Returns the next free key."""
+    saved, tmp = key, key + saved_count
+    for x, j in plan:
+        if j < 0:
+            ev.append(("alloc", saved, x, COMPUTE))
+            saved += 1
+        else:
+            ev.append(("alloc", tmp + j, x, COMPUTE) if x else ("free", tmp + j))
+    return tmp + temp_count
+
+
 def temp_sizes_all(lb: "LayerBlocks") -> tuple[int, ...]:
     """The layer's ``fwd_temps`` as a tuple (at most ``MAX_PIECES``), zeros kept: indexed by ``fwd_slots``."""
     t = lb.fwd_temps
@@ -423,16 +438,7 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False,
                         ev += zip(repeat("alloc", m), range(key, key + m), acts[i], repeat(COMPUTE, m))
                         key += m
                     else:
-                        # the saved tensors keep consecutive keys (their frees below); the temporaries
-                        # take the keys after them
-                        saved, tmp = key, key + m
-                        for x, j in plans[i]:
-                            if j < 0:
-                                ev.append(("alloc", saved, x, COMPUTE))
-                                saved += 1
-                            else:
-                                ev.append(("alloc", tmp + j, x, COMPUTE) if x else ("free", tmp + j))
-                        key = tmp + len(temp_sizes_all(layers[i]))
+                        key = _place(ev, plans[i], key, m, len(temp_sizes_all(layers[i])))
                 if comm:
                     ev.append(("free", comm_key))
                 # a layer's forward temporaries (fwd_extra) live until the next layer's forward has run
@@ -463,14 +469,7 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False,
                     ev += zip(repeat("alloc", m), range(key, key + m), transients[i], repeat(COMPUTE, m))
                     key += m
                 else:
-                    saved, tmp = key, key + m
-                    for x, j in replans[i]:
-                        if j < 0:
-                            ev.append(("alloc", saved, x, COMPUTE))
-                            saved += 1
-                        else:
-                            ev.append(("alloc", tmp + j, x, COMPUTE) if x else ("free", tmp + j))
-                    key = tmp + len(temp_sizes_all(layers[i]))
+                    key = _place(ev, replans[i], key, m, len(temp_sizes_all(layers[i])))
             if not grads_persist:
                 m = len(grads[i])
                 ev += zip(repeat("alloc", m), range(key, key + m), grads[i], repeat(COMPUTE, m))
