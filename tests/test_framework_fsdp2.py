@@ -424,8 +424,8 @@ S8, H8, V8 = 4096, 4096, 128256      # configs/llama3-8b.yaml at s 4096
 def _moments(tmp_path, text: str, **over) -> dict:
     prof = tmp_path / "only.mf"
     prof.write_text(text)
-    return memform.estimate(ROOT / "configs" / "llama3-8b.yaml",
-                            overrides={**TITAN_8B, "training.framework": str(prof), **over}).stages[0].moments
+    return numbers(ROOT / "configs" / "llama3-8b.yaml",
+                   overrides={**TITAN_8B, "training.framework": str(prof), **over}).stages[0].moments
 
 
 # A fully checkpointed block's forward re-run in backward ends holding, in s·b·h units (bf16): the block's

@@ -308,9 +308,9 @@ CP_BASE = {"parallel.tp": 1, "parallel.sequence_parallel": False, "parallel.zero
 @pytest.mark.parametrize("s, mbs", [(8192, 1), (2048, 2)])
 def test_context_parallel_moments_are_those_of_the_split_sequence(framework, s, mbs):
     over = {**CP_BASE, "training.framework": framework, "training.micro_batch_size": mbs}
-    split = memform.estimate(ROOT / "configs" / "llama3-8b.yaml",
-                             overrides={**over, "parallel.cp": 2, "model.seq_length": s}).stages[0]
-    short = memform.estimate(ROOT / "configs" / "llama3-8b.yaml",
-                             overrides={**over, "parallel.cp": 1, "model.seq_length": s // 2}).stages[0]
+    split = numbers(ROOT / "configs" / "llama3-8b.yaml",
+                    overrides={**over, "parallel.cp": 2, "model.seq_length": s}).stages[0]
+    short = numbers(ROOT / "configs" / "llama3-8b.yaml",
+                    overrides={**over, "parallel.cp": 1, "model.seq_length": s // 2}).stages[0]
     assert split.moments == short.moments
     assert split.values["activations"] == short.values["activations"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Sequence
 
 from .caching import AllocatorConfig, OutOfMemory, replay
 from .sequence import GROUP_FIGURES, LayerBlocks, ShardedStates, from_estimate
@@ -80,10 +80,15 @@ def settings_dict(model: "Model") -> dict[str, Any] | None:
             "sharded": sharded}
 
 
-def from_settings_dict(d: dict[str, Any]) -> tuple[AllocatorConfig, Kept]:
+def from_settings_dict(d: dict[str, Any], outs: Sequence[int] = ()) -> tuple[AllocatorConfig, Kept]:
+    """:func:`settings_dict`'s data back as objects. A compiled structure's ``sharded`` entry is
+    ``["out", [indices]]``: the ``opt_flat_*`` values are that evaluation's ``outs`` (they follow dp)."""
     sharded = d.get("sharded")
+    if sharded is not None and sharded[0] == "out":
+        sharded = [int(outs[i]) for i in sharded[1]]
+    states = None if sharded is None or sharded[0] <= 1 else ShardedStates(*sharded)
     return (AllocatorConfig(expandable_segments=d["expandable"], max_split_size=d["split"]),
-            Kept(d["grads_kept"], None if sharded is None else ShardedStates(*sharded)))
+            Kept(d["grads_kept"], states))
 
 
 #: the layer quantities (formulas/common.mf ``layer``) the replay reads besides the categories, with the

@@ -229,7 +229,7 @@ def _run(loaded: _Loaded, data: Mapping[str, Any], full: Callable[[], Any]) -> "
         from ..allocator.estimate import defer_reserve, from_settings_dict
         from ..allocator.sequence import LayerBlocks
 
-        config, kept = from_settings_dict(body["allocator"])
+        config, kept = from_settings_dict(body["allocator"], outs)
         for stage, st in zip(stages, body["stages"]):
             layers: list[LayerBlocks] = []
             for n, at, *shape in st["groups"]:

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import sympy
 
-from ..allocator.estimate import granularity_exprs, settings_dict
+from ..allocator.estimate import SHARDED_LETS, granularity_exprs, settings_dict
 from ..allocator.sequence import GROUP_FIGURES
 from ..engine.evaluator import Ctx
 from ..engine.interpreter import CATEGORIES, MAX_BYTES, PS_PER_SECOND
@@ -154,6 +154,7 @@ def compile_entry(model: Model, candidates: Sequence[str]) -> dict[str, Any]:
     parameters = {k: (["out", out(e)] if e.free_symbols else ["const", int(sympy.ceiling(e))])
                   for k, e in (("total", total), ("expert", expert))}
 
+    allocator = _allocator_settings(model, ev_keep, out)
     ev = model.evaluator(resolve=False, keep=keep)
     for r in model.program.requires:
         c = ev.truth(ev.eval(r.expr, Ctx()), r.loc)
@@ -179,8 +180,27 @@ def compile_entry(model: Model, candidates: Sequence[str]) -> dict[str, Any]:
         "name": est.name, "schedule": st.schedule, "framework": st.framework, "pp": st.pp, "vpp": st.vpp,
         "recompute": st.recompute, "capacity_bytes": est.capacity_bytes, "devices": get_path(model.data,
                                                                                               "parallel.devices", None),
-        "stages": stages, "setup": setup, "parameters": parameters, "allocator": settings_dict(model),
+        "stages": stages, "setup": setup, "parameters": parameters, "allocator": allocator,
     }
+
+
+def _allocator_settings(model: Model, ev_keep: Any, out: Any) -> dict[str, Any] | None:
+    """:func:`memform.allocator.estimate.settings_dict` for a structure: the DP-sharded flat buffer's
+    ``opt_flat_*`` lets follow the inputs (Megatron's shards are the dp degree, its bucket max(4e7,
+    1e6 dp) parameters), so they are outputs of the compiled function (``["out", [indices]]``), not the
+    compiling config's values; ``grads_kept`` must be the same for every input."""
+    allocator = settings_dict(model)
+    if allocator is None:
+        return None
+    lets = model.program.lets
+    if "grads_kept" in lets:
+        g = ev_keep.let("grads_kept")
+        if isinstance(g, sympy.Basic) and not isinstance(g, sympy.logic.boolalg.BooleanAtom) and g.free_symbols:
+            raise Uncompilable("whether gradients stay in persistent buffers (grads_kept) depends on an input")
+    if all(name in lets for name, _ in SHARDED_LETS):
+        allocator["sharded"] = ["out", [out(sympy.ceiling(sympy.sympify(ev_keep.let(name))))
+                                        for name, _ in SHARDED_LETS]]
+    return allocator
 
 
 def _refuse_input_dependent(model: Model, keep: frozenset[str], keep_syms: set[sympy.Symbol]) -> None:
