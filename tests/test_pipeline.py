@@ -541,3 +541,17 @@ def test_peak_over_moments_is_at_least_the_warmup(sh, schedule, mode):
     for s in e.stages:
         assert s.values["activations"] == max(s.moments.values()) >= s.moments["warmup"]
         assert s.peak_moment in s.moments and s.moments[s.peak_moment] == s.values["activations"]
+
+
+@pytest.mark.parametrize("n, vp", [(1, 1), (4, 1), (2, 2), (4, 3)])
+def test_seqpipe_bubble_is_p_minus_1_idle_pieces(n, vp):
+    """Seq1F1B's bubble (Sun et al. 2024 §3.1): the pipeline fills with sequence pieces, p - 1 idle slots
+    of 1/n of a micro-batch each, over vp chunks: (p - 1)/(vp·n) micro-batch times per step; time.mf
+    prices a micro-batch slot as the stage's per-micro-batch compute, memory and exposed traffic / m."""
+    p, m = 4, 16
+    cfg = config(parallel__pp_schedule="seqpipe", parallel__seq_chunks=n, parallel__vpp=vp)
+    cfg["device"] = {"preset": "h100-sxm"}
+    for stage in numbers(cfg).to_dict()["stages"]:
+        parts = stage["time"]["parts"]
+        slot = sum(parts[k] for k in ("compute", "memory", "tp", "cp", "ep", "pp", "host")) / m
+        assert parts["bubble"] == pytest.approx((p - 1) / (vp * n) * slot, rel=1e-9), stage["stage"]
