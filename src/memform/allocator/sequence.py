@@ -184,19 +184,28 @@ def transient_unit(lb: "LayerBlocks") -> int | tuple[int, ...]:
     return max(unit) if isinstance(unit, tuple) else unit
 
 
-def _place(ev: list, plan: list, key: int, saved_count: int, temp_count: int) -> int:
-    """Append one layer's forward (or its recompute) as ``plan`` orders it: ``(size, -1)`` allocates the next
-    saved tensor, ``(size, j)`` temporary ``j`` (size 0: frees it). The saved tensors keep consecutive keys
-    from ``key`` (their frees come later, in order); the temporaries take the ``temp_count`` keys after them.
-    Returns the next free key."""
-    saved, tmp = key, key + saved_count
+def _allocs(ev: list, key: int, sizes: Sequence[int]) -> int:
+    """Append the allocation of ``sizes`` under consecutive keys from ``key``; returns the next free key."""
+    m = len(sizes)
+    ev += zip(repeat("alloc", m), range(key, key + m), sizes, repeat(COMPUTE, m))
+    return key + m
+
+
+def _place(ev: list, plan: list | None, key: int, saved: Sequence[int], layer: "LayerBlocks") -> int:
+    """Append one layer's forward (or its recompute): its ``saved`` tensors under consecutive keys from
+    ``key`` (their frees come later, in order), with its temporaries among them as ``plan`` orders them
+    (None: no temporaries): ``(size, -1)`` allocates the next saved tensor, ``(size, j)`` temporary ``j``
+    (size 0: frees it), the temporaries taking the keys after the saved ones. Returns the next free key."""
+    if plan is None:
+        return _allocs(ev, key, saved)
+    at, tmp = key, key + len(saved)
     for x, j in plan:
         if j < 0:
-            ev.append(("alloc", saved, x, COMPUTE))
-            saved += 1
+            ev.append(("alloc", at, x, COMPUTE))
+            at += 1
         else:
             ev.append(("alloc", tmp + j, x, COMPUTE) if x else ("free", tmp + j))
-    return tmp + temp_count
+    return tmp + len(temp_sizes_all(layer))
 
 
 def temp_sizes_all(lb: "LayerBlocks") -> tuple[int, ...]:
@@ -433,12 +442,7 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False,
                 live = mb < inflight[i]
                 if live:
                     act_key[mb, i] = key
-                    m = len(acts[i])
-                    if plans[i] is None:
-                        ev += zip(repeat("alloc", m), range(key, key + m), acts[i], repeat(COMPUTE, m))
-                        key += m
-                    else:
-                        key = _place(ev, plans[i], key, m, len(temp_sizes_all(layers[i])))
+                    key = _place(ev, plans[i], key, acts[i], layers[i])
                 if comm:
                     ev.append(("free", comm_key))
                 # a layer's forward temporaries (fwd_extra) live until the next layer's forward has run
@@ -446,10 +450,8 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False,
                     ev += zip(repeat("free", fwd_prev[1]), range(fwd_prev[0], fwd_prev[0] + fwd_prev[1]))
                     fwd_prev = None
                 if live and fwds[i]:
-                    m = len(fwds[i])
-                    fwd_prev = (key, m)
-                    ev += zip(repeat("alloc", m), range(key, key + m), fwds[i], repeat(COMPUTE, m))
-                    key += m
+                    fwd_prev = (key, len(fwds[i]))
+                    key = _allocs(ev, key, fwds[i])
             if fwd_prev is not None:
                 ev += zip(repeat("free", fwd_prev[1]), range(fwd_prev[0], fwd_prev[0] + fwd_prev[1]))
         # the first backward (where 1F1B's step peaks): the last micro-batch in, the layers in reverse; the
@@ -464,16 +466,9 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False,
                     ev.append(("alloc", key, comm, COMM))
                     comm_key, key = key, key + 1
                 transient_key = key
-                m = len(transients[i])
-                if replans[i] is None:
-                    ev += zip(repeat("alloc", m), range(key, key + m), transients[i], repeat(COMPUTE, m))
-                    key += m
-                else:
-                    key = _place(ev, replans[i], key, m, len(temp_sizes_all(layers[i])))
+                key = _place(ev, replans[i], key, transients[i], layers[i])
             if not grads_persist:
-                m = len(grads[i])
-                ev += zip(repeat("alloc", m), range(key, key + m), grads[i], repeat(COMPUTE, m))
-                key += m
+                key = _allocs(ev, key, grads[i])
             if live:
                 m = len(transients[i])
                 ev += zip(repeat("free", m), range(transient_key, transient_key + m))
