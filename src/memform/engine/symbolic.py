@@ -175,12 +175,12 @@ def simplify_assumptions(assumptions: list[str]) -> list[str]:
 READABLE_MAX = 120
 
 
-def summary_assumptions(assumptions: list[str], shown: int = SHOWN_ASSUMPTIONS) -> tuple[list[str], list[str]]:
-    """Simplified conditions split for a document: ``(summary, rest)``. The summary holds the first
-    ``shown`` of those short enough to read in a sentence (:data:`READABLE_MAX`); ``rest`` the others in
-    their order, kilobyte comparisons of padded sizes and step-time branches among them, which a report
-    puts behind a fold or names by count (``memform estimate --symbolic --assumptions`` lists all)."""
-    lines = simplify_assumptions(assumptions)
+def summary_assumptions(lines: list[str], shown: int = SHOWN_ASSUMPTIONS) -> tuple[list[str], list[str]]:
+    """Conditions as :func:`simplify_assumptions` gives them, split for a document: ``(summary, rest)``. The
+    summary holds the first ``shown`` of those short enough to read in a sentence (:data:`READABLE_MAX`);
+    ``rest`` the others in their order, kilobyte comparisons of padded sizes and step-time branches among
+    them, which a report puts behind a fold or names by count (``memform estimate --symbolic
+    --assumptions`` lists all)."""
     summary = [a for a in lines if len(a) <= READABLE_MAX][:shown]
     return summary, [a for a in lines if a not in summary]
 
