@@ -58,6 +58,37 @@ def layer_parts(recompute: str, sp: bool, efficiency: float = 1.0) -> dict[str, 
     return {k: parts[0][k] - parts[1][k] for k in LAYER_PARTS}
 
 
+#: held out, Korthikanti et al. 2022 §6.2 (Figure 8's text): "For the 530B and 1T cases, the overhead is just
+#: 2%, compared to 36% overhead for full recompute" -- per layer, selective recompute + sequence parallelism
+#: and full recompute (no SP) over the baseline (neither), in percent
+OVERHEADS = {"korthikanti2022-table5-530b-selective": (2, 36), "korthikanti2022-table5-1t-selective": (2, 36)}
+
+
+def one_layer(run_id: str, recompute: str, sp: bool, efficiency: float) -> float:
+    """memform's seconds of one layer and micro-batch (compute + tp + memory) of a throughput run's model
+    and tensor parallelism, on one stage (2 layers less 1: no pipeline, no data parallelism)."""
+    import memform
+    cfg = throughput.config_of(next(r for r in throughput.runs() if r["id"] == run_id))
+    cfg["parallel"].update(pp=1, vpp=1, dp=1, devices=cfg["parallel"]["tp"])
+    cfg["parallel"].pop("stage_layers", None)
+    cfg["training"]["global_batch_size"] = cfg["training"]["micro_batch_size"]
+    over = {"training.recompute": recompute, "parallel.sequence_parallel": sp,
+            "device.collective_efficiency": efficiency}
+    total = []
+    for layers in (2, 1):
+        c = copy.deepcopy(cfg)
+        c["model"]["num_layers"] = layers
+        total.append(sum(memform.estimate(c, over).time_dict()["parts"][k] for k in LAYER_PARTS))
+    return total[0] - total[1]
+
+
+def overheads(run_id: str, efficiency: float) -> tuple[float, float]:
+    """(selective + SP, full recompute) per-layer time over the baseline's, minus 1, in percent."""
+    base = one_layer(run_id, "none", False, efficiency)
+    return (100 * (one_layer(run_id, "selective", True, efficiency) / base - 1),
+            100 * (one_layer(run_id, "full", False, efficiency) / base - 1))
+
+
 def fit() -> dict:
     rows = []
     for name, (rc, sp, fwd, bwd, combined) in TABLE4.items():
@@ -91,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['memform_ms_fitted']:6.2f} {100 * r['error_fitted']:+6.1f}%")
     print(f"collective_efficiency = {res['collective_efficiency']:.2f} (least squares {res['exact']:.4f}): "
           f"TP all-reduces at {res['collective_efficiency'] * 300:.0f} of NVLink 3's 300 GB/s per direction")
+    print("held out, Korthikanti §6.2: per-layer overhead over the baseline, selective + SP / full recompute")
+    for run_id, (sel, full) in OVERHEADS.items():
+        line = " ".join(f"c = {c:.2f}: {a:+.1f} % / {b:+.1f} %" for c in (1.0, res["collective_efficiency"])
+                        for a, b in [overheads(run_id, c)])
+        print(f"  {run_id}: stated {sel} % / {full} %; memform {line}")
     return 0
 
 
