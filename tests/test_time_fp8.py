@@ -143,7 +143,7 @@ def test_dualpipe_bubble_is_table_2s_with_b_the_full_backward():
     # F&B = F + B: (PP/2 - 1)·2F, in slots of F + B = 3F: 7 · 2/3 for PP 16
     est = numbers(str(DSV3))
     st, m = est.stages[1], 15360 // 128
-    busy = sum(st.time_ps[k] for k in ("compute", "memory", "tp", "cp", "ep", "pp"))
+    busy = sum(st.time_ps[k] for k in ("compute", "memory", "tp", "cp", "ep", "pp", "gaps"))
     assert st.time_ps["bubble"] == pytest.approx(float(Fraction(7 * 2, 3) * busy / m), rel=1e-9)
 
 
@@ -155,6 +155,18 @@ def test_deepseek_v3_chunk_pair_is_its_profiles():
     st = numbers(str(DSV3)).stages[1]
     pair_ms = (st.time_ps["compute"] + st.time_ps["memory"]) / 1e12 * 1e3 / 120
     assert pair_ms == pytest.approx(118.2, rel=0.05)
+
+
+def test_dualpipe_leaves_the_compute_stream_idle_as_deepseeks_profile_does():
+    # the same pair's kernels cover 118.19 of the 128.54 ms from the first kernel's start to the last one's
+    # end (bench/profile_idle.py on train.json: 8.0 % idle, schedules.mf dualpipev idle = 0.080): the
+    # kernels' time stretched by 1 / (1 - 0.080), and a one-direction schedule leaves none
+    st = numbers(str(DSV3)).stages[1]
+    busy = st.time_ps["compute"] + st.time_ps["memory"]
+    assert st.time_ps["gaps"] == pytest.approx(busy * 0.080 / 0.920, rel=1e-9)
+    assert (busy + st.time_ps["gaps"]) / 1e9 / 120 == pytest.approx(128.54, rel=0.05)   # ms per pair
+    one = numbers(str(DSV3), {"parallel.pp_schedule": "1f1b"}).stages[1]
+    assert one.time_ps["gaps"] == 0 and one.time_ps["compute"] > 0
 
 
 def test_deepseek_v3_mfu_is_far_from_100_percent_and_states_its_peak():
