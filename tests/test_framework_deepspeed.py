@@ -230,8 +230,12 @@ MECHANISM_CASES = [
     ({"parallel.zero": 1}, "grads", 2 * P8),
     # ZeRO-1, 4 micro-batches: autograd's full 16-bit .grad lives between the boundaries
     ({"parallel.zero": 1, "training.num_micro_batches": 4}, "grads", 2 * gpt_params() + 2 * P8),
-    # ZeRO-1 with fp32 accumulation is BF16_Optimizer: a full fp32 gradient buffer (engine.py)
-    ({"parallel.zero": 1, "training.precision.grads": "fp32"}, "grads", 4 * gpt_params()),
+    # ZeRO-1 with fp32 accumulation is BF16_Optimizer: a full fp32 gradient buffer (engine.py) and the bf16
+    # .grad it zeroes in place (measured: bench/ds_bf16_grads.py, 2.00 + 4.00 bytes per parameter); with
+    # bf16.immediate_grad_update (or fp16's grad_accum attribute) the 16-bit .grad is freed
+    ({"parallel.zero": 1, "training.precision.grads": "fp32"}, "grads", 6 * gpt_params()),
+    ({"parallel.zero": 1, "training.precision.grads": "fp32", "deepspeed.keep_lp_grads": False}, "grads",
+     4 * gpt_params()),
     # ZeRO-2, 4 micro-batches: averaged_gradients keeps the previous partition while the next is filled
     ({"parallel.zero": 2, "training.num_micro_batches": 4}, "grads", 4 * P8),
     # ZeRO-2 IPG buffer: reduce_bucket_size bf16 elements, two with overlap_comm (setup_buckets), and the
