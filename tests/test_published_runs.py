@@ -191,3 +191,89 @@ def test_megatron_account_for_embedding_and_loss_in_the_split(tmp_path, flags, s
         return
     assert r.returncode == 0, r.stderr
     assert f"stage_layers: {split}".replace("'", "") in out.read_text()
+
+
+# ---- published runs not named in issue 30 (tried as they were reported) ----------------------------
+# Each config cites its report / launch script; what the source leaves open is chosen in the config's
+# comment and varied here where it could matter.
+HELDOUT_RUNS = [
+    # BLOOM 176B: BigScience's tr11-176B-ml.slurm (384 A100 80GB, TP 4 PP 12 DP 8, BF16_Optimizer, full recompute)
+    ("bloom-176b.yaml", {}),
+    # OPT-175B: 992 A100 80GB, FSDP (no reshard after forward) + TP 8, memory-efficient fp16 (§2.4)
+    ("opt-175b.yaml", {}),
+    # Nemotron-4 340B, Table 2's three data-parallel rows (16 / 32 / 64 with batch 768 / 1536 / 2304)
+    ("nemotron-4-340b.yaml", {}),
+    ("nemotron-4-340b.yaml", {"parallel.dp": 32, "parallel.devices": 3072, "training.global_batch_size": 1536}),
+    ("nemotron-4-340b.yaml", {"parallel.dp": 16, "parallel.devices": 1536, "training.global_batch_size": 768}),
+    # ... and the virtual-pipeline sizes the report leaves open (8 layers per stage: 2, 4 or 8 chunks)
+    ("nemotron-4-340b.yaml", {"parallel.vpp": 4}),
+    ("nemotron-4-340b.yaml", {"parallel.vpp": 8}),
+    # Falcon-180B: 4096 A100 40GB, TP 8 PP 8 DP 64 with ZeRO (model card); no recompute needed
+    ("falcon-180b.yaml", {}),
+    # DeepSeek-V2: PP 16, EP 8, ZeRO-1, no TP (§3.1.3), at the fewest GPUs the layout allows and at 1,024
+    ("deepseek-v2-report.yaml", {}),
+    ("deepseek-v2-report.yaml", {"parallel.dp": 64, "parallel.devices": 1024}),
+    # MT-NLG 530B in Korthikanti et al. 2022 Table 3 / 5 (280 A100 80GB), and §6.3's 2,240 GPUs (DP 8)
+    ("mt-nlg-530b.yaml", {}),
+    ("mt-nlg-530b.yaml", {"parallel.dp": 8, "parallel.devices": 2240, "training.global_batch_size": 2240}),
+]
+
+
+def _run_id(config: str, overrides: dict) -> str:
+    return "-".join([config[:-5]] + [f"{k.split('.')[-1]}{v}" for k, v in overrides.items() if k != "parallel.devices"])
+
+
+@pytest.mark.parametrize("config, overrides", HELDOUT_RUNS, ids=[_run_id(c, o) for c, o in HELDOUT_RUNS])
+def test_published_run_fits_on_its_device(config, overrides):
+    est = numbers(CONFIGS / config, overrides=overrides)
+    assert est.fits
+    for st in est.stages:
+        # every stage inside the device, without the allocator having to release its cache
+        assert st.fits and st.device_bytes <= st.capacity_bytes and st.reserve_releases == 0, st.stage
+
+
+def test_deepseek_v2_fits_only_with_recomputed_operators():
+    # §3.1.3: "a portion of the operators are recomputed to save activation memory", which is what lets it
+    # train without tensor parallelism. With only the attention core (Megatron's default selective
+    # recompute, nothing under FlashAttention) the deepest-loaded stage needs ~114 GiB.
+    est = numbers(CONFIGS / "deepseek-v2-report.yaml", overrides={"training.recompute_modules": ["core_attn"]})
+    assert not est.fits and est.peak_bytes > 100 * GIB
+
+
+# BLOOM's own measurements before the run (bigscience-workshop/bigscience
+# train/tr11-176B-ml/chronicles-prequel.md, "Rebalancing layers", 02-28: the BF16 optimizer with fp32
+# gradient accumulation and --pp-partition-method 'type:transformer|embedding', the final code): nvidia-smi
+# on the first node (pipeline stage 0, which holds the embedding), in GB as the table prints them, for the
+# 176B shape (NHIDDEN=14336, NLAYERS=70) at GBS 2048. The CUDA context is outside the allocator: 1573 MiB
+# (the same document, "40GB A100 takes 1573MiB for cuda kernels").
+BLOOM_MEASURED = [
+    # (dp, tp, micro-batch, heads, measured GiB)
+    (8, 4, 2, 112, 59),   # the configuration BLOOM trained with
+    (8, 4, 2, 64, 59),
+    (8, 4, 2, 128, 60),
+    (8, 4, 4, 64, 73),
+    (4, 8, 2, 64, 40),
+]
+
+
+def bloom_device_gib(dp: int, tp: int, b: int, a: int) -> float:
+    est = numbers(CONFIGS / "bloom-176b.yaml", overrides={
+        "parallel.dp": dp, "parallel.tp": tp, "parallel.devices": dp * tp * 12, "training.micro_batch_size": b,
+        "model.num_heads": a, "device.context_mib": 1573})
+    return est.stages[0].device_bytes / GIB
+
+
+def test_bloom_as_trained_matches_its_measured_memory():
+    # 54.6 GiB against 59 (-7.4 %); before BF16_Optimizer's bf16 .grad was counted, 45.5 (-22.9 %)
+    dp, tp, b, a, measured = BLOOM_MEASURED[0]
+    assert bloom_device_gib(dp, tp, b, a) == pytest.approx(measured, rel=0.08)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BLOOM's measured rows are under-estimated by 7-16 % (README 'Published runs'): the micro-batch's share "
+    "is too small -- micro-batch 2 -> 4 adds 14 GB on nvidia-smi, 8.2 GiB in memform (stage 0's 12 in-flight "
+    "micro-batches of 5 checkpointed layers and the embedding). Megatron-DeepSpeed's PipelineEngine buffers "
+    "and the recomputed layer's fused-softmax workspace are the candidates, not yet measured."))
+def test_bloom_measured_rows_within_ten_percent():
+    for dp, tp, b, a, measured in BLOOM_MEASURED:
+        assert bloom_device_gib(dp, tp, b, a) == pytest.approx(measured, rel=0.10), (dp, tp, b, a)
