@@ -277,3 +277,40 @@ def test_bloom_as_trained_matches_its_measured_memory():
 def test_bloom_measured_rows_within_ten_percent():
     for dp, tp, b, a, measured in BLOOM_MEASURED:
         assert bloom_device_gib(dp, tp, b, a) == pytest.approx(measured, rel=0.10), (dp, tp, b, a)
+
+
+# torchtitan's published Llama 3.1 405B memory (pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md,
+# torchtitan 9dec370, Dec 2024, H100 96 GB; "Memory(GiB)" is max_reserved, the maximum over all GPUs):
+# Table 5 (FSDP 8, TP 8, PP 8, local batch 32, full AC, Float8, 1F1B / Interleaved 1F1B) and Table 6 (the same
+# with local batch 8 and CP 1-8 at 32K-256K tokens, 1F1B). The job config of that time: the 405B TOML with
+# float8 and its fp8 all-gather (tests/data/importers/torchtitan/01424cb_llama3_405b.toml); pipelining splits
+# the local batch into as many micro-batches as there are stages ("The default value will be the number of
+# pipeline stages", experimental.pipeline_parallel_microbatches); with PP, torchtitan keeps parameters
+# unsharded after forward and torch.distributed.pipelining accumulates unsharded gradients over the
+# micro-batches (stage.py backward_maybe_with_nosync: set_requires_gradient_sync(last)); FSDP shards over
+# DP x CP (8 ranks in every row). Not modelled: torch.compile (its fusions hold less) and AsyncTP's
+# symmetric-memory buffers. 126 layers: 15 on the first and last stage, 16 elsewhere.
+TITAN_405B = [
+    # (table, dp, cp, seq, vpp, micro-batch, measured GiB)
+    ("Table 5 1F1B", 8, 1, 8192, 1, 4, 82.5),
+    ("Table 5 Interleaved 1F1B", 8, 1, 8192, 2, 4, 72.7),
+    ("Table 6 CP 1", 8, 1, 32768, 1, 1, 75.3),
+    ("Table 6 CP 2", 4, 2, 65536, 1, 1, 75.9),
+    ("Table 6 CP 4", 2, 4, 131072, 1, 1, 77.1),
+    ("Table 6 CP 8", 1, 8, 262144, 1, 1, 84.9),
+]
+
+
+@pytest.mark.parametrize("table, dp, cp, seq, vpp, b, measured", TITAN_405B, ids=[r[0] for r in TITAN_405B])
+def test_torchtitan_published_llama31_405b_reserved_memory(table, dp, cp, seq, vpp, b, measured):
+    from memform.importers import Options, import_config
+    fixture = ROOT / "tests" / "data" / "importers" / "torchtitan" / "01424cb_llama3_405b.toml"
+    draft = import_config("torchtitan", fixture, Options(devices=512, overrides={"parallel.pp": 8, "parallel.dp": 8}))
+    est = numbers(draft.config(), {
+        "parallel.dp": dp, "parallel.cp": cp, "model.seq_length": seq, "parallel.vpp": vpp, "training.micro_batch_size": b,
+        "training.num_micro_batches": 8, "fsdp2.reshard_after_forward": False,
+        "parallel.grad_accumulation_shard": False, "parallel.stage_layers": [15, 16, 16, 16, 16, 16, 16, 15],
+        "device.capacity_gib": 96, "device.context_mib": 0})
+    reserved = max(st.reserved_bytes for st in est.stages) / GIB
+    # measured: 1F1B -6.3 %, interleaved +7.7 %, CP 1/2/4/8 +2.7 / +4.8 / +3.2 / -6.3 %
+    assert reserved == pytest.approx(measured, rel=0.08), f"{table}: memform {reserved:.1f} GiB"
