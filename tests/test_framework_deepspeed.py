@@ -345,6 +345,22 @@ def test_import_onto_a_hugging_face_config_json(tmp_path):
     assert json.loads(est.stdout)["stages"][0]["host_bytes"] > 0
 
 
+@pytest.mark.parametrize("precision, keep", [
+    # BF16_Optimizer keeps the bf16 .grad (bench/ds_bf16_grads.py: 2.00 + 4.00 bytes per parameter) ...
+    ({"bf16": {"enabled": True}}, None),
+    # ... unless immediate_grad_update frees it in the hook (0.00 + 4.00); fp16's grad_accum attribute frees it
+    ({"bf16": {"enabled": True, "immediate_grad_update": True}}, False),
+    ({"fp16": {"enabled": True}}, False),
+])
+def test_import_maps_where_the_16_bit_gradient_is_freed(tmp_path, precision, keep):
+    src = tmp_path / "ds.json"
+    src.write_text(json.dumps({"zero_optimization": {"stage": 1}, "data_types": {"grad_accum_dtype": "fp32"},
+                               **precision}))
+    draft = import_config("deepspeed", src, Options(model=str(GPT)))
+    assert draft.get("training.precision.grads") == "fp32"
+    assert draft.get("deepspeed.keep_lp_grads", None) is keep
+
+
 def test_import_refuses_unread_keys_unless_accepted(tmp_path):
     # issue 31: a key memform neither reads nor knows to be memory-neutral stops the import (exit 2, named
     # once), unless --accept vouches for it; the neutral ones (deepspeed.py NEUTRAL) pass silently
