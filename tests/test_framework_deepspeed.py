@@ -230,8 +230,12 @@ MECHANISM_CASES = [
     ({"parallel.zero": 1}, "grads", 2 * P8),
     # ZeRO-1, 4 micro-batches: autograd's full 16-bit .grad lives between the boundaries
     ({"parallel.zero": 1, "training.num_micro_batches": 4}, "grads", 2 * gpt_params() + 2 * P8),
-    # ZeRO-1 with fp32 accumulation is BF16_Optimizer: a full fp32 gradient buffer (engine.py)
-    ({"parallel.zero": 1, "training.precision.grads": "fp32"}, "grads", 4 * gpt_params()),
+    # ZeRO-1 with fp32 accumulation is BF16_Optimizer: a full fp32 gradient buffer (engine.py) and the bf16
+    # .grad it zeroes in place (measured: bench/ds_bf16_grads.py, 2.00 + 4.00 bytes per parameter); with
+    # bf16.immediate_grad_update (or fp16's grad_accum attribute) the 16-bit .grad is freed
+    ({"parallel.zero": 1, "training.precision.grads": "fp32"}, "grads", 6 * gpt_params()),
+    ({"parallel.zero": 1, "training.precision.grads": "fp32", "deepspeed.keep_lp_grads": False}, "grads",
+     4 * gpt_params()),
     # ZeRO-2, 4 micro-batches: averaged_gradients keeps the previous partition while the next is filled
     ({"parallel.zero": 2, "training.num_micro_batches": 4}, "grads", 4 * P8),
     # ZeRO-2 IPG buffer: reduce_bucket_size bf16 elements, two with overlap_comm (setup_buckets), and the
@@ -339,6 +343,22 @@ def test_import_onto_a_hugging_face_config_json(tmp_path):
     est = run_memform("estimate", out, "--json")
     assert est.returncode == 0, est.stderr
     assert json.loads(est.stdout)["stages"][0]["host_bytes"] > 0
+
+
+@pytest.mark.parametrize("precision, keep", [
+    # BF16_Optimizer keeps the bf16 .grad (bench/ds_bf16_grads.py: 2.00 + 4.00 bytes per parameter) ...
+    ({"bf16": {"enabled": True}}, None),
+    # ... unless immediate_grad_update frees it in the hook (0.00 + 4.00); fp16's grad_accum attribute frees it
+    ({"bf16": {"enabled": True, "immediate_grad_update": True}}, False),
+    ({"fp16": {"enabled": True}}, False),
+])
+def test_import_maps_where_the_16_bit_gradient_is_freed(tmp_path, precision, keep):
+    src = tmp_path / "ds.json"
+    src.write_text(json.dumps({"zero_optimization": {"stage": 1}, "data_types": {"grad_accum_dtype": "fp32"},
+                               **precision}))
+    draft = import_config("deepspeed", src, Options(model=str(GPT)))
+    assert draft.get("training.precision.grads") == "fp32"
+    assert draft.get("deepspeed.keep_lp_grads", None) is keep
 
 
 def test_import_refuses_unread_keys_unless_accepted(tmp_path):

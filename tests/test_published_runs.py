@@ -191,3 +191,146 @@ def test_megatron_account_for_embedding_and_loss_in_the_split(tmp_path, flags, s
         return
     assert r.returncode == 0, r.stderr
     assert f"stage_layers: {split}".replace("'", "") in out.read_text()
+
+
+# ---- published runs not named in issue 30 (tried as they were reported) ----------------------------
+# Each config cites its report / launch script; what the source leaves open is chosen in the config's
+# comment and varied here where it could matter.
+HELDOUT_RUNS = [
+    # BLOOM 176B: BigScience's tr11-176B-ml.slurm (384 A100 80GB, TP 4 PP 12 DP 8, BF16_Optimizer, full recompute)
+    ("bloom-176b.yaml", {}),
+    # OPT-175B: 992 A100 80GB, FSDP (no reshard after forward) + TP 8, memory-efficient fp16 (§2.4)
+    ("opt-175b.yaml", {}),
+    # Nemotron-4 340B, Table 2's three data-parallel rows (16 / 32 / 64 with batch 768 / 1536 / 2304)
+    ("nemotron-4-340b.yaml", {}),
+    ("nemotron-4-340b.yaml", {"parallel.dp": 32, "parallel.devices": 3072, "training.global_batch_size": 1536}),
+    ("nemotron-4-340b.yaml", {"parallel.dp": 16, "parallel.devices": 1536, "training.global_batch_size": 768}),
+    # ... and the virtual-pipeline sizes the report leaves open (8 layers per stage: 2, 4 or 8 chunks)
+    ("nemotron-4-340b.yaml", {"parallel.vpp": 4}),
+    ("nemotron-4-340b.yaml", {"parallel.vpp": 8}),
+    # Falcon-180B: 4096 A100 40GB, TP 8 PP 8 DP 64 with ZeRO (model card); no recompute needed
+    ("falcon-180b.yaml", {}),
+    # DeepSeek-V2: PP 16, EP 8, ZeRO-1, no TP (§3.1.3), at the fewest GPUs the layout allows and at 1,024
+    ("deepseek-v2-report.yaml", {}),
+    ("deepseek-v2-report.yaml", {"parallel.dp": 64, "parallel.devices": 1024}),
+    # MT-NLG 530B in Korthikanti et al. 2022 Table 3 / 5 (280 A100 80GB), and §6.3's 2,240 GPUs (DP 8)
+    ("mt-nlg-530b.yaml", {}),
+    ("mt-nlg-530b.yaml", {"parallel.dp": 8, "parallel.devices": 2240, "training.global_batch_size": 2240}),
+]
+
+
+def _run_id(config: str, overrides: dict) -> str:
+    return "-".join([config[:-5]] + [f"{k.split('.')[-1]}{v}" for k, v in overrides.items() if k != "parallel.devices"])
+
+
+@pytest.mark.parametrize("config, overrides", HELDOUT_RUNS, ids=[_run_id(c, o) for c, o in HELDOUT_RUNS])
+def test_published_run_fits_on_its_device(config, overrides):
+    est = numbers(CONFIGS / config, overrides=overrides)
+    assert est.fits
+    for st in est.stages:
+        # every stage inside the device, without the allocator having to release its cache
+        assert st.fits and st.device_bytes <= st.capacity_bytes and st.reserve_releases == 0, st.stage
+
+
+def test_deepseek_v2_fits_only_with_recomputed_operators():
+    # §3.1.3: "a portion of the operators are recomputed to save activation memory", which is what lets it
+    # train without tensor parallelism. With only the attention core (Megatron's default selective
+    # recompute, nothing under FlashAttention) the deepest-loaded stage needs ~114 GiB.
+    est = numbers(CONFIGS / "deepseek-v2-report.yaml", overrides={"training.recompute_modules": ["core_attn"]})
+    assert not est.fits and est.peak_bytes > 100 * GIB
+
+
+# BLOOM's own measurements before the run (bigscience-workshop/bigscience
+# train/tr11-176B-ml/chronicles-prequel.md, "Rebalancing layers", 02-28: the BF16 optimizer with fp32
+# gradient accumulation and --pp-partition-method 'type:transformer|embedding', the final code): nvidia-smi
+# on the first node (pipeline stage 0, which holds the embedding), in GB as the table prints them, for the
+# 176B shape (NHIDDEN=14336, NLAYERS=70) at GBS 2048. The CUDA context is outside the allocator: 1573 MiB
+# (the same document, "40GB A100 takes 1573MiB for cuda kernels").
+BLOOM_MEASURED = [
+    # (dp, tp, micro-batch, heads, measured GiB)
+    (8, 4, 2, 112, 59),   # the configuration BLOOM trained with
+    (8, 4, 2, 64, 59),
+    (8, 4, 2, 128, 60),
+    (8, 4, 4, 64, 73),
+    (4, 8, 2, 64, 40),
+]
+
+
+def bloom_device_gib(dp: int, tp: int, b: int, a: int) -> float:
+    est = numbers(CONFIGS / "bloom-176b.yaml", overrides={
+        "parallel.dp": dp, "parallel.tp": tp, "parallel.devices": dp * tp * 12, "training.micro_batch_size": b,
+        "model.num_heads": a, "device.context_mib": 1573})
+    return est.stages[0].device_bytes / GIB
+
+
+def test_bloom_as_trained_matches_its_measured_memory():
+    # 54.2 GiB against 59 (-8.2 %); before BF16_Optimizer's bf16 .grad was counted, 45.5 (-22.9 %). What the
+    # allocator does not hold (NCCL's buffers, cuBLAS / cuDNN handles) is outside the 1573 MiB context too.
+    dp, tp, b, a, measured = BLOOM_MEASURED[0]
+    assert bloom_device_gib(dp, tp, b, a) == pytest.approx(measured, rel=0.10)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BLOOM's measured rows are under-estimated by 8-12 % (README 'Published runs'): the micro-batch's share "
+    "is too small -- micro-batch 2 -> 4 adds 14 GB on nvidia-smi, 11.3 GiB in memform (stage 0's 12 in-flight "
+    "micro-batches of 5 checkpointed layers and the embedding) -- and memory outside PyTorch's allocator "
+    "(NCCL buffers, library handles) is not modelled beyond the 1573 MiB context; not yet measured."))
+def test_bloom_measured_rows_within_ten_percent():
+    for dp, tp, b, a, measured in BLOOM_MEASURED:
+        assert bloom_device_gib(dp, tp, b, a) == pytest.approx(measured, rel=0.10), (dp, tp, b, a)
+
+
+# torchtitan's published Llama 3.1 405B memory (pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md,
+# torchtitan 9dec370, Dec 2024, H100 96 GB; "Memory(GiB)" is max_reserved, the maximum over all GPUs):
+# Table 5 (FSDP 8, TP 8, PP 8, local batch 32, full AC, Float8, 1F1B / Interleaved 1F1B) and Table 6 (the same
+# with local batch 8 and CP 1-8 at 32K-256K tokens, 1F1B). The job config of that time: the 405B TOML with
+# float8 and its fp8 all-gather (tests/data/importers/torchtitan/01424cb_llama3_405b.toml); pipelining splits
+# the local batch into as many micro-batches as there are stages ("The default value will be the number of
+# pipeline stages", experimental.pipeline_parallel_microbatches); with PP, torchtitan keeps parameters
+# unsharded after forward and torch.distributed.pipelining accumulates unsharded gradients over the
+# micro-batches (stage.py backward_maybe_with_nosync: set_requires_gradient_sync(last)); FSDP shards over
+# DP x CP (8 ranks in every row). Not modelled: torch.compile (its fusions hold less) and AsyncTP's
+# symmetric-memory buffers. 126 layers: 15 on the first and last stage, 16 elsewhere.
+TITAN_405B = [
+    # (table, dp, cp, seq, vpp, micro-batch, measured GiB)
+    ("Table 5 1F1B", 8, 1, 8192, 1, 4, 82.5),
+    ("Table 5 Interleaved 1F1B", 8, 1, 8192, 2, 4, 72.7),
+    ("Table 6 CP 1", 8, 1, 32768, 1, 1, 75.3),
+    ("Table 6 CP 2", 4, 2, 65536, 1, 1, 75.9),
+    ("Table 6 CP 4", 2, 4, 131072, 1, 1, 77.1),
+    ("Table 6 CP 8", 1, 8, 262144, 1, 1, 84.9),
+]
+
+
+@pytest.mark.parametrize("table, dp, cp, seq, vpp, b, measured", TITAN_405B, ids=[r[0] for r in TITAN_405B])
+def test_torchtitan_published_llama31_405b_reserved_memory(table, dp, cp, seq, vpp, b, measured):
+    from memform.importers import Options, import_config
+    fixture = ROOT / "tests" / "data" / "importers" / "torchtitan" / "01424cb_llama3_405b.toml"
+    draft = import_config("torchtitan", fixture, Options(devices=512, overrides={"parallel.pp": 8, "parallel.dp": 8}))
+    est = numbers(draft.config(), {
+        "parallel.dp": dp, "parallel.cp": cp, "model.seq_length": seq, "parallel.vpp": vpp, "training.micro_batch_size": b,
+        "training.num_micro_batches": 8, "fsdp2.reshard_after_forward": False,
+        "parallel.grad_accumulation_shard": False, "parallel.stage_layers": [15, 16, 16, 16, 16, 16, 16, 15],
+        "device.capacity_gib": 96, "device.context_mib": 0})
+    reserved = max(st.reserved_bytes for st in est.stages) / GIB
+    # measured: 1F1B -6.3 %, interleaved +7.7 %, CP 1/2/4/8 +2.7 / +4.8 / +3.2 / -6.3 %
+    assert reserved == pytest.approx(measured, rel=0.08), f"{table}: memform {reserved:.1f} GiB"
+
+
+def test_bloom_launch_script_imports_as_the_config():
+    # BigScience's own Megatron-DeepSpeed launch script (bigscience-workshop/bigscience 003b250,
+    # tests/data/importers/megatron/bigscience_tr11-176B-ml.slurm, verbatim): the command srun runs through
+    # `bash -c`, Megatron-DeepSpeed's --checkpoint-activations, --pad-vocab-size-to, --pp-partition-method
+    # 'type:transformer|embedding', --embed-layernorm and --deepspeed --zero-stage 0 under bf16 with pipeline
+    # parallelism (DeepSpeed's BF16_Optimizer) give the job configs/bloom-176b.yaml writes by hand
+    from memform.importers import Options, import_config
+    script = ROOT / "tests" / "data" / "importers" / "megatron" / "bigscience_tr11-176B-ml.slurm"
+    draft = import_config("megatron", script, Options(devices=384))
+    expected = {"parallel.tp": 4, "parallel.pp": 12, "parallel.dp": 8, "parallel.zero": 1,
+                "parallel.stage_layers": [5] + [6] * 10 + [5], "training.framework": "deepspeed",
+                "training.precision.grads": "fp32", "training.recompute": "full", "training.micro_batch_size": 2,
+                "model.vocab_size": 250880, "model.embedding_norm": True, "model.flash_attention": False}
+    assert {k: draft.get(k) for k in expected} == expected
+    imported = numbers(draft.config(), {"device.capacity_gib": 80})
+    bundled = numbers(CONFIGS / "bloom-176b.yaml")
+    assert [st.peak_bytes for st in imported.stages] == [st.peak_bytes for st in bundled.stages]

@@ -319,6 +319,10 @@ def _precision(top: Fields, draft: Draft) -> None:
     if types.has("grad_accum_dtype"):
         draft.set("training.precision.grads", dtype_name(types.string("grad_accum_dtype"), types, "grad_accum_dtype"),
                   "data_types.grad_accum_dtype")
+        if dtype == "fp16" and draft.get("training.precision.grads") == "fp32":
+            # fp16 with fp32 accumulation: stage_1_and_2.py's grad_accum attribute (param.grad = None once copied)
+            draft.set("deepspeed.keep_lp_grads", False, "fp16 with fp32 accumulation: the 16-bit .grad freed once "
+                      "copied into grad_accum (stage_1_and_2.py use_grad_accum_attribute)")
     if types.has("param_dtype"):  # engine.py _assert_valid_mixed_precision_config: must be the fp16/bf16 mode's
         param = dtype_name(types.string("param_dtype"), types, "param_dtype")
         if param != draft.get("training.precision.params"):
@@ -362,10 +366,11 @@ def _master(top: Fields, key: str, section: Fields, draft: Draft, *, active: boo
     states = section.boolean("bf16_optimizer_states", False) if key == "bf16" else False
     if key == "bf16":
         immediate = section.boolean("immediate_grad_update", False)
-        if immediate:
-            # BF16_Optimizer (bf16_optimizer.py): accumulates each gradient into the fp32 buffer in its hook
-            # and frees the bf16 .grad: fewer live gradients than the profile counts
-            draft.refuse_unread("bf16.immediate_grad_update")
+        if immediate and active:
+            # BF16_Optimizer (bf16_optimizer.py accumulate_hp_grads_and_remove_lp): each gradient is added
+            # into the fp32 buffer in its hook and the bf16 .grad freed (lp_param.grad = None)
+            draft.set("deepspeed.keep_lp_grads", False, "bf16.immediate_grad_update: true (the bf16 .grad "
+                      "freed once added into the fp32 buffer)")
     if states and not master:
         raise section.error("bf16_optimizer_states", "needs bf16_master_weights_and_grads: true (runtime/config.py: "
                                                      "'bf16_optimizer_states requires bf16_master_weights_and_grads')")

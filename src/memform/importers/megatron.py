@@ -44,6 +44,11 @@ def _names(reason: str, names: str) -> dict[str, str]:
 #: An argument in neither this table nor REFUSED, and not read, is refused at the end of the import
 #: (Draft.refuse_unread) unless ``--accept`` names it.
 NEUTRAL: dict[str, str] = {
+    **_names("Megatron-DeepSpeed's run control: abort, stop and data-path switches that hold no tensors "
+             "(bigscience-workshop/Megatron-DeepSpeed megatron/arguments.py)",
+             "abort-on-unmet-fused-kernel-constraints kill-switch-path train-weighted-split-paths-path "
+             "valid-weighted-split-paths-path test-weighted-split-paths-path valid-num-workers "
+             "tokenizer-name-or-path universal-checkpoint"),
     **_names("logging and monitoring: reads values training already holds (training_config.py LoggerConfig)",
              "log-interval log-params-norm log-throughput log-throughput-to-tensorboard throughput-window-size "
              "log-progress timing-log-level timing-log-option tensorboard-dir tensorboard-log-interval "
@@ -408,7 +413,7 @@ def _read_one(path: Path, shell: Shell) -> tuple[dict[str, Any], int | None, lis
             raise
         return _read_plain(path, text)
     warnings = list(script.warnings)
-    launcher = _launcher(script.commands)
+    launcher = _launcher([_inner_command(c) for c in script.commands])
     devices = None
     if launcher is not None:
         command, at = launcher
@@ -471,13 +476,37 @@ def _read_plain(path: Path, text: str) -> tuple[dict[str, Any], int | None, list
     return args, None, [f"stray token {w.text!r} ignored (not after an --option)" for w in strays], {}
 
 
+#: shells whose ``-c STRING`` runs STRING as a command line (``srun ... bash -c "$LAUNCHER $CMD"``)
+SHELLS = {"bash", "sh"}
+
+
+def _inner_command(command: Command) -> Command:
+    """``srun ARGS bash -c "STRING"`` (BigScience's Megatron-DeepSpeed scripts): the command STRING runs,
+    its words split as bash would (the wrapper's own options -- srun's -- are not the training script's)."""
+    words = command.words
+    for i, w in enumerate(words[:-2]):
+        if w.known and Path(w.text).name in SHELLS and words[i + 1].known and words[i + 1].text == "-c":
+            # the inner shell parses STRING again: quotes that were literal in a variable now quote
+            # (--pp-partition-method 'type:transformer|embedding' inside "$CMD")
+            return Command([_unquote(x) for x in _resplit(words[i + 2])], command.line)
+    return command
+
+
+def _unquote(word: Word) -> Word:
+    text = word.text
+    if word.known and len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return Word(text[1:-1], word.line)
+    return word
+
+
 def _launcher(commands: list[Command]) -> tuple[Command, int] | None:
     """The command that runs the training script: the last that runs ``pretrain_*.py``, else the last
-    that runs any ``*.py`` (``torchrun ... pretrain_gpt.py``, ``python pretrain_gpt.py``, ``deepspeed``)."""
+    that runs any ``*.py`` (``torchrun ... pretrain_gpt.py``, ``python pretrain_gpt.py``, ``deepspeed``;
+    its directory may be unknown: `` `pwd`/pretrain_gpt.py ``)."""
     found: list[tuple[Command, int]] = []
     for command in commands:
         for i, w in enumerate(command.words):
-            if w.known and w.text.endswith(".py"):
+            if w.text.endswith(".py") and (w.known or re.fullmatch(r"[\w.-]+\.py", w.text.rsplit("/", 1)[-1])):
                 found.append((command, i))
                 break
     preferred = [c for c in found if Path(c[0].words[c[1]].text).name.startswith("pretrain")]
@@ -676,15 +705,88 @@ def convert(path: Path | list[Path], draft: Draft, given: set[str] | Mapping[str
     megatron_linear.convert(f, draft, L)   # Gated DeltaNet hybrids (deltanet.mf)
     if megatron_hybrid.is_hybrid(f):   # hybrid Mamba-2 stacks: mamba.mf (issue 34)
         megatron_hybrid.apply(f, draft, L, h)
+    if f.boolean("embed-layernorm", False):
+        # Megatron-DeepSpeed's LayerNorm on the word embeddings (BLOOM): dense.mf model.embedding_norm
+        draft.set("model.embedding_norm", True, "--embed-layernorm (Megatron-DeepSpeed)")
     mtp = f.integer("mtp-num-layers", 0, minimum=0)
     if mtp:
         draft.set("model.mtp_layers", mtp, "--mtp-num-layers")
 
     _strategy(f, draft, L, tp)
     _training(f, draft)
+    _megatron_deepspeed(f, draft, L)
     _mindspeed(f, draft)
     _unread(f, draft, source.args)
     return devices
+
+
+#: Megatron-DeepSpeed (bigscience-workshop/Megatron-DeepSpeed 8387ae1, BLOOM's; microsoft/Megatron-DeepSpeed):
+#: the activation-checkpointing arguments DeepSpeed's own checkpointing adds (megatron/arguments.py
+#: _add_activation_checkpoint_args), each refused unless off: they change what a checkpoint keeps
+DS_CHECKPOINTING = {"partition-activations": "splits each checkpointed input over the tensor-parallel ranks",
+                    "contigious-checkpointing": "copies the checkpoints into one preallocated buffer",
+                    "checkpoint-in-cpu": "keeps the checkpoints in host memory"}
+
+
+def _megatron_deepspeed(f: "ScriptFields", draft: Draft, layers: int) -> None:
+    """Megatron-DeepSpeed's own arguments: the legacy --checkpoint-activations, DeepSpeed's engine
+    (--deepspeed, --zero-stage; the PipelineEngine with pp > 1) and --pp-partition-method."""
+    # --checkpoint-activations / --checkpoint-num-layers (arguments.py:512-520; gpt_model.py GPTModelPipe:
+    # activation_checkpoint_interval = checkpoint_num_layers): each group of N layers is checkpointed whole
+    if f.boolean("checkpoint-activations", False) and not f.has("recompute-granularity"):
+        draft.set("training.recompute", "full", "--checkpoint-activations")
+        n = f.integer("checkpoint-num-layers", 1, minimum=1)
+        if n > 1:
+            draft.set("megatron.recompute_uniform_layers", n, "--checkpoint-num-layers")
+    else:
+        f.used.add("checkpoint-num-layers")
+    if f.boolean("distribute-checkpointed-activations", False):
+        draft.set("megatron.distribute_saved_activations", True, "--distribute-checkpointed-activations")
+    for arg, why in DS_CHECKPOINTING.items():
+        if f.boolean(arg, False):
+            raise f.error(arg, f"{why} (DeepSpeed activation checkpointing), which memform does not model")
+    f.used.update(("deepspeed-activation-checkpointing", "synchronize-each-layer", "profile-backward"))
+    pp = int(draft.get("parallel.pp", 1))
+    method = f.string("pp-partition-method", "type:transformer")
+    if method == "type:transformer|embedding" and pp > 1:
+        # DeepSpeed PipelineModule partition "type:REGEX" (runtime/pipe/module.py _partition_layers): the
+        # layers whose class matches count one each, balanced over the stages -- here the transformer layers
+        # and the two EmbeddingPipe (the tied input embedding and output head): (L + 2) / pp per stage, one
+        # decoder fewer on the first and last (the BLOOM README's "pp rank 0: [embed | 5 transformer blocks]")
+        each = divide(layers + 2, pp, "--num-layers + 2 embeddings over the pipeline stages", f.file)
+        draft.set("parallel.stage_layers", [each - 1] + [each] * (pp - 2) + [each - 1],
+                  "--pp-partition-method 'type:transformer|embedding': (L + 2) / pp per stage, the embedding "
+                  "and the head each taking a layer's slot")
+    elif method != "type:transformer":
+        raise f.error("pp-partition-method", f"is {method!r}; memform reads DeepSpeed's type:transformer "
+                                             f"(Megatron-DeepSpeed's default) and type:transformer|embedding only")
+    if not f.boolean("deepspeed", False):
+        f.used.update(("zero-stage", "deepspeed-config", "deepspeed_config"))
+        return
+    # --deepspeed: DeepSpeed's engine trains the model (its PipelineEngine with pp > 1): formulas/frameworks/
+    # deepspeed.mf. The ZeRO stage is the ds_config's zero_optimization.stage; a launch script writes that file
+    # when it runs, so the stage here is --zero-stage, which such scripts pass beside it
+    draft.set("training.framework", "deepspeed", "--deepspeed: DeepSpeed's engine (formulas/frameworks/deepspeed.mf)")
+    stage = f.integer("zero-stage", 1, minimum=0)
+    f.used.update(("deepspeed-config", "deepspeed_config"))
+    draft.warn("--deepspeed-config is not read (a launch script writes it when it runs): the ZeRO stage is "
+               f"--zero-stage {stage}{'' if f.has('zero-stage') else ' (its default)'}; check that the "
+               f"ds_config's zero_optimization.stage agrees")
+    params = draft.get("training.precision.params")
+    if stage == 0 and pp > 1 and params == "bf16":
+        # engine.py _do_optimizer_sanity_check: bf16 without ZeRO under pipeline parallelism is BF16_Optimizer,
+        # ZeRO-1's sharding with fp32 gradient accumulation (BigScience's "bf16 must use z0! it implements its
+        # own zero stage 1 equivalent")
+        draft.set("parallel.zero", 1, "--zero-stage 0 with bf16 and pipeline parallelism: DeepSpeed's "
+                                      "BF16_Optimizer (ZeRO-1 sharding)")
+        draft.set("training.precision.grads", "fp32", "BF16_Optimizer accumulates gradients in fp32")
+    else:
+        draft.set("parallel.zero", stage, "--zero-stage")
+    if draft.get("training.recompute") == "full" and "megatron.recompute_uniform_layers" in draft:
+        raise f.error("checkpoint-num-layers", "groups several layers per checkpoint; the deepspeed profile "
+                                               "counts one layer per checkpoint")
+    if draft.get("megatron.distribute_saved_activations", False):
+        raise f.error("distribute-checkpointed-activations", "is not modelled under DeepSpeed's engine")
 
 
 #: MindSpeed's --context-parallel-algo (mindspeed/arguments.py: ulysses_cp_algo, megatron_cp_algo,
@@ -867,6 +969,12 @@ def _vocab(f: Fields, draft: Draft, tp: int, given: Any) -> None:
         f.used.update(("vocab-size", "padded-vocab-size", "tokenizer-type", "extra-vocab-size"))
         draft.vocab_divisible = divisible  # type: ignore[attr-defined]
         return
+    if f.has("pad-vocab-size-to"):
+        # Megatron-DeepSpeed (bigscience-workshop/Megatron-DeepSpeed 8387ae1 megatron/tokenizer/tokenizer.py:72-82
+        # _vocab_size_with_padding): the tokenizer's vocabulary padded to exactly --pad-vocab-size-to
+        draft.set("model.vocab_size", f.integer("pad-vocab-size-to"), "--pad-vocab-size-to (Megatron-DeepSpeed)")
+        f.used.update(("vocab-size", "tokenizer-type", "tokenizer-name-or-path"))
+        return
     if f.has("padded-vocab-size"):
         # TokenizerConfig.padded_vocab_size: given, it replaces the padded size (no further padding)
         draft.set("model.vocab_size", f.integer("padded-vocab-size"), "--padded-vocab-size")
@@ -990,7 +1098,9 @@ def _positions(f: Fields, draft: Draft) -> None:
         # (a RuntimeError unless the type is rope, where the flag changes nothing)
         raise f.error("no-position-embedding", f"with --position-embedding-type {kind} is refused by Megatron-LM "
                                                f"(deprecated: use --position-embedding-type)")
-    if kind in ("rope", "mrope", "yarn"):
+    if kind == "absolute":   # Megatron-DeepSpeed's PositionEmbeddingType.absolute (megatron/enums.py)
+        kind = "learned_absolute"
+    if kind in ("rope", "mrope", "yarn", "rotary"):
         draft.set("model.position_embedding", "rope", f"--position-embedding-type {kind}")
     elif kind == "learned_absolute":
         draft.set("model.position_embedding", "learned", "learned_absolute (Megatron's default)")
