@@ -698,6 +698,12 @@ def test_stage_is_read_in_lets_and_defs(tmp_path, numeric):
     assert [int(s.values["activations"]) for s in est.stages] == [2 * 4, 2 * 3, 2 * 1]
     # runtime: stage 0 none, stage 1 held 100 + 5, stage 2 (the last) 0 + 10
     assert [int(s.values["runtime"]) for s in est.stages] == [0, 105, 10]
+    # read from Python without a stage (as the allocator reads its lets, once per model): a clear error
+    from memform.engine.model import load_model
+    ev = load_model(cfg, numeric=numeric).evaluator()
+    with pytest.raises(MemformError, match="'not_last' reads the pipeline stage"):
+        ev.let("not_last")
+    assert ev.let("not_last", stage=ev.integer(1)) is True and ev.let("not_last", stage=ev.integer(2)) is False
 
 
 @pytest.mark.parametrize("text, fragment", [

@@ -261,6 +261,10 @@ class Walker:
         if key in self._memo:
             return self._memo[key]
         decl = self.program.lets[name]
+        if stage is None and name in self.program.stage_readers()[0]:
+            # read by memform itself once per model (the allocator's grads_kept / opt_flat_* lets), not per stage
+            raise MemformError(f"'{name}' reads the pipeline stage ('{STAGE}'), but it is read once for the whole "
+                               f"model here, where no stage is bound", loc or decl.loc)
         ctx = Ctx(overrides=overrides) if stage is None else Ctx(extra=((STAGE, stage),), overrides=overrides)
         return self._guarded(key, name, loc or decl.loc, lambda: self.eval(decl.expr, ctx), decl.loc)
 
