@@ -580,3 +580,141 @@ def test_tensors_mistakes_and_list_functions(tmp_path, text, fragment):
     else:
         with pytest.raises(MemformError, match=re.escape(fragment)):
             model(tmp_path, body)
+
+
+# ---- named tensors(...) entries and slots(): positions by name (README "formula language")
+NAMED = """
+option wide : bool = model.wide default false "x"
+block dec extends layer {
+  params = h
+  norm_t = tensors(x32: 4 * h, rstd: 4, y: 2 * h)
+  saved = tensors(norm1: norm_t, attn: tensors(q: h, k: 2 * h), norm2: norm_t, 7)
+  pos = slots(saved, "norm1", "norm1.y", "attn.k", "norm2.rstd", "end")
+  entry = at(saved, "attn.k")
+  both = if wide then tensors(a: h, b: h) else tensors(a: 1, b: 2)
+  pos_both = slots(both, "b", "a")
+}
+stack { dec * n }
+"""
+
+
+@pytest.mark.parametrize("numeric", [False, True])
+@pytest.mark.parametrize("wide", [False, True])
+def test_named_entries_are_read_by_name(tmp_path, numeric, wide):
+    from memform.engine.model import load_model
+    path = write(tmp_path, "m.mf", HEADER + NAMED)
+    cfg = {"formulas": [str(path)], "model": {"hidden_size": 8, "num_layers": 2, "wide": wide}}
+    ev = load_model(cfg, numeric=True).evaluator() if numeric else load_model(cfg).evaluator(keep=frozenset())
+    # h = 8: norm1 = (32, 4, 16) at 0..2, attn = (8, 16) at 3..4, norm2 at 5..7, 7 at 8 (unnamed); "end" = 9
+    assert tuple(int(x) for x in ev.quantity("dec", "saved")) == (32, 4, 16, 8, 16, 32, 4, 16, 7)
+    assert tuple(int(x) for x in ev.quantity("dec", "pos")) == (0, 2, 4, 6, 9)
+    assert int(ev.quantity("dec", "entry")) == 16
+    assert tuple(int(x) for x in ev.quantity("dec", "pos_both")) == (1, 0)   # either branch names the same
+
+
+def test_named_entries_survive_an_undecided_condition(tmp_path):
+    # resolve=False keeps h > 4 undecided: the two lists are chosen entry by entry, their names kept
+    from memform.engine.model import load_model
+    body = ("block dec extends layer { params = h\n  both = if h > 4 then tensors(a: h, b: 2 * h) else tensors(a: 1, b: 2)\n"
+            "  pos = slots(both, \"b\", \"end\") }\nstack { dec * n }")
+    path = write(tmp_path, "m.mf", HEADER + body)
+    ev = load_model({"formulas": [str(path)], "model": {"hidden_size": 8, "num_layers": 2}}).evaluator(resolve=False)
+    assert isinstance(ev.quantity("dec", "both")[1], sympy.Piecewise)
+    assert tuple(int(x) for x in ev.quantity("dec", "pos")) == (1, 2)
+
+
+def test_named_entries_round_trip_through_the_printer():
+    from memform.lang.printer import print_file
+    text = 'let x = tensors(a: 1, 2, b: tensors(c: 3, 4))\nlet y = slots(x, "b.c", "end")\nlet z = max(1, 2)\n'
+    tree = parse_text(text, "t.mf")
+    assert print_file(tree) == text
+    assert parse_text(print_file(tree), "t.mf").decls[0].expr.names == ("a", None, "b")
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("params = max(a: h, h)", "only tensors(...) names its entries"),
+    ("params = h + len(tensors(q: h, q: h))", "'q' names two entries"),
+    ("params = h + len(tensors(end: h, h))", "'end' cannot name an entry"),
+    ("params = h + len(slots(tensors(q: h, k: h), q))", "slots() takes the names of the list's entries, in quotes"),
+])
+def test_named_entry_mistakes_found_by_the_checker(tmp_path, text, fragment):
+    err = expect_error(tmp_path, HEADER + f"block dec extends layer {{ {text} }}\nstack {{ dec * n }}", fragment)
+    assert err.loc is not None and err.loc.file.endswith("bad.mf") and err.loc.line == 16
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ('at(slots(tensors(q: h, k: h), "kk"), 0)', "no entry of this list is named 'kk' (did you mean 'k'?)"),
+    ('at(slots(tensors(h, h), "k"), 0)', "it names none"),
+    ('at(tensors(q: h, k: h), "end")', "no entry of this list is named 'end'"),
+    # the same name inside two unnamed list entries: readable only once the entries are named
+    ('at(slots(tensors(tensors(q: h, k: h), tensors(q: h, k: h)), "q"), 0)', "'q' names more than one entry"),
+    ('at(slots(h, "q"), 0)', "slots() needs a tensors(...) list"),
+])
+def test_named_entry_mistakes_found_where_the_list_is_read(tmp_path, text, fragment):
+    with pytest.raises(MemformError, match=re.escape(fragment)) as info:
+        model(tmp_path, f"block dec extends layer {{ params = h + {text} }}\nstack {{ dec * n }}")
+    assert info.value.loc is not None and info.value.loc.line == 16
+
+
+# the hf-trainer decoder's forward temporaries were placed by position until names replaced them: the
+# positions its names give are those it held (frameworks/hf-trainer.mf at commit 795b61f, decoder
+# fwd_slot / fwd_until lines 109-111 and 119-120), on every recompute mode
+OLD_FWD_SLOT = (0, 1, 2, 3, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 8, 8, 9, 10, 11, 16, 16)
+OLD_FWD_UNTIL = (16, 1, 3, 7, 4, 5, 6, 4, 4, 4, 4, 5, 5, 5, 5, 6, 8, 16, 9, 11, 16, 16, 16)
+
+
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+def test_hf_trainer_temporaries_keep_their_positions(mode):
+    from memform.engine.model import load_model
+    root = Path(__file__).resolve().parents[1]
+    m = load_model(root / "configs" / "llama3-8b.yaml", ["training.framework=hf-trainer", "hf_trainer.amp=bf16"],
+                   numeric=True)
+    ev = m.evaluator()
+    assert len(ev.quantity("decoder", "fwd_tensor", mode)) == len(OLD_FWD_SLOT)
+    assert tuple(ev.quantity("decoder", "fwd_slot", mode)) == OLD_FWD_SLOT
+    assert tuple(ev.quantity("decoder", "fwd_until", mode)) == OLD_FWD_UNTIL
+
+
+# ---- `stage` in lets and defs: the stage of the schedule, runtime or cost block that reads them
+STAGED = """
+let not_last = p > 1 and stage < p - 1
+def held(x) = if not_last then x else 0
+schedule 1f1b { inflight = min(p - stage, m) + held(1) }
+runtime first_only { bytes = if stage == 0 then 0 else held(100) + 5 * stage }
+block dec extends layer { params = h  act = 1 }
+stack { dec * n }
+"""
+
+
+@pytest.mark.parametrize("numeric", [False, True])
+def test_stage_is_read_in_lets_and_defs(tmp_path, numeric):
+    from memform.engine.model import estimate
+    base = write(tmp_path, "base.mf", HEADER)
+    extra = write(tmp_path, "staged.mf", STAGED)
+    cfg = {"formulas": [str(base), str(extra)], "model": {"hidden_size": 8, "num_layers": 6},
+           "parallel": {"pp": 3}, "training": {"num_micro_batches": 4}}
+    est = estimate(cfg, numeric=numeric) if numeric else estimate(cfg, keep=frozenset())
+    # 2 layers a stage, act 1: inflight min(3 - i, 4) + (1 on stages 0, 1; 0 on the last)
+    assert [int(s.values["activations"]) for s in est.stages] == [2 * 4, 2 * 3, 2 * 1]
+    # runtime: stage 0 none, stage 1 held 100 + 5, stage 2 (the last) 0 + 10
+    assert [int(s.values["runtime"]) for s in est.stages] == [0, 105, 10]
+    # read from Python without a stage (as the allocator reads its lets, once per model): a clear error
+    from memform.engine.model import load_model
+    ev = load_model(cfg, numeric=numeric).evaluator()
+    with pytest.raises(MemformError, match="'not_last' reads the pipeline stage"):
+        ev.let("not_last")
+    assert ev.let("not_last", stage=ev.integer(1)) is True and ev.let("not_last", stage=ev.integer(2)) is False
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("let x = stage + 1\nblock dec extends layer { params = h + x }", "'x' reads the pipeline stage ('stage'), which is "
+     "bound only in schedule, runtime and cost blocks (and in the lets and defs they use), not in a layer block"),
+    ("let x = stage + 1\nlet y = 2 * x\ncomm c { bytes = y }\nblock dec extends layer { params = h }",
+     "'y' reads the pipeline stage"),
+    ("def f() = stage\nrequire f() >= 0 \"stage\"\nblock dec extends layer { params = h }", "f() reads the pipeline stage"),
+    ("option o : int = model.o default stage \"o\"\nblock dec extends layer { params = h + o }",
+     "'stage' is only defined inside schedule"),
+])
+def test_stage_readers_used_where_no_stage_is_bound(tmp_path, text, fragment):
+    err = expect_error(tmp_path, HEADER + text + "\nstack { dec * n }", fragment)
+    assert err.loc is not None and err.loc.file.endswith("bad.mf")

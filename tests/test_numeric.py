@@ -145,6 +145,38 @@ def test_an_irrational_formula_is_estimated_by_sympy(tmp_path):
     assert numeric_estimate(config).to_dict() == estimate(config).to_dict()
 
 
+# a stage-reading let in a schedule, and forward temporaries placed by name among named saved tensors: the
+# same numbers (reserve included) from both evaluators, and the names decide the replay
+STAGED_AND_NAMED = """include "dense.mf"
+let not_last = p > 1 and stage < p - 1
+def held_extra(x) = if not_last then x else 0
+schedule 1f1b { inflight = min(p - stage, m) + held_extra(1) }
+block decoder {
+  act_tensor[none, selective] = tensors(n1: norm.act, attn: attn_tensors, n2: norm.act, mlp: mlp_tensors)
+  fwd_tensor[none, selective] = tensors(64 * s * b * h, 2 * s * b * h)
+  fwd_slot[none, selective] = slots(act_tensor, "attn.q", "%s")
+  fwd_until[none, selective] = slots(act_tensor, "attn.v", "end")
+}
+"""
+
+
+@pytest.mark.parametrize("second, slot", [("n2", 6), ("mlp.fc2_in", 11)])
+def test_stage_lets_and_named_slots_give_the_same_numbers(tmp_path, second, slot):
+    from memform.engine.model import load_model
+    f = tmp_path / "extra.mf"
+    f.write_text(STAGED_AND_NAMED % second)
+    # fsdp2: a profile that keeps the decoder's act_tensor and fwd_* (megatron and hf-trainer set their own)
+    config = {**SMALL, "formulas": [str(f)], "training": {**SMALL["training"], "framework": "fsdp2"}}
+    assert assert_same(config) == "ok"
+    est = estimate(config, numeric=True)
+    # stage 0 holds one more micro-batch than min(p - stage, m): 3 of the 4; the last stage min(1, 4)
+    assert est.stages[0].layers[0].inflight_value == 3 and est.stages[1].layers[-1].inflight_value == 1
+    # positions: n1 0, attn 1..5 (qkv_in, q, k, v, proj_in), n2 6, mlp 7..11, "end" 12
+    for ev in (load_model(config, numeric=True).evaluator(), load_model(config).evaluator(keep=frozenset())):
+        assert [int(x) for x in ev.quantity("decoder", "fwd_slot", "none")] == [2, slot]
+        assert [int(x) for x in ev.quantity("decoder", "fwd_until", "none")] == [4, 12]
+
+
 # --------------------------------------------------------------------------- the cold command line
 
 def test_the_cold_cli_does_not_import_sympy(tmp_path):

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable
 
-from ..errors import Loc, MemformError
+from ..errors import Loc, MemformError, did_you_mean
 from ..lang import ast
-from ..lang.program import AFTER, AGGREGATES, LIST_FUNCS, TENSORS, Program
+from ..lang.program import AFTER, AGGREGATES, END, LIST_FUNCS, SLOTS, STAGE, TENSORS, Program
 
 Value = Any  # a backend's number | bool | str | tuple (list option) | a backend's condition
 
@@ -39,6 +39,32 @@ _NUM_RE = re.compile(r"(?P<mant>[0-9]+(?:\.[0-9]+)?)(?:[eE](?P<exp>[+-]?[0-9]+))
 
 #: the key under which a reduction's argument sees the visited group's forward position (not a formula name)
 _ORDER = "#order"   # (forward position, the reduction's own overrides)
+
+
+class Tensors(tuple):
+    """The value of ``tensors(...)``: its entries (a tuple of numbers) and the positions of its named
+    entries, ``names`` (name -> 0-based position; a list entry's own names as ``name.inner``, or as they
+    are where the list entry has no name; -1: a name two entries share, which no one may read)."""
+
+    names: dict[str, int]
+
+    def __new__(cls, entries: Any = (), names: dict[str, int] | None = None) -> "Tensors":
+        t = super().__new__(cls, entries)
+        t.names = names or {}
+        return t
+
+
+def _name_entry(names: dict[str, int], name: str, at: int) -> None:
+    """Give ``name`` the position ``at`` in ``names`` (-1 where another position has it already)."""
+    names[name] = at if names.get(name, at) == at else -1
+
+
+def merged_names(a: Any, b: Any) -> dict[str, int]:
+    """The names of two lists of one length that a condition chooses between entry by entry."""
+    names = dict(getattr(a, "names", {}))
+    for k, i in getattr(b, "names", {}).items():
+        _name_entry(names, k, i)
+    return names
 
 
 @dataclass(frozen=True)
@@ -228,12 +254,30 @@ class Walker:
                               lambda: self.eval(q.expr, Ctx(block=block, mode=mode, extra=extra, overrides=overrides)), q.loc)
         return value
 
-    def let(self, name: str, loc: Loc | None = None, overrides: tuple[tuple[str, Value], ...] = ()) -> Value:
-        key = ("let", name, overrides)
+    def let(self, name: str, loc: Loc | None = None, overrides: tuple[tuple[str, Value], ...] = (),
+            stage: Value | None = None) -> Value:
+        """The let's value (``stage``: the stage it is read at, for a let that reads ``stage``)."""
+        key = ("let", name, overrides) if stage is None else ("let", name, overrides, stage)
         if key in self._memo:
             return self._memo[key]
         decl = self.program.lets[name]
-        return self._guarded(key, name, loc or decl.loc, lambda: self.eval(decl.expr, Ctx(overrides=overrides)), decl.loc)
+        if stage is None and name in self.program.stage_readers()[0]:
+            # read by memform itself once per model (the allocator's grads_kept / opt_flat_* lets), not per stage
+            raise MemformError(f"'{name}' reads the pipeline stage ('{STAGE}'), but it is read once for the whole "
+                               f"model here, where no stage is bound", loc or decl.loc)
+        ctx = Ctx(overrides=overrides) if stage is None else Ctx(extra=((STAGE, stage),), overrides=overrides)
+        return self._guarded(key, name, loc or decl.loc, lambda: self.eval(decl.expr, ctx), decl.loc)
+
+    def _stage_for(self, name: str, is_def: bool, ctx: Ctx, loc: Loc) -> Value | None:
+        """The stage a let or def that reads ``stage`` is evaluated at (None for one that does not)."""
+        lets, defs = self.program.stage_readers()
+        if name not in (defs if is_def else lets):
+            return None
+        for k, v in ctx.extra:
+            if k == STAGE:
+                return v
+        raise MemformError(f"'{name}' reads the pipeline stage ('{STAGE}'), which is bound only in schedule, "
+                           f"runtime and cost blocks", loc)
 
     def binding(self, name: str) -> Value:
         decl = self.program.bindings[name]
@@ -358,7 +402,7 @@ class Walker:
             if k == node.name:
                 return v
         if node.name in prog.lets:
-            return self.let(node.name, node.loc, ov)
+            return self.let(node.name, node.loc, ov, self._stage_for(node.name, False, ctx, node.loc))
         if node.name in prog.bindings:
             for k, v in ov:  # a `where` replacement
                 if k == node.name:
@@ -440,7 +484,7 @@ class Walker:
         then, other = self.eval(node.then, ctx), self.eval(node.other, ctx)
         if isinstance(then, tuple) and isinstance(other, tuple) and len(then) == len(other):
             # two lists of numbers (tensors(...)) of one length: entry by entry
-            return tuple(self._choose(cond, a, b, node) for a, b in zip(then, other))
+            return Tensors((self._choose(cond, a, b, node) for a, b in zip(then, other)), merged_names(then, other))
         return self._choose(cond, then, other, node)
 
     def _choose(self, cond: Value, then: Value, other: Value, node: ast.If) -> Value:
@@ -464,16 +508,19 @@ class Walker:
                 raise MemformError(f"recursive function: {chain} (a def may not call itself)", node.loc)
             if len(args) != len(d.params):
                 raise MemformError(f"{node.func}() takes {len(d.params)} argument(s), got {len(args)}", node.loc)
+            stage = self._stage_for(node.func, True, ctx, node.loc)
             self._calls.append(node.func)
             try:
-                return self.eval(d.expr, Ctx(params=tuple(zip(d.params, args)), overrides=ctx.overrides))
+                return self.eval(d.expr, Ctx(params=tuple(zip(d.params, args)), overrides=ctx.overrides,
+                                             extra=() if stage is None else ((STAGE, stage),)))
             finally:
                 self._calls.pop()
         if node.func in LIST_FUNCS:
             return self._list_func(node, args)
-        if node.func == TENSORS:   # a list value of numbers; a list argument's entries are taken in its place
-            return tuple(self._operand(self.as_expr(x, node.loc), node.loc)
-                         for a in args for x in (a if isinstance(a, tuple) else (a,)))
+        if node.func == TENSORS:
+            return self._tensors(node, args)
+        if node.func == SLOTS:
+            return self._slots(node, args)
         nums = [self._operand(self.as_expr(a, node.loc), node.loc) for a in args]
         f = node.func
         if f in ("min", "max"):
@@ -487,6 +534,51 @@ class Walker:
                                    f"the argument must be positive", node.loc)
             return self._log2(x)
         return self._abs(x)
+
+    def _tensors(self, node: ast.Call, args: list[Value]) -> Tensors:
+        """``tensors(...)``: a list value of numbers; a list argument's entries are taken in its place, with
+        their names (``name.inner`` under a named argument)."""
+        entries: list[Any] = []
+        names: dict[str, int] = {}
+        for label, a in zip(node.names or (None,) * len(args), args):
+            at = len(entries)
+            if label is not None:
+                _name_entry(names, label, at)
+            if isinstance(a, tuple):
+                for k, i in getattr(a, "names", {}).items():
+                    _name_entry(names, f"{label}.{k}" if label is not None else k, at + i if i >= 0 else -1)
+                entries.extend(a)
+            else:
+                entries.append(a)
+        return Tensors((self._operand(self.as_expr(x, node.loc), node.loc) for x in entries), names)
+
+    def _position(self, x: tuple, name: str, loc: Loc, end: bool) -> int:
+        """The position of the entry of ``x`` named ``name`` (``end``: "end" is the one after the last)."""
+        if end and name == END:
+            return len(x)
+        names = getattr(x, "names", {})
+        at = names.get(name)
+        if at is None:
+            known = [k for k, i in names.items() if i >= 0]
+            raise MemformError(f"no entry of this list is named '{name}'" + (did_you_mean(name, known) if known else
+                               " (it names none: tensors(name: x, ...) names an entry)"), loc)
+        if at < 0:
+            raise MemformError(f"'{name}' names more than one entry of this list (the same name inside two of its "
+                               f"unnamed list entries); name those entries, e.g. tensors(first: x, second: y)", loc)
+        return at
+
+    def _slots(self, node: ast.Call, args: list[Value]) -> Tensors:
+        """``slots(list, "name", ...)``: the positions of the named entries, as a list of numbers."""
+        x = args[0]
+        if not isinstance(x, tuple):
+            raise MemformError(f"{SLOTS}() needs a tensors(...) list as its first argument", node.args[0].loc)
+        out = []
+        for a, arg in zip(args[1:], node.args[1:]):
+            if not isinstance(a, str):
+                raise MemformError(f"{SLOTS}() takes the names of the list's entries, in quotes, after the list",
+                                   arg.loc)
+            out.append(self.integer(self._position(x, a, arg.loc, end=True)))
+        return Tensors(out)
 
     def _list_func(self, node: ast.Call, args: list[Value]) -> Value:
         """``is_list(x)``, ``len(x)``, ``at(x, i)`` on the list values of ``int | list`` options."""
@@ -502,6 +594,8 @@ class Walker:
                                f"test is_list(x) first", node.loc)
         if node.func == "len":
             return self.integer(len(x))
+        if isinstance(args[1], str):   # at(list, "name"): a tensors(...) list's named entry
+            return x[self._position(x, args[1], node.args[1].loc, end=False)]
         index = self.number(args[1], node.loc, "the index given to at()")
         if not self.is_integer(index) or not 0 <= index < len(x):
             raise MemformError(f"at(): index {index} is outside the list of {len(x)} entries (0-based)", node.loc)

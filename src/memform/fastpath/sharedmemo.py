@@ -39,8 +39,9 @@ class SharedMemo:
         return self._shared(("q", block, qname, mode, extra, overrides),
                             lambda: super(SharedMemo, self).quantity(block, qname, mode, loc, extra, overrides))
 
-    def let(self, name: str, loc: Any = None, overrides: tuple = ()) -> Any:
-        return self._shared(("let", name, overrides), lambda: super(SharedMemo, self).let(name, loc, overrides))
+    def let(self, name: str, loc: Any = None, overrides: tuple = (), stage: Any = None) -> Any:
+        return self._shared(("let", name, overrides) if stage is None else ("let", name, overrides, stage),
+                            lambda: super(SharedMemo, self).let(name, loc, overrides, stage))
 
     def _shared(self, key: tuple, compute: Any) -> Any:
         if not hasattr(self, "_deps"):

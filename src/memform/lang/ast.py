@@ -47,6 +47,8 @@ class Call:
     func: str
     args: tuple["Expr", ...]
     loc: Loc
+    #: the entries' names, one per argument (None: unnamed), where any is named: ``tensors(q: x, k: y)``
+    names: tuple[str | None, ...] | None = None
 
 
 @dataclass(frozen=True)

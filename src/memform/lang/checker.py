@@ -21,17 +21,26 @@ from .program import (
     RECOMPUTE_MODES,
     COST_NAMES,
     COST_QUANTITIES,
+    END,
     RUNTIME_NAMES,
     RUNTIME_QUANTITIES,
     SCHEDULE_TIME_QUANTITIES,
     SCHEDULE_NAMES,
     SCHEDULE_QUANTITIES,
+    SLOTS,
     STACK_NAMES,
+    STAGE,
     SUPER,
+    TENSORS,
     Program,
 )
 
 walk = ast.walk  # the engine imports it from here
+
+#: where ``stage`` is bound: a let or def that reads it may be used there (and in other lets and defs)
+_STAGED = ("schedule", "runtime", "cost", "let", "def")
+_WHERE_TEXT = {"block": "a layer block", "comm": "a comm block", "default": "a binding's default",
+               "require": "a require", "stack": "the stack"}
 
 
 def walk_scoped(node: ast.Expr, in_layers: bool = False) -> Iterator[tuple[ast.Expr, bool]]:
@@ -174,6 +183,9 @@ class _Checker:
                 if len(node.args) != 1:
                     raise MemformError(f"{node.func}() takes 1 argument, got {len(node.args)}", node.loc)
             elif isinstance(node, ast.Call):
+                self._check_names(node)
+                if where not in _STAGED and node.func in prog.stage_readers()[1]:
+                    self._unstaged(f"{node.func}()", where, node.loc)
                 arity = BUILTIN_FUNCS.get(node.func, -1)
                 if node.func in prog.defs:
                     arity = len(prog.defs[node.func].params)
@@ -187,6 +199,35 @@ class _Checker:
                                        f"got {len(node.args)}", node.loc)
                 if node.func == "has":
                     self._check_has(node)
+                if node.func == SLOTS:
+                    for a in node.args[1:]:
+                        if not isinstance(a, ast.Str):
+                            raise MemformError(f"{SLOTS}() takes the names of the list's entries, in quotes, after "
+                                               f"the list: {SLOTS}(act_tensor, \"attn.q\", \"{END}\")", a.loc)
+                    # (which names a list holds is known once a config picks the files: a later file may
+                    # redefine the list, so an unknown name is reported where the list is read)
+
+    def _unstaged(self, what: str, where: str, loc) -> None:
+        raise MemformError(f"{what} reads the pipeline stage ('{STAGE}'), which is bound only in schedule, runtime "
+                           f"and cost blocks (and in the lets and defs they use), not in {_WHERE_TEXT.get(where, where)}",
+                           loc)
+
+    def _check_names(self, node: ast.Call) -> None:
+        """``tensors(q: x, ...)``: only tensors() names its entries, each name once and never ``end``."""
+        if node.names is None:
+            return
+        if node.func != TENSORS:
+            raise MemformError(f"only {TENSORS}(...) names its entries ('q: x'); {node.func}() takes plain "
+                               f"arguments", node.loc)
+        seen: set[str] = set()
+        for name, a in zip(node.names, node.args):
+            if name == END:
+                raise MemformError(f"'{END}' cannot name an entry: {SLOTS}() reads it as the position after the "
+                                   f"list's last entry", a.loc)
+            if name in seen:
+                raise MemformError(f"'{name}' names two entries of this {TENSORS}(...)", a.loc)
+            if name is not None:
+                seen.add(name)
 
     def _check_has(self, node: ast.Call) -> None:
         """``has(x, "name")``: x a ``set`` or ``list`` option, the name one of its choices (a typo would read
@@ -221,6 +262,8 @@ class _Checker:
             return
         if node.name in params:
             return
+        if node.name == STAGE and where in ("let", "def"):
+            return   # the stage of the schedule, runtime or cost block that uses the let or def
         visible = set(params) | prog.global_names()
         if block is not None:
             own = prog.quantity_names(block)
@@ -242,6 +285,8 @@ class _Checker:
         if node.name in prog.global_names():
             if node.variant is not None:
                 raise MemformError(f"'{node.name}' is not a block quantity and has no variants", node.loc)
+            if where not in _STAGED and node.name in prog.stage_readers()[0]:
+                self._unstaged(f"'{node.name}'", where, node.loc)
             return
         if node.name in prog.blocks:
             qs = ", ".join(sorted(prog.quantity_names(node.name)))

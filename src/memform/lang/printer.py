@@ -124,7 +124,8 @@ def _text(node: ast.Expr) -> str:
         variant = f"[{node.variant}]" if node.variant is not None else ""
         return f"{node.name}{attr}{variant}"
     if isinstance(node, ast.Call):
-        return f"{node.func}({', '.join(_text(a) for a in node.args)})"
+        names = node.names or (None,) * len(node.args)
+        return f"{node.func}({', '.join((f'{n}: ' if n else '') + _text(a) for n, a in zip(names, node.args))})"
     if isinstance(node, ast.If):
         return f"if {_text(node.cond)} then {_text(node.then)} else {_text(node.other)}"
     if isinstance(node, ast.Logic):

@@ -22,13 +22,21 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 SUPER = "super"
 BUILTIN_FUNCS = {"ceil": 1, "floor": 1, "min": None, "max": None, "log2": 1, "abs": 1,
                  "layers_sum": 1, "layers_max": 1, "layers_last": 1, "layers_after": 1,
-                 "is_list": 1, "len": 1, "at": 2, "has": 2, "tensors": None}
+                 "is_list": 1, "len": 1, "at": 2, "has": 2, "tensors": None, "slots": None}
 #: functions on the list values of ``int | list`` options: whether a value is a list, its length,
 #: and its element at a 0-based index; and whether a ``set`` or ``list`` option holds a name: has(x, "name")
 LIST_FUNCS = ("is_list", "len", "at", "has")
 #: ``tensors(x1, x2, ...)``: a list value of numbers (two or more), e.g. the sizes of a layer's tensors that the
 #: allocator replay's granularity quantities give (formulas/common.mf layer); at() and len() read it
 TENSORS = "tensors"
+#: ``slots(list, "name", ...)``: the positions (0-based) of a ``tensors(...)`` list's named entries (``"end"``: the
+#: position after its last entry), a list of numbers -- ``fwd_slot`` / ``fwd_until`` of formulas/common.mf layer
+SLOTS = "slots"
+#: the name :data:`SLOTS` reads as the position after a list's last entry (no entry may take it)
+END = "end"
+#: the schedule name a ``let`` or ``def`` may read: its value is the stage of the block that uses it
+#: (:meth:`Program.stage_readers`)
+STAGE = "stage"
 #: reductions over the layers of the stage being evaluated (schedule blocks only): the argument
 #: is evaluated once per layer group, in that layer's block with its recompute mode and chunk
 AGGREGATES = ("layers_sum", "layers_max", "layers_last")
@@ -110,6 +118,7 @@ class Program:
     blocks: dict[str, BlockDef] = field(default_factory=dict)
     stack: ast.Stack | None = None
     _origin: dict[tuple[str, str], str] = field(default_factory=dict)  # (namespace, name) -> file
+    _stage_readers: tuple[frozenset[str], frozenset[str]] | None = field(default=None, repr=False, compare=False)
 
     # ---------------------------------------------------------------- lookups
     def chain(self, block: str) -> list[BlockDef]:
@@ -164,6 +173,36 @@ class Program:
         qd = self.find_quantity(block, qname)
         return bool(qd and qd.variants)
 
+    def stage_readers(self) -> tuple[frozenset[str], frozenset[str]]:
+        """The lets and the defs that read ``stage``, directly or through other lets and defs: their value is
+        that of the stage where a schedule, runtime or cost block uses them (and an error elsewhere)."""
+        if self._stage_readers is None:
+            lets: set[str] = set()
+            defs: set[str] = set()
+
+            def reads(expr: ast.Expr, params: tuple[str, ...]) -> bool:
+                for n in ast.walk(expr):
+                    if isinstance(n, ast.Ref) and n.attr is None and n.name not in params and (
+                            n.name == STAGE or n.name in lets):
+                        return True
+                    if isinstance(n, ast.Call) and n.func in defs:
+                        return True
+                return False
+
+            changed = True
+            while changed:
+                changed = False
+                for name, let in self.lets.items():
+                    if name not in lets and reads(let.expr, ()):
+                        lets.add(name)
+                        changed = True
+                for name, d in self.defs.items():
+                    if name not in defs and reads(d.expr, d.params):
+                        defs.add(name)
+                        changed = True
+            self._stage_readers = (frozenset(lets), frozenset(defs))
+        return self._stage_readers
+
     def global_names(self) -> set[str]:
         return set(self.bindings) | set(self.lets)
 
@@ -189,6 +228,7 @@ class Program:
         self._origin[(namespace, name)] = loc.file
 
     def add(self, decl: ast.Decl) -> None:
+        self._stage_readers = None
         if isinstance(decl, (ast.Binding, ast.Let)):
             prev = self.bindings.get(decl.name) or self.lets.get(decl.name)
             self._claim("global", decl.name, decl.loc, prev.loc if prev else None)

@@ -220,7 +220,13 @@ class ToAst(Transformer):
         return ast.Bool(False, self._loc(meta))
 
     def call(self, meta, c):
-        return ast.Call(str(c[0]), tuple(c[1:]), self._tok_loc(c[0]))
+        args = [a for a in c[1:] if a is not None]   # lark gives None for an empty argument list
+        names = tuple(a.name if isinstance(a, _Named) else None for a in args)
+        return ast.Call(str(c[0]), tuple(a.expr if isinstance(a, _Named) else a for a in args), self._tok_loc(c[0]),
+                        names if any(n is not None for n in names) else None)
+
+    def named_arg(self, meta, c):
+        return _Named(str(c[0]), c[1])
 
     def ref(self, meta, c):
         name = str(c[0])
@@ -234,6 +240,13 @@ class ToAst(Transformer):
             else:
                 attr = str(x)
         return ast.Ref(name, attr, variant, self._tok_loc(c[0]))
+
+
+class _Named:
+    """A named argument (``name: expr``) on its way into :class:`ast.Call`'s ``names``."""
+
+    def __init__(self, name: str, expr):
+        self.name, self.expr = name, expr
 
 
 def _unquote(tok) -> str:
