@@ -285,3 +285,24 @@ def test_qwen3_5_mtp_fields(tmp_path, extra, mtp, error):
         return
     draft = import_hf(path)
     assert draft.get("model.mtp_layers") == mtp and draft.load_error is None
+
+
+# The HF Trainer has no selective recompute (gradient_checkpointing is whole layers); memform's "selective"
+# re-runs the attention core (Korthikanti et al. 2022 §5), and a flash kernel's core keeps only its output and
+# the log-sum-exp, which the recompute keeps too (Dao et al. 2022 §3.1): under hf-trainer with flash
+# attention, selective keeps exactly what none keeps in every layer -- the gated attention's gate and, in an
+# fp32 model, the q_proj output q_norm's view holds (frameworks/hf-trainer/deltanet.mf) included.
+# (issue 35: seed 101's survivor hf-trainer/deltanet.mf attention act[selective] `drop super`)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_hf_trainer_selective_keeps_what_none_keeps_with_flash_attention(dtype):
+    from estimate_helpers import numbers
+    over = {"training.framework": "hf-trainer", "parallel.tp": 1, "parallel.sequence_parallel": False,
+            "parallel.zero": 0, "parallel.dp": 1, "parallel.pp": 1, "parallel.ep": 1, "model.num_layers": 4,
+            "model.mtp_layers": 0, "model.seq_length": 1024, "training.precision.params": dtype,
+            "training.precision.activations": dtype, "training.precision.grads": dtype,
+            "training.precision.optimizer": dtype, "training.precision.master_weights": False}
+    per = {rc: [(g.block, g.per_layer_values["activations"]) for g in numbers(
+        ROOT / "configs" / "qwen3-next-80b-a3b.yaml", {**over, "training.recompute": rc}).stages[0].layers]
+        for rc in ("none", "selective")}
+    assert {b for b, _ in per["none"]} >= {"gdn_moe_decoder", "moe_decoder"}
+    assert per["selective"] == per["none"]

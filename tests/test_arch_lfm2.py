@@ -129,6 +129,22 @@ def test_short_conv_activations(impl, per_token):
     assert conv_figure(toy(mamba_impl=impl), "act") == pytest.approx(per_token * S * B)
 
 
+@pytest.mark.parametrize("sp, per_token", [
+    # TP 2 without SP: in_proj's input (the norm's output) is replicated on every TP rank, whole h; the rest
+    # (BCx, B·x, the conv output, out_proj's input) is split with the channels: (6 + (K-1)/s)·h / 2
+    (False, 4 * (H + (6 + (K - 1) / S) * H / 2)),
+    # with SP the norm's output lives in the sequence-parallel region, s / t rows per rank, and the
+    # column-parallel in_proj keeps that shard, all-gathering it again for its weight gradient
+    # (Korthikanti et al. 2022 §4.2.2; Megatron ColumnParallelLinear with sequence_parallel)
+    (True, 4 * (H / 2 + (6 + (K - 1) / S) * H / 2)),
+])
+def test_short_conv_activations_under_tensor_parallelism(sp, per_token):
+    # (issue 35: seed 101's survivor lfm2.mf short_conv.conv_in `/ sd_kept` -> `* sd_kept`)
+    cfg = toy(mamba_impl="torch")
+    cfg["parallel"] = {"tp": 2, "sequence_parallel": sp}
+    assert conv_figure(cfg, "act") == pytest.approx(per_token * S * B)
+
+
 def test_bad_values_name_the_key(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(toy(hybrid_pattern="CX")))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -272,6 +273,21 @@ def test_each_layer_saves_what_mamba_mf_says(which):
     assert len(measured) == len(estimated) == len(case.pattern)
     for m, e in zip(measured, estimated):
         assert abs(e / m - 1) < 0.01
+
+
+# The reference scan's per-sequence tensors (transformers NemotronHMamba2Mixer.torch_forward, segment_sum): each
+# segment_sum call builds two bool tril masks that masked_fill saves for its backward, Q × Q within a chunk and
+# (c + 1) × (c + 1) across the c chunks -- bytes that grow as (s / Q)², not with the batch. With short chunks
+# over a long sequence (s 2048, Q 8: c = 256, 132 KB of masks) the layer's saved tensors, measured with
+# saved_tensors_hooks, against the formula: recorded 96 B short (the same 96 B at s 512 Q 128 and s 4096 Q 4),
+# the case's bound. (issue 35: seed 101's survivor mamba.mf torch_scan `drop mamba_chunks`, -132,096 B here)
+def test_reference_scan_keeps_its_chunk_masks():
+    pytest.importorskip("transformers")
+    from memform.validation.frameworks import hf_hybrid
+
+    case = replace(hf_hybrid.BASE, pattern="M", b=1, s=2048, chunk=8)
+    (measured,), (estimated,) = hf_hybrid.per_layer(case), hf_hybrid.estimated_per_layer(case)
+    assert abs(estimated - measured) <= 96, (estimated, measured)
 
 
 @pytest.mark.parametrize("extra", [

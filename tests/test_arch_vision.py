@@ -299,6 +299,24 @@ def test_projector_activations_are_what_freezing_it_saves(model):
     assert abs(formula - measured) <= 0.03 * measured, f"{model}: formula {formula:,} vs measured {measured:,}"
 
 
+# The merger alone (no DeepStack mergers) in a 16-bit model and under autocast: what freezing it saves, measured
+# against vision_merger's act. Under autocast the merger's LayerNorm reads the tower's fp32 residual stream
+# (4 B per patch·hv where the bf16 model keeps 2). Each case's bound is its recorded agreement: bf16 -0.78 %;
+# amp-bf16 -10.1 % (measured 729,088 B against the formula's 655,360: one byte per patch·hv more than the
+# formula's 10 -- norm input 4, fc1 input, fc1 and GeLU outputs 2 each -- is kept under CPU autocast, not
+# identified yet). (issue 35: seed 101's survivor vision.mf vision_merger.act `* npatch` -> `/ npatch`, which
+# takes the fp32 norm input's extra 2 B out: -28 % in the amp-bf16 case)
+@pytest.mark.parametrize("dtype, bound", [("bf16", 0.01), ("amp-bf16", 0.11)])
+def test_merger_activations_are_what_freezing_it_saves(dtype, bound):
+    frameworks, hf_vision = _frameworks()
+    trained, frozen = (replace(hf_vision.TOWER, L=3, frozen=f, dtype=dtype, deepstack=()) for f in ("encoder", "all"))
+    measured = hf_vision.measure(trained).measured["activations"] - hf_vision.measure(frozen).measured["activations"]
+    est = numbers(trained.memform_config())
+    formula = sum(g.per_layer_values["activations"] * g.count_value for s in est.stages for g in s.layers
+                  if g.block == "vision_merger")
+    assert abs(formula - measured) <= bound * measured, f"{dtype}: formula {formula:,} vs measured {measured:,}"
+
+
 # ---- FLOPs: the tower's forward GEMMs as PyTorch counts them -------------------------------------------
 UNIT_DEVICE = {"device.peak_flops_bf16": 10 ** 12, "device.efficiency": 1, "device.intra_node_bandwidth": 10 ** 12,
                "device.inter_node_bandwidth": 10 ** 12, "device.devices_per_node": 8,

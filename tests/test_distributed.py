@@ -16,6 +16,7 @@ import pytest
 import memform
 
 from cli_helpers import ROOT
+from estimate_helpers import numbers  # numbers only: the numeric path (tests/test_numeric.py ties it to sympy's)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.pipelining")
@@ -285,3 +286,30 @@ def test_no_pipeline_keeps_no_stage_outputs(schedule, m):
     acts = sum(g.inflight_value * g.count_value * g.per_layer_values["activations"] for g in st.layers)
     assert st.moments["warmup"] == acts
     assert st.runtime.get("torch_p2p", 0) == 0
+
+
+# In torch's backward (the torch profile's schedules, frameworks/torch.mf) a layer's transient gradients
+# (bwd_extra) are live on top of the activations still stored: when the last block's backward runs, every
+# block's saved tensors are still held (autograd frees a node's saved tensors only after the node has run).
+# A profile that stores A bytes per block, gives each block a transient T and the head nothing: the backward
+# moment is L·A + T -- reached inside a block, not in the last layer (the head), the schedule's other term.
+# (issue 35: seed 101's survivor torch.mf torch-1f1b backward `+ bwd_extra` -> `- bwd_extra`)
+_BLOCK_TRANSIENT = """include "frameworks/torch.mf"
+block decoder { act[none, selective, full] = 1000  pp_keep = 0  bwd_extra = 300 }
+block embedding { act = 0  pp_keep = 0  bwd_extra = 0 }
+block output { act = 0  pp_keep = 0  bwd_extra = 0  grad_live = 0 }
+"""
+
+
+@pytest.mark.parametrize("schedule", ["torch-1f1b", "torch-gpipe"])
+def test_a_blocks_backward_transient_sits_on_every_stored_block(tmp_path, schedule):
+    prof = tmp_path / "block_transient.mf"
+    prof.write_text(_BLOCK_TRANSIENT)
+    cfg = D.Case("ddp", world=2).config()
+    cfg["training"]["framework"] = str(prof)
+    cfg["parallel"]["pp_schedule"] = schedule
+    st = numbers(cfg).stages[0]
+    blocks = sum(g.count_value for g in st.layers if g.block == "decoder")
+    assert blocks == cfg["model"]["num_layers"]
+    assert st.moments["warmup"] == 1000 * blocks
+    assert st.moments["backward"] == 1000 * blocks + 300

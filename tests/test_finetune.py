@@ -145,3 +145,26 @@ def test_megatron_optimizer_cpu_offload_flags(tmp_path):
     assert import_config("megatron", tmp_path / "b.txt", Options()).config()["training"]["optimizer_offload"] == 1.0
     with pytest.raises(MemformError, match="between 0 and 1"):
         numbers(ROOT / "configs" / "llama3-8b.yaml", overrides={"training.optimizer_offload": 1.5})
+
+
+# What each MLP adapter's forward keeps (PEFT lora/layer.py Linear.forward: lora_B(lora_A(dropout(x)))): lora_B
+# is an nn.Linear(r, d), whose backward needs its r-wide input -- lora_A's output -- for its weight gradient
+# (PyTorch derivatives.yaml mm: self saved for mat2's gradient): s·b·r elements in the adapter's dtype. With
+# the adapters in the activations' dtype and no dropout, lora_A reads x itself, which the up adapter already
+# keeps (one storage), so a gate adapter next to it adds only its A output. Llama-2-7B at s 4096, b 1, r 8,
+# bf16 adapters: 2 · 4096 · 8 bytes per layer. (issue 35: seed 101's survivor dense.mf mlp `drop n_lora_gu`)
+@pytest.mark.parametrize("rank", [8, 64])
+def test_each_mlp_adapter_keeps_its_a_output(rank):
+    base = {**LLAMA2, "lora.rank": rank, "lora.adapter_dtype": "bf16", "lora.q_proj": False, "lora.v_proj": False,
+            "training.precision.activations": "bf16"}
+    cfg = ROOT / "configs" / "llama2-7b.yaml"
+
+    def per_layer(**targets):
+        est = numbers(cfg, overrides={**base, **{f"lora.{k}": True for k in targets}})
+        return next(g for g in est.stages[0].layers if g.block == "decoder").per_layer_values["activations"]
+    up = per_layer(up_proj=True)
+    assert per_layer(up_proj=True, gate_proj=True) - up == 2 * 4096 * 1 * rank
+    # a down adapter keeps its own input, the f-wide activation output that the frozen down_proj does not
+    # keep, and its A output
+    assert per_layer(gate_proj=True, up_proj=True, down_proj=True) - per_layer(gate_proj=True, up_proj=True) \
+        == 2 * 4096 * 1 * (11008 + rank)

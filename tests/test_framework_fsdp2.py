@@ -453,3 +453,27 @@ def test_chunked_loss_loop_holds_one_chunk_and_the_accumulator(tmp_path, t, b, c
                                          "training.loss_chunks": chunks, "training.micro_batch_size": b})
     one_chunk = max((2 + (16 if t > 1 else 12)) * S8 * b * V8 / t / chunks, 2 * S8 * b * H8)
     assert m["backward"] - m["warmup"] == one_chunk + (4 + (2 if b > 1 else 0)) * S8 * b * H8
+
+
+# The embedding unit's FSDP buffers (fsdp2.mf embedding.zero_buffers) where the first block's backward is the
+# largest of its three moments: a Llama-3-70B block (h 8192, 64 heads / 8 KV heads of 128, f 28672: Dubey et
+# al. 2024 Table 3) is larger than half the embedding (V 128256). During that block's backward FSDP2 holds its
+# unsharded bf16 parameters (foreach_all_gather_copy_out), the embedding unit all-gathered ahead by the
+# implicit backward prefetch (FSDPParamGroup._backward_prefetch), the block's unsharded bf16 gradients and the
+# second block's fp32 reduce-scatter input (foreach_reduce, kept in comm_ctx.reduce_scatter_states):
+# 2·B + 2·E + 2·B + 4·B bytes, which is more than the embedding's own backward (2E + 2E + 4B) or its copy-in
+# (2E + 4E). (issue 35: seed 101's survivor fsdp2.mf embedding.zero_buffers `+ -> -`)
+H70, KV70, F70, V70 = 8192, 1024, 28672, 128256
+BLOCK70 = 2 * H70 * H70 + 2 * H70 * KV70 + 3 * H70 * F70 + 2 * H70    # q, o; k, v; gate, up, down; two norms
+EMBED70 = V70 * H70
+
+
+def test_embedding_unit_holds_the_first_blocks_backward_with_the_embedding_prefetched():
+    est = numbers(ROOT / "configs" / "llama3-70b.yaml",
+                  overrides={**TITAN_8B, "training.framework": "fsdp2", "parallel.tp": 1,
+                             "parallel.sequence_parallel": False})
+    by_block = {g.block: g.per_layer_values for g in est.stages[0].layers}
+    assert by_block["decoder"]["param_count"] == BLOCK70 and by_block["embedding"]["param_count"] == EMBED70
+    expected = 2 * BLOCK70 + 2 * EMBED70 + 2 * BLOCK70 + 4 * BLOCK70
+    assert expected > max(4 * EMBED70 + 4 * BLOCK70, 6 * EMBED70)
+    assert by_block["embedding"]["comm"] == expected
