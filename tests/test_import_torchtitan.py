@@ -238,6 +238,36 @@ def test_leftover_shard_degree_needs_the_world_size():
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.parametrize("fixture, devices, gbs, m", [
+    # global_batch_size -1 (job_config.py default): local_batch_size × dp, one accumulation step
+    # (torchtitan trainer.py); llama3_8b.toml: local_batch_size 1, dp 64 = the 64 devices
+    ("llama3_8b.toml", 64, 64, 1),
+    # llama3_70b.toml: local_batch_size 8, tp 8, so dp 8 on 64 devices
+    ("llama3_70b.toml", 64, 64, 1),
+    # llama4_17bx128e.toml: local_batch_size 1, tp 8 × pp 4, dp 2; micro-batch 1 (pipeline_parallel_microbatch_size)
+    ("llama4_17bx128e.toml", 64, 2, 1),
+])
+def test_global_batch_is_the_local_batch_times_dp(fixture, devices, gbs, m):
+    # issue 33: a search compares step times only at one global batch; the job states one, by default
+    draft = import_config("torchtitan", TITAN / fixture, Options(devices=devices))
+    assert draft.get("training.global_batch_size") == gbs and "training.num_micro_batches" not in draft
+    est = memform.estimate(draft.config())
+    assert est.model.value_for_key("training.num_micro_batches") == m
+
+
+def test_a_timed_search_runs_on_an_imported_job_and_refuses_a_config_json(tmp_path):
+    # torchtitan writes its global batch: a search on a device with a time model ranks plans; a
+    # config.json states none, the import says so in its header, and the search refuses naming the key
+    r = memform_in_process("import", "torchtitan", TITAN / "llama3_debug_model.toml", "--devices", "8")
+    assert r.returncode == 0 and "global_batch_size: 64  # [training] global_batch_size -1" in r.stdout, r.stdout
+    r = memform_in_process("import", "hf", DATA / "hf" / "llama-3.2-3b.config.json")
+    assert r.returncode == 0 and "# No training.global_batch_size: a config.json states no training batch" in r.stdout
+    path = tmp_path / "llama3b.yaml"
+    path.write_text(r.stdout)
+    r = memform_in_process("search", path, "--devices", "8", "--set", "device.preset=h100-sxm", "--no-progress")
+    assert r.returncode == 2 and "training.global_batch_size is not set" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_unknown_field_is_refused_unless_accepted(tmp_path):
     text = (TITAN / "llama3_debug_model.toml").read_text().replace("[training]\n", "[training]\nnew_knob = 3\n")
     path = _toml(tmp_path, text)

@@ -58,6 +58,18 @@ def test_training_arguments_map_to_the_hf_trainer_keys(fixture, config, expected
     assert got == expected
 
 
+def test_the_global_batch_is_the_trainers_total_train_batch_size_once_the_devices_are_known():
+    # transformers Trainer.get_total_train_batch_size: per-device batch × accumulation × dp; the zephyr
+    # QLoRA recipe's 4 × 2 on 8 devices is 64 sequences per step. Without --devices the world size is
+    # not known, and the file says so (a search refuses without a global batch, naming the key)
+    draft = imported(MISTRAL, TRAINER / "zephyr-7b-sft-qlora.yaml", devices=8)
+    assert draft.get("training.global_batch_size") == 64 and "training.num_micro_batches" not in draft
+    assert memform.estimate(draft.config()).model.value_for_key("training.num_micro_batches") == 2
+    draft = imported(MISTRAL, TRAINER / "zephyr-7b-sft-qlora.yaml")
+    assert "training.global_batch_size" not in draft and draft.get("training.num_micro_batches") == 2
+    assert any("No training.global_batch_size" in line and "--devices N" in line for line in draft.header)
+
+
 def test_the_qlora_recipe_estimates_a_4bit_base_with_adapters():
     draft = imported(MISTRAL, TRAINER / "zephyr-7b-sft-qlora.yaml")
     est = memform.estimate(draft.config()).stages[0]

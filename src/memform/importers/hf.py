@@ -892,3 +892,29 @@ def _vision(vc: Fields, draft: Draft, handled: frozenset = frozenset(), neutral:
         draft.warn(f"vision_config.hidden_act {act}: vision.mf models a GeLU MLP with biases "
                    f"(the ViT's MLP memory is approximate)")
     draft.refuse_unused(vc, set(NEUTRAL_VISION) | set(REFUSED_VISION) | set(neutral))
+
+
+def finish(draft: Draft) -> None:
+    """After the shared strategy step, the global batch. A config.json states none (it describes the
+    architecture). A Trainer's arguments (``--trainer``) state the per-device batch and the accumulation
+    steps, and the world size the rest: transformers' ``Trainer.get_total_train_batch_size`` (trainer.py,
+    transformers 5.25) is micro-batch × gradient_accumulation_steps × the data-parallel size, written when
+    the device count is known (``--devices``). Otherwise the file says so: a search ranks plans by step
+    time only at one global batch, and refuses, naming the key, until it is set."""
+    if "training.global_batch_size" in draft:
+        return
+    dp = draft.entries.get("parallel.dp")
+    steps = draft.entries.get("training.num_micro_batches")
+    micro = draft.get("training.micro_batch_size")
+    if draft.get("training.framework") == "hf-trainer" and dp is not None and not dp.default and steps is not None \
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in (dp.value, steps.value, micro)):
+        if steps.note != "set on the command line":
+            del draft.entries["training.num_micro_batches"]   # follows from the global batch, at any dp
+        draft.set("training.global_batch_size", micro * steps.value * dp.value,
+                  f"Trainer total_train_batch_size: per-device batch {micro} × gradient_accumulation_steps "
+                  f"{steps.value} × data-parallel size {dp.value}")
+        return
+    what = "a config.json states no training batch" if draft.get("training.framework") != "hf-trainer" else \
+        "the Trainer's global batch needs the world size (pass --devices N)"
+    draft.header += [f"No training.global_batch_size: {what}. `memform search` ranks plans by step time",
+                     "only at one global batch and refuses without it: --set training.global_batch_size=N."]

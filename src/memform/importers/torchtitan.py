@@ -948,8 +948,33 @@ def _unread(s: _Sections, draft: Draft) -> None:
 
 
 def finish(draft: Draft) -> None:
-    """After the shared strategy step: the world size behind a ``-1`` shard degree, and the HSDP shard group."""
+    """After the shared strategy step: the world size behind a ``-1`` shard degree, the HSDP shard group,
+    and the global batch that follows from the data-parallel size."""
     s = _Sections(read_toml(draft.source), draft.source)
+    _world(s, draft)
+    _global_batch(draft)
+
+
+def _global_batch(draft: Draft) -> None:
+    """``[training] global_batch_size = -1`` (the default): torchtitan trains local_batch_size × the
+    data-parallel degree per step, one gradient accumulation step (trainer.py: ``global_batch_size =
+    local_batch_size * batch_degree``, torchtitan 0.3.0 lines 416-419), so the import writes it: a
+    search ranks plans at one global batch."""
+    if "training.global_batch_size" in draft:
+        return
+    dp, micro = draft.get("parallel.dp", 1), draft.get("training.micro_batch_size", 1)
+    steps = draft.entries.get("training.num_micro_batches")
+    m = steps.value if steps is not None else 1
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (dp, micro, m)):
+        return
+    if steps is not None and steps.note != "set on the command line":
+        del draft.entries["training.num_micro_batches"]   # follows from the global batch, at any dp
+    draft.set("training.global_batch_size", micro * m * dp,
+              f"[training] global_batch_size -1: local batch {micro * m} × data-parallel degree {dp} "
+              f"(one gradient accumulation step)")
+
+
+def _world(s: _Sections, draft: Draft) -> None:
     replicate = s.where("data_parallel_replicate_degree").integer("data_parallel_replicate_degree", 1)
     shard_sec, shard_key = s.shard()
     shard = shard_sec.integer(shard_key, -1, minimum=-1)
