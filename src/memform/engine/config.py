@@ -319,10 +319,30 @@ def expand_device(out: dict[str, Any]) -> None:
     if not isinstance(name, str) or name not in device_presets():
         raise MemformError(f"config key 'device.preset' is {name!r}: no such device preset; bundled: "
                            f"{', '.join(device_presets())}{did_you_mean(str(name), device_presets())}")
-    from ..resources import data_dir
-    preset = load_yaml(data_dir("configs") / DEVICES_DIR / f"{name}.yaml", "device preset")
-    preset = {k: v for k, v in preset.items() if k != "name"}
+    preset = {k: v for k, v in _device_preset(name).items() if k != "name"}
     out["device"] = {**preset, **device}
+
+
+#: parsed device presets: name -> (mtime_ns, size, data); every rebind of a config (a search's or a
+#: what-if page's structures) expands its preset again
+_PRESETS: dict[str, tuple[int, int, Any]] = {}
+
+
+def _device_preset(name: str) -> Any:
+    from ..resources import data_dir
+    path = data_dir("configs") / DEVICES_DIR / f"{name}.yaml"
+    try:
+        st = path.stat()
+        stamp: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+    except OSError:
+        stamp = None
+    hit = _PRESETS.get(name)
+    if stamp is not None and hit is not None and hit[:2] == stamp:
+        return copy.deepcopy(hit[2])
+    data = load_yaml(path, "device preset")
+    if stamp is not None:
+        _PRESETS[name] = (*stamp, copy.deepcopy(data))
+    return data
 
 
 def normalize(data: dict[str, Any], source: Path | None) -> dict[str, Any]:

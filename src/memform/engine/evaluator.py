@@ -16,7 +16,8 @@ from :class:`memform.engine.numeric.NumericEvaluator` (same walk, same decisions
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Callable
 
 import sympy
@@ -32,6 +33,10 @@ _CMP: dict[str, Callable[[Any, Any], Any]] = {
 @dataclass
 class Evaluator(Walker):
     """The walk with sympy arithmetic: symbols in ``keep`` stay symbolic (closed forms)."""
+
+    #: :func:`_point` of sub-expressions at this evaluator's values (a stage's sums repeat its layers'
+    #: closed forms: each is evaluated once); rational values as Fractions, None where it declines
+    _point_memo: dict = field(default_factory=dict)
 
     # ---------------------------------------------------------------- numbers
     def integer(self, n: int) -> sympy.Integer:
@@ -64,6 +69,13 @@ class Evaluator(Walker):
     def number(self, value: Value, loc: Loc | None = None, what: str = "expression") -> sympy.Expr:
         """The exact numeric value of ``value`` at the config."""
         v = self.as_expr(value, loc)
+        if not v.is_Rational:
+            # the rational value by plain Fraction arithmetic over the tree (no substitution, no
+            # free-symbol scan); anything it does not evaluate exactly (a division by zero, log2,
+            # a fractional power, ...) goes the way below, which also words the errors
+            r = _point(v, self.values, self._point_memo)
+            if r is not None:
+                return sympy.Rational(r.numerator, r.denominator)
         free = v.free_symbols
         if free:
             key = (v, tuple(sorted(((s, self.values.get(s)) for s in free), key=lambda p: p[0].name)))
@@ -232,6 +244,120 @@ def _may_be_singular(e: sympy.Expr) -> bool:
             if not (a.args[0].is_positive and (not isinstance(a, sympy.Mod) or a.args[1].is_positive)):
                 return True
     return False
+
+
+class _Decline(Exception):
+    """:func:`_point` cannot evaluate an expression exactly with Fractions."""
+
+
+def _point(e: sympy.Basic, values: dict, memo: dict) -> Fraction | None:
+    """The exact rational value of ``e`` at ``values`` (symbol -> sympy number), or None where it is
+    not a plain rational computation (a non-rational value, a division by zero, a fractional power,
+    log, ...): what ``e.xreplace(values)`` gives when that is rational, without building sympy objects.
+    ``memo``: values of sub-expressions at these ``values``."""
+    try:
+        return _pval(e, values, memo)
+    except (_Decline, ZeroDivisionError, OverflowError, RecursionError):
+        return None
+
+
+def _pval(e: Any, values: dict, memo: dict) -> Fraction:
+    hit = memo.get(e)
+    if hit is not None:
+        return hit
+    if e.is_Rational:
+        r = Fraction(int(e.p), int(e.q))
+    elif e.is_Symbol:
+        v = values.get(e)
+        if v is None or not getattr(v, "is_Rational", False):
+            raise _Decline
+        r = Fraction(int(v.p), int(v.q))
+    else:
+        f = _POINT_OPS.get(type(e))
+        if f is None:
+            raise _Decline
+        r = f(e, values, memo)
+    memo[e] = r
+    return r
+
+
+def _p_add(e: Any, values: dict, memo: dict) -> Fraction:
+    return sum((_pval(a, values, memo) for a in e.args), Fraction(0))
+
+
+def _p_mul(e: Any, values: dict, memo: dict) -> Fraction:
+    out = Fraction(1)
+    for a in e.args:
+        out *= _pval(a, values, memo)
+    return out
+
+
+def _p_pow(e: Any, values: dict, memo: dict) -> Fraction:
+    base, exp = e.args
+    if not exp.is_Integer or abs(int(exp)) > 4096:
+        raise _Decline
+    b = _pval(base, values, memo)
+    if b == 0 and exp < 0:
+        raise _Decline   # zoo
+    return b ** int(exp)
+
+
+def _p_piecewise(e: Any, values: dict, memo: dict) -> Fraction:
+    # every branch and condition evaluated (none short-circuited): a value comes back only where
+    # substituting into the whole expression meets nothing but finite rationals
+    found = [(_ptruth(b.cond, values, memo), _pval(b.expr, values, memo)) for b in e.args]
+    for holds, value in found:
+        if holds:
+            return value
+    raise _Decline   # no branch holds: nan
+
+
+def _p_mod(e: Any, values: dict, memo: dict) -> Fraction:
+    a, b = (_pval(x, values, memo) for x in e.args)
+    if b == 0:
+        raise _Decline
+    return a - b * math.floor(a / b)
+
+
+def _ptruth(c: Any, values: dict, memo: dict) -> bool:
+    if c is sympy.true:
+        return True
+    if c is sympy.false:
+        return False
+    hit = memo.get(c)
+    if hit is not None:
+        return hit
+    f = _TRUTH_OPS.get(type(c))
+    if f is None:
+        raise _Decline
+    out = f(c, values, memo)
+    memo[c] = out
+    return out
+
+
+def _ite(c: bool, a: bool, b: bool) -> bool:
+    return a if c else b
+
+
+_REL = {sympy.StrictLessThan: lambda a, b: a < b, sympy.LessThan: lambda a, b: a <= b,
+        sympy.StrictGreaterThan: lambda a, b: a > b, sympy.GreaterThan: lambda a, b: a >= b,
+        sympy.Equality: lambda a, b: a == b, sympy.Unequality: lambda a, b: a != b}
+
+_POINT_OPS: dict[type, Callable[..., Fraction]] = {
+    sympy.Add: _p_add, sympy.Mul: _p_mul, sympy.Pow: _p_pow, sympy.Piecewise: _p_piecewise, sympy.Mod: _p_mod,
+    sympy.Max: lambda e, v, m: max(_pval(a, v, m) for a in e.args),
+    sympy.Min: lambda e, v, m: min(_pval(a, v, m) for a in e.args),
+    sympy.ceiling: lambda e, v, m: Fraction(math.ceil(_pval(e.args[0], v, m))),
+    sympy.floor: lambda e, v, m: Fraction(math.floor(_pval(e.args[0], v, m))),
+    sympy.Abs: lambda e, v, m: abs(_pval(e.args[0], v, m)),
+}
+_TRUTH_OPS: dict[type, Callable[..., bool]] = {
+    **{cls: (lambda op: lambda c, v, m: op(_pval(c.lhs, v, m), _pval(c.rhs, v, m)))(op) for cls, op in _REL.items()},
+    sympy.And: lambda c, v, m: all([_ptruth(a, v, m) for a in c.args]),
+    sympy.Or: lambda c, v, m: any([_ptruth(a, v, m) for a in c.args]),
+    sympy.Not: lambda c, v, m: not _ptruth(c.args[0], v, m),
+    sympy.ITE: lambda c, v, m: _ite(*[_ptruth(a, v, m) for a in c.args]),
+}
 
 
 def _finite_real(n: sympy.Expr) -> bool:

@@ -122,6 +122,8 @@ class CompiledModel:
     times: list[sympy.Expr] = field(default_factory=list)
     #: the walk that built it (:meth:`build`'s ``prior`` for the next structure); None when read back
     evaluator: Any = field(default=None, repr=False, compare=False)
+    #: the stage partition it was built on (:func:`memform.engine.model.partition_of`); None when read back
+    partition: Any = field(default=None, repr=False, compare=False)
 
     @classmethod
     def build(cls, model: Model, keys: Sequence[str], prior: Any = None, numpy: bool = True) -> "CompiledModel":
@@ -170,6 +172,7 @@ class CompiledModel:
         out = cls(model, tuple(keys), tuple(symbols), len(exprs), exprs, requires, fn,
                   time.perf_counter() - start, timed, times=times)
         out.evaluator = ev
+        out.partition = part
         return out
 
     @classmethod
@@ -270,17 +273,19 @@ def compile_structures(model: Model, overrides: Sequence[Mapping[str, Any]], key
         progress(done, len(overrides))
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    # the most pipeline chunks first (they take longest): no worker is left with a big one at the end
-    # one pipeline layout per group, compiled one after another (each walk takes from the previous
-    # one what it can: sharedmemo); the most pipeline chunks first (they take longest), so that no
-    # worker is left with a big one at the end
+    # one pipeline layout per group, compiled one after another, each walk taking from the previous
+    # one what it can (sharedmemo; also across groups, one process's groups in a row), in an order
+    # where each structure differs from the one before in as few values as can be (recompute none,
+    # ZeRO 0..3, then selective, ZeRO 3..0: one change per step); the most pipeline chunks first
+    # (they take longest), so that no worker is left with a big one at the end
     groups: dict[tuple, list[int]] = {}
     for i in todo:
         o = overrides[i]
         groups.setdefault((o.get("parallel.pp"), o.get("parallel.vpp"), str(o.get("parallel.stage_layers"))),
                           []).append(i)
-    order = sorted(groups.values(), key=lambda g: -sum(int(overrides[i].get("parallel.pp") or 1)
-                                                       * int(overrides[i].get("parallel.vpp") or 1) for i in g))
+    order = sorted((_chain([overrides[i] for i in g], g) for g in groups.values()),
+                   key=lambda g: -sum(int(overrides[i].get("parallel.pp") or 1)
+                                      * int(overrides[i].get("parallel.vpp") or 1) for i in g))
     if len(todo) >= PARALLEL_MIN and len(order) > 1 and workers > 1 and "fork" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("fork")  # the workers inherit the loaded model
         with ProcessPoolExecutor(min(workers, len(order)), mp_context=ctx, initializer=_worker_init,
@@ -293,8 +298,8 @@ def compile_structures(model: Model, overrides: Sequence[Mapping[str, Any]], key
                     if progress:
                         progress(done, len(overrides))
     else:
+        prior: list[Any] = [None]
         for group in order:
-            prior: list[Any] = [None]
             for i in group:
                 out[i] = _finish(_compile_one(model, overrides[i], tuple(keys), extra, prior, numpy), keys_of[i],
                                  purpose)
@@ -311,12 +316,26 @@ _WORKER: dict[str, Any] = {}
 
 def _worker_init(model: Model, keys: tuple[str, ...], extra: Any = None, numpy: bool = True) -> None:
     _WORKER["model"], _WORKER["keys"], _WORKER["extra"], _WORKER["numpy"] = model, keys, extra, numpy
+    _WORKER["prior"] = [None]   # the last walk of this worker, for its next group
 
 
 def _worker_compile(group: list[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
-    prior: list[Any] = [None]
+    prior = _WORKER["prior"]
     return [_compile_one(_WORKER["model"], o, _WORKER["keys"], _WORKER["extra"], prior, _WORKER["numpy"])
             for o in group]
+
+
+def _chain(structures: Sequence[Mapping[str, Any]], indices: Sequence[int]) -> list[int]:
+    """``indices`` (of ``structures``, in the same order) reordered so that each structure differs
+    from the one before in as few override values as can be found greedily (from the first): the
+    walks share more (:mod:`memform.fastpath.sharedmemo` takes from one structure back)."""
+    left = list(range(len(structures)))
+    path = [left.pop(0)] if left else []
+    while left:
+        last = structures[path[-1]]
+        k = min(range(len(left)), key=lambda j: (sum(structures[left[j]].get(key) != v for key, v in last.items()), j))
+        path.append(left.pop(k))
+    return [indices[j] for j in path]
 
 
 def _compile_one(model: Model, overrides: Mapping[str, Any], keys: tuple[str, ...],

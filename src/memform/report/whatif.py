@@ -331,7 +331,7 @@ def _variant(model: Model, choice: Mapping[str, Any], bases: Mapping[str, Any], 
 def _page_part(smodel: Model, cm: CompiledModel) -> dict[str, Any]:
     """What the page needs of a compiled structure beyond its numbers: the JavaScript of its closed
     forms and its stage labels (run where the structure is compiled, and stored with it)."""
-    part = partition_of(smodel, smodel.evaluator(keep=frozenset()))
+    part = cm.partition if cm.partition is not None else partition_of(smodel, smodel.evaluator(keep=frozenset()))
     # a device without peak FLOP/s gives every stage 0 s: no time model to show (Estimate.has_time)
     times = list(cm.times) if any(e != 0 for e in cm.times[:-1]) else []
     flat = [e[c] for e in cm.exprs for c in CATEGORIES] + [cond for _, cond in cm.requires] + times
