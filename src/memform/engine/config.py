@@ -365,6 +365,8 @@ def normalize(data: dict[str, Any], source: Path | None) -> dict[str, Any]:
 
 #: where framework profiles live, relative to the bundled formula files
 FRAMEWORKS_DIR = "frameworks"
+#: the bundled file loaded after a config's formula files and profile (formulas/offload.mf)
+OFFLOAD_FILE = "offload.mf"
 
 
 def frameworks() -> list[str]:
@@ -374,7 +376,8 @@ def frameworks() -> list[str]:
 
 
 def formula_files(data: Mapping[str, Any]) -> list[str]:
-    """The formula files a normalized config loads: its ``formulas`` list, then its framework profile.
+    """The formula files a normalized config loads: its ``formulas`` list, then its framework profile,
+    then ``offload.mf`` (activation offloading, which needs every other file's last word).
 
     The profile comes last so that it overrides the model files; a name is a bundled profile, a
     name ending in ``.mf`` a file of the user's (relative to the config). A bundled profile NAME may
@@ -400,6 +403,9 @@ def formula_files(data: Mapping[str, Any]) -> list[str]:
             companion = f"{FRAMEWORKS_DIR}/{framework}/{Path(name).name}"
             if (formulas_dir() / companion).is_file() and companion not in files:
                 files.append(companion)
+    # activation offloading subtracts from what every file above says a layer saves: it comes last
+    if OFFLOAD_FILE not in files:
+        files.append(OFFLOAD_FILE)
     return files
 
 
