@@ -155,3 +155,13 @@ def test_checkpoint_offload_measured_on_a_transformers_step():
     # 2 layers' inputs, b·s·h fp32 each: 2 × 2 × 256 × 128 × 4 B
     assert row.measured["host"] == row.estimated["host"] == 2 * 2 * 256 * 128 * 4
     assert row.failures() == []
+
+
+def test_torchtitan_graph_trainer_offload_policy_is_refused(tmp_path):
+    """torchtitan 0.3.0 offloads activations only in experiments/graph_trainer ([compile] memory_policy
+    sac_and_offload), which is not modelled: refused with the field named."""
+    toml = tmp_path / "train.toml"
+    toml.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nseq_len = 8192\n'
+                    '[compile]\nenable = true\nmemory_policy = "sac_and_offload"\n')
+    r = memform_in_process("import", "torchtitan", toml)
+    assert r.returncode == 2 and "'compile.memory_policy'" in r.stderr and "Traceback" not in r.stderr
