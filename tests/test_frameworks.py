@@ -22,10 +22,7 @@ def test_bundled_profiles_are_listed_and_megatron_is_the_default():
     assert "megatron" in frameworks()
     est = memform.estimate(LLAMA)
     assert est.model.structure.framework == "megatron"
-    # the profile loads after the model files, and only activation offloading after it (formulas/offload.mf)
-    files = est.model.program.files
-    assert {f.rsplit("/", 1)[-1] for f in files[-2:]} == {"offload.mf", "offload-decoder.mf"}
-    assert files[-3].endswith("frameworks/megatron.mf")
+    assert est.model.program.files[-1].endswith("frameworks/megatron.mf")
     # the default profile changes nothing: the same numbers as naming it explicitly
     explicit = memform.estimate(LLAMA, {"training.framework": "megatron"})
     assert [s.values for s in explicit.stages] == [s.values for s in est.stages]
@@ -89,8 +86,7 @@ def test_a_user_profile_file_overrides_the_static_functions(tmp_path):
     cfg.write_text(LLAMA.read_text())
     base = memform.estimate(cfg)
     est = memform.estimate(cfg, {"training.framework": "myfw.mf"})
-    # the profile is the last file before activation offloading's (formulas/offload.mf, loaded last)
-    assert [f for f in est.model.program.files if "offload" not in f][-1].endswith("myfw.mf")
+    assert est.model.program.files[-1].endswith("myfw.mf")
     for a, b in zip(base.stages, est.stages):
         # fp32 gradients (4 bytes) become 2 bytes; the 12 optimizer bytes move to the host
         assert b.values["grads"] * 2 == a.values["grads"]
