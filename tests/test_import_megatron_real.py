@@ -264,7 +264,9 @@ def test_reuse_fp32_param_saves_two_bytes_per_master(tmp_path: Path) -> None:
 
 REFUSED = [
     ("--tp-comm-overlap", "'--tp-comm-overlap' is set: allocates Transformer Engine's userbuffers"),
-    ("--cpu-offloading --cpu-offloading-num-layers 2", "offloads activations"),
+    ("--fine-grained-activation-offloading --offload-modules core_attn", "offloads the inputs of the --offload-modules"),
+    ("--cpu-offloading --cpu-offloading-num-layers 2 --cpu-offloading-double-buffering",
+     "keeps two persistent device buffers"),
     ("--num-distributed-optimizer-instances 2", "is 2: shards the optimizer within dp / N ranks"),
     ("--cuda-graph-impl local", "'--cuda-graph-impl' is local: CUDA graphs"),
     ("--noop-layers 0", "no-op layers other than the last ones"),
@@ -346,12 +348,12 @@ def test_vocabulary_is_padded_as_megatron_pads_it(tmp_path: Path, extra: str, ov
 
 def test_an_unknown_value_of_a_refused_argument_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "t.sh"
-    path.write_text(f"torchrun --nproc_per_node 2 pretrain_gpt.py {BASE} --cpu-offloading-num-layers $N\n",
+    path.write_text(f"torchrun --nproc_per_node 2 pretrain_gpt.py {BASE} --cpu-offloading-double-buffering $N\n",
                     encoding="utf-8")
     with pytest.raises(MemformError) as err:
         import_config("megatron", path, Options())
-    assert f"{path}:1: field '--cpu-offloading-num-layers' is $N" in str(err.value)
-    assert "cannot tell whether it is one of its neutral values, 0" in str(err.value)
+    assert f"{path}:1: field '--cpu-offloading-double-buffering' is $N" in str(err.value)
+    assert "cannot tell whether it is one of its neutral values, false" in str(err.value)
 
 
 def test_an_unset_option_bundle_is_not_a_second_value(tmp_path: Path) -> None:

@@ -385,6 +385,10 @@ def normalize(data: dict[str, Any], source: Path | None) -> dict[str, Any]:
 
 #: where framework profiles live, relative to the bundled formula files
 FRAMEWORKS_DIR = "frameworks"
+#: the bundled file loaded after a config's formula files and profile (formulas/offload.mf) when the config
+#: sets one of its keys
+OFFLOAD_FILE = "offload.mf"
+OFFLOAD_KEYS = ("training.activation_offload", "training.activation_offload_layers")
 
 
 def frameworks() -> list[str]:
@@ -394,7 +398,9 @@ def frameworks() -> list[str]:
 
 
 def formula_files(data: Mapping[str, Any]) -> list[str]:
-    """The formula files a normalized config loads: its ``formulas`` list, then its framework profile.
+    """The formula files a normalized config loads: its ``formulas`` list, then its framework profile,
+    then ``offload.mf`` where the config sets an activation-offload key (it needs every other file's last
+    word).
 
     The profile comes last so that it overrides the model files; a name is a bundled profile, a
     name ending in ``.mf`` a file of the user's (relative to the config). A bundled profile NAME may
@@ -420,6 +426,10 @@ def formula_files(data: Mapping[str, Any]) -> list[str]:
             companion = f"{FRAMEWORKS_DIR}/{framework}/{Path(name).name}"
             if (formulas_dir() / companion).is_file() and companion not in files:
                 files.append(companion)
+    # activation offloading subtracts from what every file above says a layer saves: it comes last, for a
+    # config that names it (any value: its keys are declared there); other configs load exactly what they did
+    if any(get_path(data, key, None) is not None for key in OFFLOAD_KEYS) and OFFLOAD_FILE not in files:
+        files.append(OFFLOAD_FILE)
     return files
 
 

@@ -27,7 +27,7 @@ from typing import Any
 from ..errors import MemformError
 from ..lang import ast
 from ..lang.checker import walk
-from ..lang.program import (COST_OPTIONAL, COST_QUANTITIES, HOST_QUANTITY, SCHEDULE_TIME_OPTIONAL,
+from ..lang.program import (COST_OPTIONAL, COST_QUANTITIES, HOST_ACT_QUANTITY, HOST_QUANTITY, SCHEDULE_TIME_OPTIONAL,
                             SCHEDULE_TIME_QUANTITIES, Program)
 from .walker import LayerSlot, Walker, to_bytes  # noqa: F401 (to_bytes re-exported)
 from .partition import Partition
@@ -118,7 +118,7 @@ class Interpreter:
         self.ev = evaluator
         self.schedule = schedule
         self._layer_cache: dict[tuple[str, str, tuple], tuple[dict, dict, dict]] = {}
-        self._host_cache: dict[tuple[str, str, tuple], tuple[Expr, Expr]] = {}
+        self._host_cache: dict[tuple[str, str, tuple, str], tuple[Expr, Expr]] = {}
         #: cost results by stage signature (see :meth:`costs`); None where the cost blocks read
         #: ``stage`` or ``chunk`` themselves, so that no two stages may share them
         self._cost_cache: dict[tuple, _StageTime] | None = None if _costs_read_position(program) else {}
@@ -176,8 +176,11 @@ class Interpreter:
                 sums["activations"] += mf * g.count * exprs["activations"]
                 exact["activations"] += mf_value * g.count_value * values["activations"]
                 h_expr, h_value = self.host(g.block, g.mode, g.bindings)
-                host_expr += g.count * h_expr
-                host_value += g.count_value * h_value
+                # offloaded activations: one copy per micro-batch in flight (act_host, as act)
+                ha_expr, ha_value = self.host(g.block, g.mode, g.bindings, HOST_ACT_QUANTITY)
+                host_expr += g.count * h_expr + mf * g.count * ha_expr
+                host_value += g.count_value * h_value + mf_value * g.count_value * ha_value
+                h_expr = h_expr + mf * ha_expr
                 if not comm_terms or values["comm"] > comm_value:
                     comm_expr, comm_value = exprs["comm"], values["comm"]
                 comm_terms.append(exprs["comm"])
@@ -200,16 +203,18 @@ class Interpreter:
                            runtime_exprs=runtime_exprs, time_exprs=time.exprs, ideal_expr=time.ideal_expr,
                            tokens_expr=time.tokens_expr)
 
-    def host(self, block: str, mode: str, bindings: tuple = ()) -> tuple[Expr, Expr]:
-        """A layer's optional host-memory bytes (0 when its blocks define no ``host_bytes``)."""
-        key = (block, mode, bindings)
+    def host(self, block: str, mode: str, bindings: tuple = (),
+             quantity: str = HOST_QUANTITY) -> tuple[Expr, Expr]:
+        """A layer's optional host-memory bytes (0 when its blocks define no ``host_bytes``), or with
+        ``quantity`` ``act_host`` its offloaded activations per micro-batch in flight."""
+        key = (block, mode, bindings, quantity)
         if key not in self._host_cache:
-            q = self.program.pick(block, HOST_QUANTITY, mode)
+            q = self.program.pick(block, quantity, mode)
             if q is None:
                 self._host_cache[key] = (self.ev.zero, self.ev.zero)
             else:
-                e = self.ev.as_expr(self.ev.quantity(block, HOST_QUANTITY, mode, overrides=bindings), q.loc)
-                self._host_cache[key] = (e, self.check_number(e, f"{block}.{HOST_QUANTITY}", q.loc))
+                e = self.ev.as_expr(self.ev.quantity(block, quantity, mode, overrides=bindings), q.loc)
+                self._host_cache[key] = (e, self.check_number(e, f"{block}.{quantity}", q.loc))
         return self._host_cache[key]
 
     def runtime(self, index: int, sums: dict[str, Expr],

@@ -17,7 +17,7 @@ from typing import Iterable
 
 import yaml
 
-from ..engine.config import STRUCTURAL
+from ..engine.config import OFFLOAD_FILE, STRUCTURAL
 from ..errors import MemformError
 from ..lang.loader import load_program
 from ..resources import data_dir, formulas_dir
@@ -44,8 +44,9 @@ class Coverage:
 
 def _coverage(names: tuple[str, ...]) -> Coverage | None:
     """None when the files do not load (e.g. a colleague's file in the middle of an edit)."""
+    # what a config that names these files loads: them, then offload.mf (engine/config.py formula_files)
     try:
-        prog = load_program([formulas_dir() / n for n in names])
+        prog = load_program([formulas_dir() / n for n in names] + [formulas_dir() / OFFLOAD_FILE])
     except MemformError:
         return None
     return Coverage(frozenset(b.path for b in prog.bindings.values()), prog.stack is not None)

@@ -82,7 +82,6 @@ MUST_BE: dict[str, tuple[tuple[Any, ...], str]] = {
     "parallelism_config": ((None, {}), "accelerate ParallelismConfig (tp / cp / dp shard sizes)"),
     "optim_target_modules": ((None, [], ""), "GaLore / APOLLO projections of the named modules"),
     "optim_args": ((None, ""), "optimizer arguments (e.g. Adafactor's beta1, which adds a first moment)"),
-    "activation_offloading": ((None, False), "TRL activation offloading to the host"),
     "load_in_8bit": ((None, False), "an 8-bit (LLM.int8) base, which finetune.mf does not size"),
     "use_dora": ((None, False), "DoRA adds a magnitude vector per adapted matrix"),
     "lora_modules_to_save": ((None, []), "modules trained in full beside the adapters"),
@@ -308,6 +307,24 @@ def _checkpointing(args: Fields, draft: Draft) -> None:
     if on and isinstance(kwargs, dict) and kwargs.get("use_reentrant") is True:
         draft.warn("gradient_checkpointing_kwargs use_reentrant true: sized as the non-reentrant checkpoint "
                    "(the same saved layer inputs; bench/validate.py --frameworks measures the non-reentrant one)")
+    kwargs = kwargs if isinstance(kwargs, dict) else {}
+    if on and kwargs.get("every_n_layers", 1) not in (1, None):
+        raise args.error("activation_checkpointing_kwargs", f"every_n_layers {kwargs['every_n_layers']!r} "
+                         "checkpoints every n-th decoder only (transformers 5.25 activation_checkpointing_enable), "
+                         "which the hf-trainer profile does not model: 1 (every decoder) only")
+    # TRL's activation_offloading (SFTConfig; trl/models/activation_offloading.py): every saved tensor of the
+    # model but the output head's in host memory; transformers' own offload kwarg: the checkpoints' inputs
+    trl = args.boolean("activation_offloading", False)
+    if trl:
+        draft.set("training.activation_offload", "all",
+                  "activation_offloading: TRL's OffloadActivations, every saved tensor but the head's to the host")
+    elif kwargs.get("offload") is True:
+        if on:
+            draft.set("training.activation_offload", "checkpoint",
+                      "activation_checkpointing_kwargs offload: each checkpoint's input in pinned host memory "
+                      "(torch save_on_cpu)")
+        else:
+            draft.warn("activation_checkpointing_kwargs offload has no effect without activation_checkpointing")
 
 
 def _seq(args: Fields, draft: Draft, given) -> None:  # noqa: ANN001 - a mapping of --set keys

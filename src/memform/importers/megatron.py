@@ -189,6 +189,8 @@ NEUTRAL: dict[str, str] = {
     "fsdp-double-buffer": "Megatron-FSDP's two all-gather buffers, which the ZeRO-3 formulas' (1 + prefetch) "
                           "gathered parameters already count",
     "megatron-fsdp-version": "which Megatron-FSDP implementation shards them, not what is sharded",
+    "cpu-offloading-retain-pinned-cpu-buffers": "keeps the offloaded activations' pinned host buffers for the next "
+                                                "step (model_parallel_config.py): host memory, the same bytes",
 }
 
 #: arguments that change memory in a way memform does not model: the import stops naming file, line,
@@ -196,13 +198,14 @@ NEUTRAL: dict[str, str] = {
 REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
     "tp-comm-overlap": ("allocates Transformer Engine's userbuffers for the tensor-parallel GEMM overlap "
                         "(megatron/training/initialize.py _initialize_tp_communicators), not modelled", ()),
-    "cpu-offloading": ("offloads activations of --cpu-offloading-num-layers layers to the host "
-                       "(transformer_config.py cpu_offloading), not modelled", ("false",)),
-    "cpu-offloading-num-layers": ("offloads that many layers' activations to the host, not modelled", ("0",)),
-    "cpu-offloading-activations": ("offloads activations to the host, not modelled", ("false",)),
-    "cpu-offloading-weights": ("offloads weights to the host, not modelled", ("false",)),
-    "fine-grained-activation-offloading": ("offloads chosen activations to the host, not modelled", ()),
-    "offload-modules": ("offloads those modules' activations to the host, not modelled", ()),
+    "cpu-offloading-double-buffering": ("keeps two persistent device buffers of an offloaded layer's activations "
+                                        "for the reloads (Transformer Engine cpu_offload_v1.py "
+                                        "reload_double_buffer), not modelled", ("false",)),
+    "fine-grained-activation-offloading": ("offloads the inputs of the --offload-modules to the host, module by module "
+                                           "(megatron-core pipeline_parallel/fine_grained_activation_offload.py), "
+                                           "not modelled (--cpu-offloading is: training.activation_offload)", ("false",)),
+    "offload-modules": ("names the modules whose inputs fine-grained activation offloading moves to the host, "
+                        "not modelled", ()),
     "overlap-moe-expert-parallel-comm": ("runs two micro-batches at once to hide the expert all-to-all "
                                          "(EP A2A overlap), holding both of their activations; not modelled", ()),
     "delay-wgrad-compute": ("keeps activations until the delayed weight-gradient GEMM, not modelled", ()),
@@ -715,6 +718,7 @@ def convert(path: Path | list[Path], draft: Draft, given: set[str] | Mapping[str
     _strategy(f, draft, L, tp)
     _training(f, draft)
     _megatron_deepspeed(f, draft, L)
+    _activation_offload(f, draft, L)
     _mindspeed(f, draft)
     _unread(f, draft, source.args)
     return devices
@@ -1254,6 +1258,46 @@ def _strategy(f: Fields, draft: Draft, layers: int, tp: int) -> None:
     _overlap(f, draft)
     _optimizer_offload(f, draft)
     _fsdp(f, draft)
+
+
+def _activation_offload(f: Fields, draft: Draft, layers: int) -> None:
+    """--cpu-offloading --cpu-offloading-num-layers N (model_parallel_config.py cpu_offloading*; megatron-core
+    0.19.2 hands them to Transformer Engine's get_cpu_offload_context, transformer_block.py:298-311): the
+    activations of the first N layers in host memory (training.activation_offload: layers, offload.mf).
+    Megatron-Core refuses it with a pipeline, with recompute and for N >= --num-layers
+    (transformer_config.py:1707-1721); --cpu-offloading-weights is a no-op in Transformer Engine."""
+    if not f.boolean("cpu-offloading", False):
+        for arg in ("cpu-offloading-num-layers", "cpu-offloading-activations", "cpu-offloading-weights"):
+            if f.has(arg):
+                f.raw(arg)
+                draft.warn(f"--{arg} has no effect without --cpu-offloading")
+        return
+    n = f.integer("cpu-offloading-num-layers", 0, minimum=0)
+    if f.has("cpu-offloading-weights"):
+        f.raw("cpu-offloading-weights")
+        draft.warn("--cpu-offloading-weights does nothing (Transformer Engine cpu_offload_v1.py "
+                   "get_cpu_offload_context: offloading weights is deprecated)")
+    if not f.boolean("cpu-offloading-activations", True):
+        draft.warn("--cpu-offloading without --cpu-offloading-activations offloads nothing (Transformer Engine "
+                   "returns a null context)")
+        return
+    if n >= layers:
+        raise f.error("cpu-offloading-num-layers", f"is {n}, but Megatron-Core offloads fewer layers than "
+                                                   f"--num-layers {layers} (transformer_config.py: 'CPU offloading "
+                                                   f"can be done only for layers less than num_layers')")
+    if draft.get("parallel.pp", 1) > 1:
+        raise f.error("cpu-offloading", "is set with --pipeline-model-parallel-size "
+                                        f"{draft.get('parallel.pp')}, which Megatron-Core refuses "
+                                        "(transformer_config.py: 'no support for Pipeline parallelism with "
+                                        "CPU offloading')")
+    if draft.get("training.recompute", "none") != "none":
+        raise f.error("cpu-offloading", "is set with --recompute-granularity, which Megatron-Core refuses "
+                                        "(transformer_config.py: 'CPU offloading does not work when activation "
+                                        "recomputation is enabled')")
+    if n == 0:
+        draft.warn("--cpu-offloading with --cpu-offloading-num-layers 0 offloads no layer")
+    draft.set("training.activation_offload", "layers", "--cpu-offloading")
+    draft.set("training.activation_offload_layers", n, "--cpu-offloading-num-layers")
 
 
 #: --data-parallel-sharding-strategy (arguments.py _add_distributed_args, choices no_shard, optim, optim_grads,

@@ -894,6 +894,16 @@ def _refusals(s: _Sections, draft: Draft) -> None:
     if s.optimizer.boolean("early_step_in_backward", False):
         raise s.optimizer.error("early_step_in_backward", "is true: stepping each parameter in backward frees its "
                                                           "gradient early, which is not modelled")
+    # torchtitan 0.3.0 offloads activations only in experiments/graph_trainer (configs.py memory_policy
+    # "sac_and_offload": a compiler pass moves saved activations to the host within cpu_offload_budget_gb,
+    # cpu_offload.py); the eager trainer has none
+    policy = s.compile.raw("memory_policy", "default")
+    if policy not in ("default",):
+        raise s.compile.error("memory_policy", f"is {policy!r}: graph_trainer's compiled memory policy "
+                                               "(experiments/graph_trainer: SAC and activation offload to the host "
+                                               "chosen on the traced graph) is not modelled")
+    for key in ("cpu_offload_prefetch_n_layers", "cpu_offload_defer_n_layers", "cpu_offload_budget_gb"):
+        s.compile.raw(key)   # graph_trainer's offload tuning: read with memory_policy sac_and_offload only
     compiled = [s.compile.boolean("enable", False), s.training.boolean("compile", False),   # older: [training]
                 s.where("enable_compiled_autograd").boolean("enable_compiled_autograd", False)]
     if any(compiled):

@@ -72,6 +72,9 @@ SCHEDULE_TIME_QUANTITIES = ("bubble", "overlap")
 SCHEDULE_TIME_OPTIONAL = (("runs", 1), ("idle", 0))
 #: optional layer quantity: bytes of the layer held in host (CPU) memory, e.g. offloaded states
 HOST_QUANTITY = "host_bytes"
+#: optional layer quantity: bytes of one micro-batch's stored activations the layer holds in host memory
+#: (activation offloading), counted once per micro-batch in flight, as its ``act``
+HOST_ACT_QUANTITY = "act_host"
 
 
 @dataclass

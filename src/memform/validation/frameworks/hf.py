@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import imported_config
-from .tracking import StepSamples, replay_reserved, replayed_figures
+from .tracking import StepSamples, pinned_as_host, replay_reserved, replayed_figures
 
 #: transformers' config class keywords of each model type the harness builds
 MODEL_TYPES = ("llama", "qwen3", "mixtral")
@@ -58,6 +58,9 @@ class HFCase:
     lora_r: int = 0           # PEFT LoRA rank (0: full fine-tuning); the base model frozen, as PEFT does
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj")   # PEFT's default for Llama
     lora_dropout: float = 0.0
+    # with gc: activation_checkpointing_kwargs {"offload": true} (transformers 5.25 trainer.py): each
+    # checkpoint's saved input in (pinned) host memory, torch save_on_cpu (formulas/offload.mf checkpoint)
+    offload: bool = False
 
     def label(self) -> str:
         shape = self.recipe or f"L{self.L} h{self.h} a{self.heads}/{self.kv_heads}"
@@ -66,7 +69,7 @@ class HFCase:
             moe += (f" lora{self.lora_r}[{'+'.join(t.split('_')[0] for t in self.lora_targets)}]"
                     f"{f' drop{self.lora_dropout:g}' if self.lora_dropout else ''}")
         return (f"hf {self.model} {shape}{moe} b{self.b} s{self.s} {self.attn}"
-                f"{' gc' if self.gc else ''} {self.dtype}{' fake' if self.fake else ''}"
+                f"{' gc' if self.gc else ''}{'-offload' if self.offload else ''} {self.dtype}{' fake' if self.fake else ''}"
                 f"{'' if self.device == 'cpu' else ' ' + self.device}")
 
     # ---- the model, as transformers configures it ------------------------------------------------
@@ -104,6 +107,8 @@ class HFCase:
         }
         if self.dtype == "amp-bf16":
             over.update({"hf_trainer.amp": "bf16", "hf_trainer.autocast_device": self.device})
+        if self.offload:
+            over["training.activation_offload"] = "checkpoint"
         return over
 
     def kept_tensors(self, model: Any) -> list[Any]:
@@ -176,8 +181,9 @@ def _step(case: HFCase, seed: int) -> Step:
         model = model.to(case.device)
     model.train()
     if case.gc:
-        # what the Trainer calls with TrainingArguments' default kwargs (trainer.py): use_reentrant False
-        model.activation_checkpointing_enable()
+        # what the Trainer calls with TrainingArguments' default kwargs (trainer.py): use_reentrant False;
+        # activation_checkpointing_kwargs {"offload": true} passes offload=True
+        model.activation_checkpointing_enable(offload=getattr(case, "offload", False))
     if case.lora_r:
         from peft import get_peft_model
 
@@ -194,13 +200,22 @@ def _step(case: HFCase, seed: int) -> Step:
     ids = torch.randint(0, case.vocab, (case.b, case.s), device=case.device)
     autocast = (torch.autocast(case.device, dtype=torch.bfloat16) if case.dtype == "amp-bf16"
                 else contextlib.nullcontext())
+    # offloaded activations' host copies (pinned_as_host: what save_on_cpu allocates with pin_memory), by
+    # serial in the traced step: counted as host memory, not as the device's activations
+    host: set[int] = set()
+    tracing: list[StepSamples] = []
+    def offload() -> Any:
+        if getattr(case, "offload", False) and case.device == "cpu":
+            return pinned_as_host(lambda t: host.update(tracing[0].serials([t])) if tracing else None)
+        return contextlib.nullcontext()
 
     def train_step(trace: StepSamples | None) -> float:
-        with autocast:
+        with autocast, offload():
             loss = model(input_ids=ids, labels=ids).loss   # Trainer.compute_loss: the loss only
         if trace is not None:
             trace.mark("forward")
-        loss.backward()
+        with offload():
+            loss.backward()
         if trace is not None:
             trace.mark("backward")
         return float(loss.detach()) if not case.fake else 0.0
@@ -215,6 +230,7 @@ def _step(case: HFCase, seed: int) -> Step:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     trace = StepSamples(ignore=static)
+    tracing.append(trace)
     with trace.mode:
         loss = train_step(trace)
     allocator = {}
@@ -228,10 +244,13 @@ def _step(case: HFCase, seed: int) -> Step:
         "grads": _bytes(p.grad for p in params),
         "optimizer": _bytes(states),
     }
-    act = lambda serial: serial not in grads   # noqa: E731 - the activation side of the trace
+    act = lambda serial: serial not in grads and serial not in host   # noqa: E731 - the device's activation side
     measured["activations"] = trace.at(trace.marks["forward"], act)
+    if getattr(case, "offload", False):
+        # the host copies live when the forward has returned (one per checkpointed layer)
+        measured["host"] = trace.at(trace.marks["forward"], lambda serial: serial in host)
     measured["comm"] = 0   # one process: no communication buffers
-    replayed = replay_reserved(trace, [*params, *kept, *model.buffers(), ids], states)
+    replayed = replay_reserved(trace, [*params, *kept, *model.buffers(), ids], states, host=host)
     measured.update(replayed_figures(replayed))
     peak, where = trace.peak(act)
     opt.step()
@@ -320,6 +339,12 @@ LORA_MOE = [replace(BASE, model="mixtral", experts=4, top_k=2, lora_r=8, lora_ta
             for d, gc in (("bf16", False), ("amp-bf16", False), ("bf16", True), ("fp32", False))]
 
 
+#: activation offloading (formulas/offload-decoder.mf checkpoint): TrainingArguments activation_checkpointing_kwargs
+#: {"offload": true}, each checkpoint's input in host memory (the host copies counted as host, tracking.pinned_as_host)
+OFFLOAD = [replace(BASE, gc=True, offload=True), replace(BASE, gc=True, offload=True, dtype="amp-bf16"),
+           replace(BASE, gc=True, offload=True, dtype="bf16", L=4), replace(LLAMA31_8B, gc=True, offload=True)]
+
+
 def sweep() -> list[HFCase]:
     """Every transformers case of ``bench/validate.py --frameworks``."""
     cases = [replace(BASE, attn=attn, gc=gc, dtype=dtype)
@@ -329,7 +354,7 @@ def sweep() -> list[HFCase]:
               # the experts under autocast run in fp32 (frameworks/hf-trainer/moe.mf): was -22.7 %
               replace(BASE, model="mixtral", experts=4, top_k=2, dtype="amp-bf16")]
     cases += [LLAMA31_8B, replace(LLAMA31_8B, gc=True), LLAMA31_70B, replace(LLAMA31_70B, gc=True)]
-    return cases + LORA + LORA_MOE
+    return cases + LORA + LORA_MOE + OFFLOAD
 
 
 def quick_sweep() -> list[HFCase]:
