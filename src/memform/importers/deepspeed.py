@@ -184,8 +184,10 @@ REFUSED = {
 }
 
 
-def convert(path: Path, draft: Draft, given, model: Path | None = None) -> int | None:  # noqa: ANN001
-    """Fill ``draft`` from the ds_config.json at ``path`` on top of ``model`` (memform YAML or config.json)."""
+def convert(path: Path, draft: Draft, given, model: Path | None = None,  # noqa: ANN001
+            trainer: Path | None = None) -> int | None:
+    """Fill ``draft`` from the ds_config.json at ``path`` on top of ``model`` (memform YAML or config.json);
+    ``trainer``: the Hugging Face Trainer's training arguments that run it (their "auto" values and step)."""
     _BATCH.pop(id(draft), None)   # what an earlier import that stopped half-way left under this id
     _CKPT.pop(id(draft), None)
     data = read_json(path, "ds_config.json")
@@ -193,6 +195,12 @@ def convert(path: Path, draft: Draft, given, model: Path | None = None) -> int |
         raise MemformError(f"{path}: a ds_config.json describes training, not the model: pass --model "
                            f"MODEL.yaml (a memform config) or --model config.json (Hugging Face)")
     _model(model, draft, given)
+    args = None
+    if trainer is not None:
+        from . import hf_trainer
+
+        args = Fields(hf_trainer.read(trainer), trainer)
+        data = hf_trainer.fill_deepspeed_auto(args, data, path, draft)
     if "name" not in draft:
         draft.set("name", default_name(model), f"from the model file {model.name}")
     top = Fields(data, path)
@@ -209,6 +217,10 @@ def convert(path: Path, draft: Draft, given, model: Path | None = None) -> int |
         if top.has(key):
             _refuse_enabled(top, key, why)
     draft.refuse_unused(top, NEUTRAL)
+    if args is not None:
+        from . import hf_trainer
+
+        hf_trainer.deepspeed_step(args, draft, given, has_optimizer=top.has("optimizer"))
     return None
 
 
@@ -598,6 +610,8 @@ def _checkpointing(top: Fields, draft: Draft) -> None:
     _CKPT[id(draft)] = [section.name(key) for key in ("partition_activations", "cpu_checkpointing")
                         if section.has(key) and section.boolean(key)]
     draft.refuse_unused(section, neutral)
+    if draft.get("training.recompute") is not None:
+        return     # the Trainer's gradient_checkpointing said it (--trainer)
     draft.warn("activation_checkpointing configures deepspeed.checkpointing, which the model code has to call; "
                "the recompute mode is not in a ds_config: set training.recompute (full for checkpointed layers)")
 

@@ -45,6 +45,7 @@ FRAMEWORKS: dict[str, tuple[str, str]] = {"hf": ("hf", "transformers"), "hf-nas"
                                           "hf_qlora": ("hf_qlora", "bitsandbytes"),
                                           "hf_frozen": ("hf_frozen", "transformers"),
                                           "hf_optim": ("hf_optim", "bitsandbytes"),
+                                          "hf_fsdp": ("hf_fsdp", "accelerate"),
                                           "titan": ("titan", "torchtitan"),
                                           "deepspeed": ("deepspeed", "deepspeed"), "mcore": ("mcore", "megatron.core")}
 
