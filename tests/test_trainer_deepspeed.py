@@ -134,3 +134,53 @@ def test_the_console_script_chains_and_estimates(tmp_path):
                        "-o", out)
     assert proc.returncode == 0, proc.stderr
     assert memform.estimate(str(out)).stages[0].values["activations"] > 0
+
+
+# ---- an accelerate config file (accelerate launch --config_file), as the alignment-handbook recipes run --------
+ACCELERATE_Z3 = DATA / "deepspeed" / "ah-accelerate-deepspeed_zero3.yaml"
+
+
+def test_the_alignment_handbook_launcher_and_recipe():
+    # recipes/accelerate_configs/deepspeed_zero3.yaml: ZeRO-3, optimizer and parameters offloaded to the CPU,
+    # mixed_precision bf16, num_processes 1 (--devices gives the job's device count); the SFT recipe
+    # config_full.yaml fills the "auto" batch
+    draft = imported(ds=ACCELERATE_Z3)
+    got = {k: draft.get(k) for k in ("parallel.zero", "deepspeed.offload_optimizer", "deepspeed.offload_param",
+                                     "training.precision.params", "training.micro_batch_size", "parallel.dp",
+                                     "training.recompute")}
+    assert got == {"parallel.zero": 3, "deepspeed.offload_optimizer": "cpu", "deepspeed.offload_param": "cpu",
+                   "training.precision.params": "bf16", "training.micro_batch_size": 16, "parallel.dp": 8,
+                   "training.recompute": "full"}
+    alone = import_config("deepspeed", ACCELERATE_Z3, Options(model=str(MISTRAL), trainer=str(RECIPE)))
+    assert alone.get("parallel.dp") == 1            # num_processes, without --devices
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="accelerate's DeepSpeedPlugin needs deepspeed")
+def test_the_ds_config_is_accelerates(monkeypatch):
+    # accelerate's own DeepSpeedPlugin (what `accelerate launch` builds from the same file's deepspeed_config,
+    # then set_mixed_precision) and memform's reading agree on every key that sizes the step
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    from accelerate.utils import DeepSpeedPlugin
+
+    from memform.importers import deepspeed
+    from memform.importers.draft import Draft
+
+    plugin = DeepSpeedPlugin(zero_stage=3, offload_optimizer_device="cpu", offload_param_device="cpu",
+                             zero3_init_flag=True, zero3_save_16bit_model=True)
+    plugin.set_mixed_precision("bf16")
+    theirs = plugin.deepspeed_config
+    ours, devices, _ = deepspeed.accelerate_ds_config(ACCELERATE_Z3, Draft(ACCELERATE_Z3, "deepspeed"))
+    assert devices == 1
+    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                "gradient_clipping", "bf16", "fp16"):
+        assert ours[key] == theirs[key], key
+    zo, zt = ours["zero_optimization"], theirs["zero_optimization"]
+    assert (zo["stage"], zo["offload_optimizer"]["device"], zo["offload_param"]["device"]) == \
+        (zt["stage"], zt["offload_optimizer"]["device"], zt["offload_param"]["device"])
+
+
+def test_an_fsdp_accelerate_config_is_not_deepspeeds(tmp_path):
+    path = tmp_path / "fsdp.yaml"
+    path.write_text(ACCELERATE_Z3.read_text().replace("distributed_type: DEEPSPEED", "distributed_type: FSDP"))
+    proc = memform_in_process("import", "deepspeed", path, "--model", MISTRAL, "--trainer", RECIPE)
+    assert proc.returncode == 2 and "field 'distributed_type' is 'FSDP'" in proc.stderr, proc.stderr
