@@ -106,7 +106,9 @@ REFUSED = [
     ("llama-3.1-8b-qlora.training_args.json", {"deepspeed": "ds_config.json"},
      "field 'deepspeed' is \"ds_config.json\": the Trainer hands the step to DeepSpeed, which memform sizes with "
      "the deepspeed profile: run `memform import deepspeed ds_config.json --model"),
-    ("llama-3.1-8b-qlora.training_args.json", {"fsdp": "full_shard auto_wrap"}, "field 'fsdp'"),
+    # FSDP is the hf-fsdp2 profile's (tests/test_trainer_fsdp.py), over torch AdamW only
+    ("llama-3.1-8b-qlora.training_args.json", {"fsdp": "full_shard auto_wrap"},
+     "field 'optim' is 'paged_adamw_8bit' with fsdp"),
     ("llama-3.1-8b-qlora.training_args.json", {"torch_compile": True}, "field 'torch_compile'"),
     ("llama-3.1-8b-qlora.training_args.json", {"optim": "galore_adamw"},
      "field 'optim' is 'galore_adamw': the hf-trainer profile sizes"),
@@ -137,10 +139,11 @@ def test_trl_lora_and_an_adapter_file_are_not_both_read():
                                              adapter=str(DATA / "peft" / "llama3-8b-qv.adapter_config.json")))
 
 
-def test_trainer_is_read_by_import_hf_only():
+def test_trainer_is_read_by_import_hf_and_deepspeed_only():
     proc = run_memform("import", "megatron", DATA / "llama3-8b.args.txt", "--trainer",
                        TRAINER / "llama-3.1-8b-qlora.training_args.json")
-    assert proc.returncode == 2 and "--trainer is read by 'memform import hf' only" in proc.stderr
+    assert proc.returncode == 2
+    assert "--trainer is read by 'memform import hf' and 'memform import deepspeed' only" in proc.stderr
 
 
 # ---- the optimizers the Trainer builds, as memform sizes them -------------------------------------------

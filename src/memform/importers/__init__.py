@@ -102,15 +102,17 @@ def import_config(fmt: str, path: str | Path | Sequence[str | Path], options: Op
     if options.adapter is not None and fmt != "hf":
         raise MemformError(f"--adapter is read by 'memform import hf' only (a PEFT adapter_config.json over a "
                            f"Hugging Face model), not by 'memform import {fmt}'")
-    if options.trainer is not None and fmt != "hf":
-        raise MemformError(f"--trainer is read by 'memform import hf' only (a Hugging Face Trainer's "
-                           f"TrainingArguments), not by 'memform import {fmt}'")
+    if options.trainer is not None and fmt not in ("hf", "deepspeed"):
+        raise MemformError(f"--trainer is read by 'memform import hf' and 'memform import deepspeed' only (a "
+                           f"Hugging Face Trainer's TrainingArguments), not by 'memform import {fmt}'")
+    if options.trainer is not None and fmt == "deepspeed":   # the Trainer running that ds_config
+        extra["trainer"] = Path(options.trainer)
     hinted = module.convert(source, draft, dict(options.overrides), **extra)
     if options.adapter is not None:
         from . import peft
 
         peft.convert(Path(options.adapter), draft)
-    if options.trainer is not None:   # hf_trainer.py: batch, precision, optimizer, checkpointing, TRL's LoRA
+    if options.trainer is not None and fmt == "hf":   # hf_trainer.py: batch, precision, optimizer, checkpointing, TRL's LoRA
         from . import hf_trainer
 
         hf_trainer.convert(Path(options.trainer), draft, dict(options.overrides), adapter=options.adapter is not None)

@@ -184,15 +184,27 @@ REFUSED = {
 }
 
 
-def convert(path: Path, draft: Draft, given, model: Path | None = None) -> int | None:  # noqa: ANN001
-    """Fill ``draft`` from the ds_config.json at ``path`` on top of ``model`` (memform YAML or config.json)."""
+def convert(path: Path, draft: Draft, given, model: Path | None = None,  # noqa: ANN001
+            trainer: Path | None = None) -> int | None:
+    """Fill ``draft`` from the ds_config.json at ``path`` on top of ``model`` (memform YAML or config.json);
+    ``trainer``: the Hugging Face Trainer's training arguments that run it (their "auto" values and step)."""
     _BATCH.pop(id(draft), None)   # what an earlier import that stopped half-way left under this id
     _CKPT.pop(id(draft), None)
-    data = read_json(path, "ds_config.json")
+    hinted = None
+    if path.suffix.lower() in (".yaml", ".yml"):     # an accelerate config file (accelerate launch --config_file)
+        data, hinted, launcher = accelerate_ds_config(path, draft)
+    else:
+        data, launcher = read_json(path, "ds_config.json"), None
     if model is None:
         raise MemformError(f"{path}: a ds_config.json describes training, not the model: pass --model "
                            f"MODEL.yaml (a memform config) or --model config.json (Hugging Face)")
     _model(model, draft, given)
+    args = None
+    if trainer is not None:
+        from . import hf_trainer
+
+        args = Fields(hf_trainer.read(trainer), trainer)
+        data = hf_trainer.fill_deepspeed_auto(args, data, path, draft)
     if "name" not in draft:
         draft.set("name", default_name(model), f"from the model file {model.name}")
     top = Fields(data, path)
@@ -209,7 +221,95 @@ def convert(path: Path, draft: Draft, given, model: Path | None = None) -> int |
         if top.has(key):
             _refuse_enabled(top, key, why)
     draft.refuse_unused(top, NEUTRAL)
-    return None
+    if launcher is not None:
+        draft.refuse_unused(launcher[0], ACCELERATE_NEUTRAL)
+        draft.refuse_unused(launcher[1], ACCELERATE_DS_NEUTRAL)
+    if args is not None:
+        from . import hf_trainer
+
+        hf_trainer.deepspeed_step(args, draft, given, has_optimizer=top.has("optimizer"))
+    return hinted
+
+
+#: accelerate config keys (accelerate/commands/config/config_args.py ClusterConfig) that cannot change device
+#: memory: where and how the processes are launched
+ACCELERATE_NEUTRAL = dict.fromkeys(
+    ("compute_environment", "debug", "machine_rank", "main_process_ip", "main_process_port", "main_training_function",
+     "rdzv_backend", "same_network", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "tpu_name", "tpu_zone",
+     "commands", "command_file", "gpu_ids", "enable_cpu_affinity", "num_machines", "downcast_bf16",
+     "dynamo_config", "ipex_config", "mpirun_config"), "the launcher's process placement, not the step")
+ACCELERATE_DS_NEUTRAL = dict.fromkeys(
+    ("deepspeed_multinode_launcher", "deepspeed_hostfile", "deepspeed_exclusion_filter", "deepspeed_inclusion_filter",
+     "zero3_save_16bit_model", "offload_optimizer_nvme_path", "offload_param_nvme_path", "zero3_init_flag"),
+    "launcher placement, checkpoint saving, NVMe paths, or how ZeRO-3 builds the model (the step's shards are the "
+    "same)")
+
+
+def accelerate_ds_config(path: Path, draft: Draft) -> tuple[dict, int | None, tuple[Fields, Fields]]:
+    """The ds_config accelerate builds from its config file's deepspeed_config (accelerate 1.16
+    utils/dataclasses.py DeepSpeedPlugin.__post_init__: without deepspeed_config_file, train_batch_size and
+    train_micro_batch_size_per_gpu "auto", gradient_accumulation_steps and gradient_clipping as given else
+    "auto", zero_stage (default 2) and the offload devices; then set_mixed_precision fills fp16 / bf16 from
+    mixed_precision), the device count it launches (num_processes: all machines'), and the two mappings
+    read, for their unread keys."""
+    from ..engine.config import load_yaml
+
+    raw = load_yaml(path, "accelerate config")
+    if not isinstance(raw, dict):
+        raise MemformError(f"{path}: an accelerate config must be a YAML mapping, got {describe(raw)}")
+    top = Fields(raw, path)
+    kind = top.string("distributed_type", "NO")
+    if kind != "DEEPSPEED":
+        raise top.error("distributed_type", f"is {kind!r}: `memform import deepspeed` reads an accelerate config of "
+                                            f"distributed_type DEEPSPEED (an FSDP job: put its settings in the "
+                                            f"Trainer's fsdp_config and use `memform import hf --trainer`)")
+    if top.boolean("use_cpu", False):
+        raise top.error("use_cpu", "is true: a CPU job holds no device memory")
+    ds = top.section("deepspeed_config")
+    if ds.has("deepspeed_config_file"):
+        name = ds.string("deepspeed_config_file")
+        found = [p for p in (path.parent / name, Path(name)) if p.is_file()]
+        if not found:
+            raise ds.error("deepspeed_config_file", f"names {name!r}, which is not a file")
+        config = read_json(found[0], "ds_config.json")
+        config.setdefault("gradient_accumulation_steps", 1)
+        ds.used.update(("zero_stage", "offload_optimizer_device", "offload_param_device"))  # auto entries only
+        # the plugin's own values fill "auto" entries only (fill_match must_match=False)
+        for key, target in (("gradient_accumulation_steps", "gradient_accumulation_steps"),
+                            ("gradient_clipping", "gradient_clipping")):
+            if ds.has(key) and config.get(target) == "auto":
+                config[target] = ds.raw(key)
+    else:
+        config = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+                  "gradient_accumulation_steps": ds.raw("gradient_accumulation_steps", "auto"),
+                  "zero_optimization": {"stage": ds.integer("zero_stage", 2, minimum=0),
+                                        "offload_optimizer": {"device": ds.string("offload_optimizer_device", "none")},
+                                        "offload_param": {"device": ds.string("offload_param_device", "none")}},
+                  "gradient_clipping": ds.raw("gradient_clipping", "auto")}
+        if config["zero_optimization"]["stage"] != 3:
+            del config["zero_optimization"]["offload_param"]   # DeepSpeed: offload_param only with stage 3
+    mixed = top.string("mixed_precision", "no")
+    if mixed not in ("no", "fp16", "bf16"):
+        raise top.error("mixed_precision", f"is {mixed!r}: fp8 through accelerate is not modelled")
+    if mixed != "no":          # DeepSpeedPlugin.set_mixed_precision
+        other = "bf16" if mixed == "fp16" else "fp16"
+        config.setdefault(mixed, {"enabled": True})
+        for key in ("fp16", "bf16"):
+            config.setdefault(key, {"enabled": False})
+            if config[key].get("enabled") == "auto":
+                config[key]["enabled"] = key == mixed
+        if config[other].get("enabled") is True:
+            raise top.error("mixed_precision", f"is {mixed} and the ds_config enables {other}: accelerate refuses that")
+    devices = top.integer("num_processes", 1) if top.has("num_processes") else None
+    draft.header.append(f"ds_config as accelerate builds it from {path.name} (DeepSpeedPlugin): "
+                        f"{json_text(config)}")
+    return config, devices, (top, ds)
+
+
+def json_text(data: Any) -> str:
+    import json
+
+    return json.dumps(data, separators=(", ", ": "))
 
 
 def _refuse_enabled(top: Fields, key: str, why: str) -> None:
@@ -603,6 +703,8 @@ def _checkpointing(top: Fields, draft: Draft) -> None:
     _CKPT[id(draft)] = [section.name(key) for key in ("partition_activations", "cpu_checkpointing")
                         if section.has(key) and section.boolean(key)]
     draft.refuse_unused(section, neutral)
+    if draft.get("training.recompute") is not None:
+        return     # the Trainer's gradient_checkpointing said it (--trainer)
     draft.warn("activation_checkpointing configures deepspeed.checkpointing, which the model code has to call; "
                "the recompute mode is not in a ds_config: set training.recompute (full for checkpointed layers)")
 

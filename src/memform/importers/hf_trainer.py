@@ -67,8 +67,6 @@ OTHER_TRAINERS: dict[str, str] = {
 MUST_BE: dict[str, tuple[tuple[Any, ...], str]] = {
     "deepspeed": ((None, "", {}), "the Trainer hands the step to DeepSpeed: import that ds_config with `memform "
                                   "import deepspeed DS_CONFIG --model config.json` (training.framework: deepspeed)"),
-    "fsdp": ((None, "", [], False), "the Trainer wraps the model in accelerate's FSDP, which the hf-trainer "
-                                    "profile does not model (its own `fsdp2` profile is torchtitan's FSDP2)"),
     "torch_compile": ((None, False), "torch.compile fuses kernels and changes what the forward saves; the "
                                      "hf-trainer profile sizes eager PyTorch"),
     "torchdynamo": ((None, ""), "a torch.compile backend (see torch_compile)"),
@@ -133,7 +131,7 @@ NEUTRAL: dict[str, str] = {
                      "no_cuda", "use_cpu", "use_mps_device", "use_ipex", "tpu_num_cores", "tpu_metrics_debug",
                      "ddp_backend", "ddp_timeout", "ddp_find_unused_parameters", "ddp_bucket_cap_mb",
                      "ddp_broadcast_buffers", "mp_parameters", "debug", "fsdp_min_num_params",
-                     "fsdp_transformer_layer_cls_to_wrap", "fsdp_config", "torch_compile_backend",
+                     "fsdp_transformer_layer_cls_to_wrap", "torch_compile_backend",
                      "torch_compile_mode", "auto_find_batch_size", "torch_empty_cache_steps"), _RUNTIME),
     **dict.fromkeys(("tf32", "fp16_opt_level", "half_precision_backend", "fp16_backend", "use_bnb_nested_quant",
                      "bnb_4bit_quant_type", "bnb_4bit_quant_storage"), _KERNEL),
@@ -189,25 +187,17 @@ def convert(path: Path, draft: Draft, given: set[str] | dict, *, adapter: bool =
                   f"attn_implementation {attn}" + ("" if attn == "eager" else ": no a·s² scores kept"))
     _seq(args, draft, given)
     _peft(args, draft, adapter)
+    _fsdp(args, draft, path, adapter)
     draft.refuse_unused(args, NEUTRAL)
 
 
 def _deepspeed(args: Fields, draft: Draft, path: Path) -> None:
     """A job that hands the step to DeepSpeed (TrainingArguments deepspeed: a ds_config path or dict) is the
-    deepspeed profile's: refused here with the command that imports it, its "auto" batch, accumulation and
-    checkpointing filled from these arguments (HfTrainerDeepSpeedConfig.trainer_config_process fills them)."""
+    deepspeed profile's: refused here with the command that imports it (`memform import deepspeed` with
+    --trainer fills the ds_config's "auto" values from these arguments: fill_deepspeed_auto below)."""
     value = args.raw("deepspeed")
     if value in (None, "", {}):
         return
-    sets = []
-    micro = args.raw("per_gpu_train_batch_size") or args.raw("per_device_train_batch_size") or 8
-    sets.append(f"training.micro_batch_size={micro}")
-    sets.append(f"training.num_micro_batches={args.raw('gradient_accumulation_steps') or 1}")
-    if args.raw("activation_checkpointing") is True or args.raw("gradient_checkpointing") is True:
-        sets.append("training.recompute=full")
-    length = args.raw("max_length") or args.raw("max_seq_length")
-    if length:
-        sets.append(f"model.seq_length={length}")
     if isinstance(value, str):
         found = [p for p in (path.parent / value, Path(value)) if p.is_file()]
         ds = str(found[0]) if found else value
@@ -215,8 +205,8 @@ def _deepspeed(args: Fields, draft: Draft, path: Path) -> None:
         ds = "DS_CONFIG.json (the 'deepspeed' mapping of this file, saved as JSON)"
     raise args.error("deepspeed", f"is {json.dumps(value)}: the Trainer hands the step to DeepSpeed, which memform "
                                   f"sizes with the deepspeed profile: run `memform import deepspeed {ds} --model "
-                                  f"{draft.source} " + " ".join(f"--set {s}" for s in sets) + "` (the ds_config's "
-                                  f"\"auto\" values are these arguments')")
+                                  f"{draft.source} --trainer {path} --devices N` (the ds_config's \"auto\" values "
+                                  f"are filled from these arguments, as the Trainer fills them)")
 
 
 def _batch(args: Fields, draft: Draft) -> None:
@@ -334,7 +324,9 @@ def _seq(args: Fields, draft: Draft, given) -> None:  # noqa: ANN001 - a mapping
     if key is None or "model.seq_length" in given:
         return
     draft.set("model.seq_length", length, f"{key} (rows padded or packed up to it: the step's largest)")
-    draft.warnings[:] = [w for w in draft.warnings if not w.startswith("model.seq_length = ")]
+    # the model importer's training-length default (also as `memform import deepspeed` prefixes it)
+    draft.warnings[:] = [w for w in draft.warnings if not (w.startswith("model.seq_length = ") or
+                                                           ": model.seq_length = " in w and "is a default" in w)]
 
 
 def _peft(args: Fields, draft: Draft, adapter: bool) -> None:
@@ -389,3 +381,275 @@ def _model_type(draft: Draft) -> str:
         return ""
     kind = data.get("model_type")
     return kind if isinstance(kind, str) else ""
+
+
+# ---- FSDP (TrainingArguments fsdp / fsdp_config) ----------------------------------------------------------
+#: fsdp_config fields (after the "fsdp_" prefix transformers strips: training_args.py _process_fsdp_args) that
+#: cannot change device memory under FSDP2, with the reason
+FSDP_NEUTRAL: dict[str, str] = {
+    "cpu_ram_efficient_loading": "how the checkpoint is loaded (rank 0 reads it, the others start on the meta "
+                                 "device): the sharded model trained is the same",
+    "state_dict_type": "how checkpoints are saved, between steps",
+    "min_num_params": "read only with auto_wrap_policy SIZE_BASED_WRAP",
+    # transformers' _process_fsdp_args passes these to accelerate only for fsdp_config version 1
+    "sync_module_states": "FSDP1 only (not read for version 2)",
+    "forward_prefetch": "FSDP1 only (not read for version 2)",
+    "backward_prefetch": "FSDP1 only (not read for version 2)",
+    "use_orig_params": "FSDP1 only (FSDP2 keeps per-parameter DTensor shards, the original parameters)",
+    "limit_all_gathers": "FSDP1 only (not read for version 2)",
+    "xla_fsdp_v2": "read only with xla true", "xla_fsdp_grad_ckpt": "read only with xla true",
+    "xla_fsdp_settings": "read only with xla true",
+}
+#: decoder-only model types whose transformers classes the hf-trainer profile is measured on and whose
+#: decoder layers are accelerate's TRANSFORMER_BASED_WRAP units (LlamaDecoderLayer, Qwen3DecoderLayer, ...)
+FSDP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def _fsdp_items(args: Fields) -> tuple[bool, list[str]]:
+    """Whether FSDP is on, and the legacy option words of a string / list ``fsdp`` (training_args.py
+    _apply_legacy_fsdp_to_config)."""
+    value = args.raw("fsdp")
+    if value in (None, False, "", []):
+        return False, []
+    if value is True:
+        return True, []
+    if isinstance(value, str):
+        return True, value.split()
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return True, list(value)
+    raise args.error("fsdp", f"must be true, an option string or a list of options, got {describe(value)}")
+
+
+def _fsdp(args: Fields, draft: Draft, path: Path, adapter: bool) -> None:
+    """TrainingArguments fsdp + fsdp_config -> training.framework: hf-fsdp2 (formulas/frameworks/hf-fsdp2.mf),
+    as transformers 5.25's TrainingArguments._process_fsdp_args builds accelerate's FSDP plugin and
+    accelerate 1.16's fsdp2_prepare_model / fsdp2_apply_ac apply it; what FSDP2 does otherwise is refused."""
+    on, items = _fsdp_items(args)
+    raw = args.raw("fsdp_config")
+    if not on:
+        if raw not in (None, {}, ""):
+            draft.warn("fsdp_config is set but fsdp is off: the Trainer ignores it (_process_fsdp_args)")
+        return
+    conf = _fsdp_config(args, raw, path)
+    version = conf.integer("version", 2)
+    if version != 2:
+        raise conf.error("version", f"is {version}: FSDP1 (FullyShardedDataParallel's flat parameters, its root "
+                                    f"unit holding the embedding and head gathered through the step) is not modelled; "
+                                    f"transformers 5 deprecates it: set version 2 (fully_shard, the hf-fsdp2 profile)")
+    raf, offload = True, False
+    for item in items:                  # _apply_legacy_fsdp_to_config: fsdp_config's own values win (setdefault)
+        if item == "full_shard":
+            raf = True
+        elif item == "shard_grad_op":
+            raf = False
+        elif item == "offload":
+            offload = True
+        elif item != "auto_wrap":
+            raise args.error("fsdp", f"holds {item!r}: with fsdp_config version 2 transformers accepts full_shard, "
+                                     f"shard_grad_op, offload and auto_wrap (hybrid_shard / no_shard are FSDP1's)")
+    raf = conf.boolean("reshard_after_forward", raf)
+    offload = conf.boolean("cpu_offload", offload)
+    if conf.boolean("xla", False):
+        raise conf.error("xla", "is true: torch_xla's FSDP is not modelled")
+    policy = conf.string("auto_wrap_policy", "TRANSFORMER_BASED_WRAP")
+    if policy != "TRANSFORMER_BASED_WRAP":
+        raise conf.error("auto_wrap_policy", f"is {policy!r}: memform's FSDP units are the decoder layers "
+                                             f"(TRANSFORMER_BASED_WRAP); size-based or no wrapping makes other units")
+    wrap = conf.raw("transformer_layer_cls_to_wrap")
+    names = [wrap] if isinstance(wrap, str) else wrap
+    if names is not None and (not isinstance(names, list) or len(names) != 1
+                              or not str(names[0]).endswith("DecoderLayer")):
+        raise conf.error("transformer_layer_cls_to_wrap", f"is {wrap!r}: memform's FSDP units are the decoder layers "
+                                                          f"(one class, e.g. LlamaDecoderLayer, the model's "
+                                                          f"_no_split_modules default)")
+    model_type = _model_type(draft)
+    if model_type not in FSDP_MODEL_TYPES:
+        raise args.error("fsdp", f"is on for a {model_type or 'unknown'!r} model: the hf-fsdp2 profile is measured "
+                                 f"on dense decoder-only models ({', '.join(FSDP_MODEL_TYPES)})")
+    if draft.get("model.tied_embeddings"):
+        raise args.error("fsdp", "is on for a model with tied embeddings: accelerate puts the shared embedding in the "
+                                 "[final norm, lm_head] unit, kept gathered through the step, which is not modelled")
+    if adapter or draft.get("lora.rank", 0):
+        raise args.error("fsdp", "is on with LoRA adapters: PEFT under FSDP2 is not modelled (hf-fsdp2)")
+    if draft.get("hf_trainer.optim") != "adamw_torch":
+        raise args.error("optim", f"is {args.raw('optim')!r} with fsdp: the hf-fsdp2 profile models torch AdamW "
+                                  f"over the FSDP2 shards only")
+    for key in ("offload_params", "activation_checkpointing_offload"):
+        if conf.has(key):
+            # accelerate's own spellings (its config file, FullyShardedDataParallelPlugin): transformers 5.25's
+            # _process_fsdp_args reads cpu_offload and activation_checkpointing only, so the Trainer drops these
+            conf.raw(key)
+            draft.warn(f"fsdp_config {key}: not read by the Trainer (transformers' _process_fsdp_args passes "
+                       f"cpu_offload and activation_checkpointing to accelerate, not {key}): no effect, sized without it")
+    ac = conf.boolean("activation_checkpointing", False)
+    if ac and draft.get("training.recompute") == "full":
+        raise conf.error("activation_checkpointing", "and the activation_checkpointing (gradient_checkpointing) "
+                                                     "training argument are both true: the Trainer refuses that")
+    if ac and args.raw("use_cache") is True:
+        # the Trainer sets config.use_cache = args.use_cache (trainer.py:646); under checkpoint_wrapper the
+        # model does not know it is checkpointed, builds its DynamicCache, and the checkpoint's saved
+        # arguments hold it (every layer's K and V) until backward
+        raise args.error("use_cache", "is true with fsdp_config activation_checkpointing: every layer's KV cache is "
+                                      "held by the checkpoints until backward, which is not modelled")
+    draft.refuse_unused(conf, FSDP_NEUTRAL)
+    draft.set("training.framework", "hf-fsdp2", "fsdp: the Trainer's FSDP2 through accelerate (formulas/"
+                                                "frameworks/hf-fsdp2.mf)")
+    draft.set("fsdp2.reshard_after_forward", raf, "fsdp_config reshard_after_forward (full_shard: true, "
+                                                  "shard_grad_op: false)")
+    draft.set("fsdp2.cpu_offload", offload, "fsdp_config cpu_offload (CPUOffloadPolicy)")
+    if ac:
+        draft.set("training.recompute", "full", "fsdp_config activation_checkpointing: accelerate's "
+                                                "checkpoint_wrapper per decoder layer (fsdp2_apply_ac)")
+    amp = draft.get("hf_trainer.amp")
+    mixed = "bf16" if args.raw("bf16") is True else ("fp16" if args.raw("fp16") is True else None)
+    if mixed:
+        # fsdp2_prepare_model upcasts every trainable parameter to fp32; set_mixed_precision: param_dtype =
+        # reduce_dtype = the mixed dtype (accelerate utils/fsdp_utils.py, utils/dataclasses.py)
+        why = f"{mixed} true with fsdp: accelerate's MixedPrecisionPolicy(param_dtype=reduce_dtype={mixed})"
+        draft.set("training.precision.params", mixed, why + ": the gathered parameters")
+        draft.set("training.precision.grads", mixed, why + ": the gradients' reduce-scatter")
+        draft.set("training.precision.master_weights", True, f"{mixed} true with fsdp: fsdp2_prepare_model "
+                                                              f"upcasts the trainable shards to fp32")
+        draft.set("training.precision.optimizer", "fp32", "AdamW moments of the fp32 shards")
+        draft.set("hf_trainer.amp", "none", f"{mixed} true with fsdp: autocast over {mixed} gathered weights "
+                                            f"casts none of them")
+    elif amp not in (None, "none"):
+        draft.set("hf_trainer.amp", "none", "no mixed precision")
+
+
+def _fsdp_config(args: Fields, raw: Any, path: Path) -> Fields:
+    """fsdp_config: a mapping, or the path of a JSON file (relative to the arguments file, else as given),
+    its keys without the "fsdp_" prefix, as _process_fsdp_args reads them."""
+    where = args.file
+    if isinstance(raw, str) and raw:
+        found = [p for p in (path.parent / raw, Path(raw)) if p.is_file()]
+        if not found:
+            raise args.error("fsdp_config", f"names {raw!r}, which is not a file (relative to {path.parent} or "
+                                            f"the current folder)")
+        where = found[0]
+        raw = read_json(where, "fsdp_config")
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise args.error("fsdp_config", f"must be a mapping or a JSON file name, got {describe(raw)}")
+    data = {(k[5:] if isinstance(k, str) and k.startswith("fsdp_") else k): v for k, v in raw.items()}
+    return Fields(data, where, "fsdp_config." if where == args.file else "")
+
+
+# ---- the Trainer running a ds_config (memform import deepspeed DS --model config.json --trainer ARGS) ------
+def _fill(node: dict, key: str, value: Any, hf_key: str, filled: list[str], mismatches: list[str],
+          must_match: bool = True) -> None:
+    """HfTrainerDeepSpeedConfig.fill_match (transformers 5.25 integrations/deepspeed.py:110): an "auto" value
+    becomes the Trainer's; any other must equal it (a mismatch is collected, and the Trainer raises)."""
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.get(part) if isinstance(node.get(part), dict) else None
+        if node is None:
+            return
+    if node.get(leaf) == "auto":
+        node[leaf] = value
+        filled.append(f"{key} = {json.dumps(value)} ({hf_key})")
+    elif must_match and node.get(leaf) is not None and node.get(leaf) != value:
+        mismatches.append(f"ds {key}={json.dumps(node.get(leaf))} vs hf {hf_key}={json.dumps(value)}")
+
+
+def fill_deepspeed_auto(args: Fields, data: dict, ds_path: Path, draft: Draft) -> dict:
+    """The ds_config as the Trainer hands it to DeepSpeed: its "auto" values filled from the training
+    arguments and the others checked against them, as HfTrainerDeepSpeedConfig.trainer_config_process does
+    (transformers 5.25 integrations/deepspeed.py:138-194; the bucket sizes of trainer_config_finalize are
+    the deepspeed importer's HF_AUTO). train_batch_size "auto" (world size × micro batch × accumulation) is
+    left to the importer's batch triangle, which knows the world size from --devices. Also sets
+    training.recompute from gradient_checkpointing (the Trainer calls gradient_checkpointing_enable)."""
+    import copy
+
+    for key, kind in OTHER_TRAINERS.items():
+        if args.has(key):
+            raise args.error(key, f"is set: this is a TRL {kind} configuration. memform sizes one supervised "
+                                  f"training step (Trainer / SFTTrainer)")
+    data = copy.deepcopy(data)
+    _, micro = args.first(("per_gpu_train_batch_size", "per_device_train_batch_size"), args.integer)
+    micro = 8 if micro is None else micro                          # TrainingArguments default
+    steps = args.integer("gradient_accumulation_steps", 1)
+    clip = args.number("max_grad_norm", 1.0)
+    fp16 = args.boolean("fp16", False) or args.boolean("fp16_full_eval", False)
+    bf16 = args.boolean("bf16", False) or args.boolean("bf16_full_eval", False)
+    finding = not args.boolean("auto_find_batch_size", False)
+    filled: list[str] = []
+    mismatches: list[str] = []
+    _fill(data, "train_micro_batch_size_per_gpu", micro, "per_device_train_batch_size", filled, mismatches, finding)
+    _fill(data, "gradient_accumulation_steps", steps, "gradient_accumulation_steps", filled, mismatches)
+    if data.get("train_batch_size") == "auto":
+        del data["train_batch_size"]      # world size × micro × accumulation: the batch triangle (--devices)
+        filled.append("train_batch_size = dp × micro batch × accumulation (world_size × per_device_train_batch_size "
+                      "× gradient_accumulation_steps)")
+    _fill(data, "gradient_clipping", clip, "max_grad_norm", filled, mismatches)
+    for key, field_name, default in (("optimizer.params.lr", "learning_rate", 5e-5),
+                                     ("optimizer.params.eps", "adam_epsilon", 1e-8),
+                                     ("optimizer.params.weight_decay", "weight_decay", 0.0),
+                                     ("scheduler.params.warmup_max_lr", "learning_rate", 5e-5)):
+        _fill(data, key, args.number(field_name, default), field_name, filled, mismatches)
+    _fill(data, "optimizer.params.betas", [args.number("adam_beta1", 0.9), args.number("adam_beta2", 0.999)],
+          "adam_beta1+adam_beta2", filled, mismatches)
+    _fill(data, "scheduler.params.warmup_min_lr", 0, "(not a Trainer argument)", filled, mismatches, False)
+    _fill(data, "fp16.enabled", fp16, "fp16|fp16_full_eval", filled, mismatches)
+    _fill(data, "bf16.enabled", bf16, "bf16|bf16_full_eval", filled, mismatches)
+    if mismatches:
+        raise MemformError(f"{args.file} and {ds_path} disagree, and the Trainer refuses to start "
+                           f"(HfTrainerDeepSpeedConfig.trainer_config_finalize: \"Please correct the following DeepSpeed "
+                           f"config values that mismatch TrainingArguments values\"): {'; '.join(mismatches)}")
+    filled = [f for f in filled if not f.startswith(("optimizer.params", "scheduler.params"))] + (
+        ["the optimizer / scheduler scalars"] if any(f.startswith(("optimizer.params", "scheduler.params"))
+                                                     for f in filled) else [])
+    if filled:
+        draft.header.append(f'"auto" values of {ds_path.name} filled from {args.file.name} as the HF Trainer fills '
+                            f"them (HfTrainerDeepSpeedConfig.trainer_config_process): " + "; ".join(filled))
+    _checkpointing(args, draft)
+    return data
+
+
+def deepspeed_step(args: Fields, draft: Draft, given, *, has_optimizer: bool) -> None:  # noqa: ANN001
+    """What the training arguments say of the step beyond the ds_config (after the deepspeed importer read
+    it): the sequence length, the attention kernel, the optimizer the Trainer makes when the ds_config has
+    none; fields that change the step in ways the deepspeed profile does not model are refused."""
+    for key, (allowed, why) in MUST_BE.items():
+        if key in ("deepspeed", "optim_args", "model_init_kwargs"):
+            continue
+        value = args.raw(key)
+        if value not in allowed:
+            raise args.error(key, f"is {json.dumps(value)}: {why}. memform cannot size this job, so it refuses the "
+                                  f"file rather than estimate a different step")
+    named = args.raw("deepspeed")
+    if isinstance(named, str) and named and Path(named).name != draft.source.name:
+        draft.warn(f"{args.file.name} names deepspeed {named!r}; the ds_config read is {draft.source.name}")
+    if args.boolean("use_peft", False) or args.boolean("load_in_4bit", False):
+        raise args.error("use_peft" if args.boolean("use_peft", False) else "load_in_4bit",
+                         "is true: PEFT adapters / a 4-bit base under DeepSpeed are not modelled by the deepspeed profile")
+    args.used.update(("lora_r", "lora_dropout", "lora_target_modules", "lora_alpha", "bnb_4bit_quant_type",
+                      "use_bnb_nested_quant", "optim_args", "model_init_kwargs"))
+    name = args.string("optim", "adamw_torch")
+    if has_optimizer:
+        if args.has("optim") and name not in ("adamw_torch", "adamw_torch_fused"):
+            draft.warn(f"optim {name!r}: not used, the ds_config's optimizer section makes DeepSpeed's own "
+                       f"(transformers integrations/deepspeed.py deepspeed_optim_sched)")
+    elif name not in ("adamw_torch", "adamw_torch_fused") or args.raw("optim_args"):
+        raise args.error("optim", f"is {name!r} and the ds_config has no optimizer section: DeepSpeed wraps the "
+                                  f"Trainer's {name} optimizer, whose states the deepspeed profile does not count "
+                                  f"(it counts Adam's two moments)")
+    key, dtype = args.alias(("dtype", "torch_dtype"), args.string)
+    loaded = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(str(dtype).removeprefix("torch."), dtype)
+    if key is not None and loaded not in ("auto", draft.get("training.precision.params")):
+        draft.warn(f"{key} {dtype}: DeepSpeed casts the model to the ds_config's precision "
+                   f"({draft.get('training.precision.params')}; engine.py _configure_distributed_model)")
+    attn = args.string("attn_implementation", None)
+    if attn is not None:
+        draft.set("model.flash_attention", attn != "eager",
+                  f"attn_implementation {attn}" + ("" if attn == "eager" else ": no a·s² scores kept"))
+    _seq(args, draft, given)
+    for key in ("per_gpu_train_batch_size", "per_device_train_batch_size", "gradient_accumulation_steps",
+                "max_grad_norm", "fp16", "bf16", "fp16_full_eval", "bf16_full_eval", "auto_find_batch_size",
+                "learning_rate", "adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay", "use_peft",
+                "load_in_4bit", "adafactor", "fsdp", "fsdp_config"):
+        args.used.add(key)
+    if args.raw("fsdp") not in (None, False, "", []):
+        raise args.error("fsdp", "is set with a ds_config: the Trainer runs either DeepSpeed or FSDP")
+    draft.refuse_unused(args, NEUTRAL)
