@@ -123,6 +123,8 @@ class Row:
             # error, apart from the allocated categories' (which have their own columns)
             return relative_error(self.measured["reserved"] + self.estimated["reserve"] - self.measured["reserve"],
                                   self.measured["reserved"])
+        if cat not in self.estimated or cat not in self.measured:
+            return float("nan")      # a category this harness or profile does not give (the optimizer step)
         return relative_error(self.estimated[cat], self.measured[cat])
 
     def checked(self, cat: str) -> bool:
@@ -143,7 +145,7 @@ class Row:
 
     def to_dict(self) -> dict[str, Any]:
         return {"case": self.case.label(), "measured": self.measured, "estimated": self.estimated,
-                "error": {c: self.error(c) for c in CATEGORIES}}
+                "error": {c: self.error(c) for c in CATEGORIES if c in self.measured and c in self.estimated}}
 
 
 def estimated(cfg: dict[str, Any], stage_index: int = 0) -> dict[str, int]:
