@@ -44,24 +44,36 @@ def test_the_fsdp_job_maps_onto_hf_fsdp2():
                                      "training.recompute", "training.precision.params",
                                      "training.precision.master_weights", "training.precision.optimizer",
                                      "hf_trainer.amp", "parallel.dp", "training.micro_batch_size",
-                                     "training.num_micro_batches")}
+                                     "training.num_micro_batches", "parallel.grad_accumulation_shard")}
     assert got == {"training.framework": "hf-fsdp2", "fsdp2.reshard_after_forward": True, "fsdp2.cpu_offload": False,
                    "training.recompute": "full", "training.precision.params": "bf16",
                    "training.precision.master_weights": True, "training.precision.optimizer": "fp32",
                    "hf_trainer.amp": "none", "parallel.dp": 8, "training.micro_batch_size": 2,
-                   "training.num_micro_batches": 8}
+                   "training.num_micro_batches": 8, "parallel.grad_accumulation_shard": False}
 
 
 def test_the_shards_are_one_eighth_on_eight_ranks():
     # the mechanism, not a fitted number: fp32 shards, sharded gradients and AdamW moments over 8 ranks are the
     # single rank's bytes / 8, beside the [final norm, lm_head] unit accelerate keeps gathered in bf16 from
-    # forward to backward (fsdp2_prepare_model's tail unit, reshard_after_forward=False) on every rank
+    # forward to backward (fsdp2_prepare_model's tail unit, reshard_after_forward=False) on every rank, and
+    # beside the unsharded bf16 gradients the 8 accumulation steps keep under no_sync on every rank
     one, eight = (memform.estimate(imported(devices=n).config()).stages[0].values for n in (1, 8))
     n = 8_030_261_248                           # Llama-3.1-8B's parameters (tests/test_import_hf_models.py)
     head = 128256 * 4096 + 4096                 # lm_head + final norm (its config.json: vocab 128256, hidden 4096)
-    assert (one["grads"], eight["grads"]) == (4 * n, 4 * n // 8)
+    assert (one["grads"], eight["grads"]) == (4 * n + 2 * n, 4 * n // 8 + 2 * n)
     assert (one["optimizer"], eight["optimizer"]) == (8 * n, 8 * n // 8)
     assert (one["params"], eight["params"]) == (4 * n + 2 * head, 4 * n // 8 + 2 * head)
+
+
+def test_sync_each_batch_keeps_the_gradients_sharded(tmp_path):
+    # accelerator_config gradient_accumulation_kwargs sync_each_batch: the Trainer reduce-scatters every
+    # micro-batch (trainer.py _inner_training_loop: no no_sync context)
+    accel = {**json.loads(ARGS.read_text())["accelerator_config"],
+             "gradient_accumulation_kwargs": {"sync_each_batch": True}}
+    draft = imported(changed(tmp_path, accelerator_config=accel))
+    assert draft.get("parallel.grad_accumulation_shard") is True
+    grads = memform.estimate(draft.config()).stages[0].values["grads"]
+    assert grads == 4 * 8_030_261_248 // 8
 
 
 @pytest.mark.parametrize("change, legacy, raf, offload", [

@@ -497,6 +497,16 @@ def _fsdp(args: Fields, draft: Draft, path: Path, adapter: bool) -> None:
     draft.set("fsdp2.reshard_after_forward", raf, "fsdp_config reshard_after_forward (full_shard: true, "
                                                   "shard_grad_op: false)")
     draft.set("fsdp2.cpu_offload", offload, "fsdp_config cpu_offload (CPUOffloadPolicy)")
+    # trainer.py _inner_training_loop runs every micro-batch but the last under accelerator.no_sync
+    # (FSDP2: set_requires_gradient_sync(False)) unless accelerator_config gradient_accumulation_kwargs
+    # sync_each_batch: FSDP2 then keeps the unsharded gradients (in reduce_dtype) across the micro-batches
+    accel = args.raw("accelerator_config")
+    kwargs = (accel.get("gradient_accumulation_kwargs") or {}) if isinstance(accel, dict) else {}
+    sync_each = bool(kwargs.get("sync_each_batch", False)) if isinstance(kwargs, dict) else False
+    draft.set("parallel.grad_accumulation_shard", sync_each,
+              "accelerator_config gradient_accumulation_kwargs sync_each_batch: reduce-scatter every micro-batch"
+              if sync_each else "the Trainer accumulates under accelerate's no_sync (set_requires_gradient_sync"
+                                "(False)): unsharded gradients held across gradient_accumulation_steps")
     if ac:
         draft.set("training.recompute", "full", "fsdp_config activation_checkpointing: accelerate's "
                                                 "checkpoint_wrapper per decoder layer (fsdp2_apply_ac)")

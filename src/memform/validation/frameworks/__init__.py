@@ -124,6 +124,8 @@ class Row:
             # error, apart from the allocated categories' (which have their own columns)
             return relative_error(self.measured["reserved"] + self.estimated["reserve"] - self.measured["reserve"],
                                   self.measured["reserved"])
+        if cat not in self.estimated or cat not in self.measured:
+            return float("nan")      # a category this harness or profile does not give (the optimizer step)
         return relative_error(self.estimated[cat], self.measured[cat])
 
     def checked(self, cat: str) -> bool:

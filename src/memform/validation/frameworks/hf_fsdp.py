@@ -53,6 +53,9 @@ class FSDPCase:
     ac: bool = False
     #: TrainingArguments bf16 (accelerate mixed precision: fp32 shards, bf16 MixedPrecisionPolicy, autocast)
     bf16: bool = False
+    #: TrainingArguments gradient_accumulation_steps: the Trainer runs all but the last micro-batch under
+    #: accelerate's no_sync (FSDP2: set_requires_gradient_sync(False)), which keeps unsharded gradients
+    gas: int = 1
     rank: int = 0
 
     def job(self) -> "FSDPCase":
@@ -60,7 +63,8 @@ class FSDPCase:
 
     def label(self) -> str:
         return (f"hf-fsdp2 llama L{self.L} h{self.h} b{self.b} s{self.s} sdpa {'bf16' if self.bf16 else 'fp32'}"
-                f"{' ac' if self.ac else ''} raf={self.reshard} dp{self.world} rank{self.rank}")
+                f"{' ac' if self.ac else ''}{f' gas{self.gas}' if self.gas > 1 else ''} raf={self.reshard} "
+                f"dp{self.world} rank{self.rank}")
 
     # ---- the job's two files --------------------------------------------------------------------------
     def hf_config(self) -> Any:
@@ -73,7 +77,7 @@ class FSDPCase:
 
     def training_args(self) -> dict[str, Any]:
         """training_args.json of the job, as a Trainer user writes it."""
-        return {"output_dir": "out", "per_device_train_batch_size": self.b, "gradient_accumulation_steps": 1,
+        return {"output_dir": "out", "per_device_train_batch_size": self.b, "gradient_accumulation_steps": self.gas,
                 "bf16": self.bf16, "dtype": "float32", "optim": "adamw_torch", "attn_implementation": "sdpa",
                 "fsdp": True, "fsdp_config": {"version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
                                               "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
@@ -175,8 +179,26 @@ def _run_rank(case: FSDPCase, rank: int, world: int) -> tuple[dict[str, int], di
     forward().backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-    static = storages_of([*(_local(p) for p in params), *model.buffers(), ids, *(_local(t) for t in states())])
+    # gradient accumulation (trainer.py _inner_training_loop: every micro-batch but the last under
+    # accelerator.no_sync, i.e. FSDPModule.set_requires_gradient_sync(False)): FSDP2 keeps each unsharded
+    # gradient (FSDPParam.unsharded_accumulated_grad in reduce_dtype, else the unsharded parameter's .grad)
+    # until the last micro-batch's reduce-scatter -- measured between the micro-batches, counted as grads
+    from ..fsdp2 import _fsdp_params
+
+    accumulated, held = 0, []
+    if case.gas > 1:
+        model.set_requires_gradient_sync(False)
+        for _ in range(case.gas - 1):
+            forward().backward()
+        held = [fp.unsharded_accumulated_grad if fp.unsharded_accumulated_grad is not None
+                else fp._unsharded_param.grad for fp in _fsdp_params(model)]
+        accumulated = sum(st.nbytes() for st in storages_of(_local(t) for t in held if t is not None))
+        model.set_requires_gradient_sync(True)
+    # (the accumulated gradients are grads: the last micro-batch's post_backward adds into them in place)
+    static = storages_of([*(_local(p) for p in params), *model.buffers(), ids, *(_local(t) for t in states()),
+                          *(_local(t) for t in held if t is not None)])
     measured, by_op = trace_step(model, static, forward, opt.step, states, copy_out_is_fsdp=True)
+    measured["grads"] += accumulated
     opt.zero_grad(set_to_none=True)
     return {k: int(v) for k, v in measured.items()}, by_op.get("activations_peak", {})
 
@@ -193,7 +215,7 @@ def sweep() -> list[FSDPCase]:
     bf16 mixed precision, fsdp_config activation_checkpointing; 2 ranks, both shown."""
     cases: list[FSDPCase] = []
     for c in (BASE, replace(BASE, reshard=False), replace(BASE, bf16=True), replace(BASE, ac=True),
-              replace(BASE, bf16=True, ac=True)):
+              replace(BASE, bf16=True, ac=True), replace(BASE, gas=2), replace(BASE, bf16=True, gas=2)):
         cases += _ranks(c)
     return cases
 
