@@ -183,8 +183,10 @@ def _op_sac_saved(b, s, t, sp):
 @pytest.mark.parametrize("b, s, t", [(1, 8192, 1), (2, 8192, 1), (1, 8192, 2), (1, 4096, 8)])
 def test_op_level_sac_keeps_what_the_policy_saves(b, s, t):
     draft = import_config("torchtitan", FIXTURES / "llama3_8b.toml", Options(devices=8))
+    # the import's global batch is local_batch_size × dp (torchtitan's global_batch_size -1): b × 8
     est = numbers(draft.config(), {"training.micro_batch_size": b, "model.seq_length": s, "parallel.tp": t,
-                                            "parallel.sequence_parallel": t > 1, "parallel.devices": 8 * t})
+                                   "parallel.sequence_parallel": t > 1, "parallel.devices": 8 * t,
+                                   "training.global_batch_size": 8 * b})
     layer = next(g for g in est.stages[0].layers if g.block == "decoder")
     assert layer.mode == "selective"
     assert layer.per_layer_values["activations"] == _op_sac_saved(b, s, t, sp=t > 1)

@@ -251,6 +251,25 @@ def test_megatron_gpt3_matches_the_bundled_korthikanti_config() -> None:
     assert [s.peak_bytes for s in mine.stages] == [s.peak_bytes for s in theirs.stages]
 
 
+@pytest.mark.parametrize("extra, flash, refused", [
+    # no attention flag: with context parallelism Transformer Engine runs its flash / fused kernel only
+    ("--context-parallel-size 2", True, False),
+    ("", False, False),
+    # Megatron-Core's local DotProductAttention asserts context_parallel_size == 1: refused, the key named
+    ("--context-parallel-size 2 --transformer-impl local", False, True),
+    # all-to-all CP (Ulysses) runs any kernel on whole sequences
+    ("--context-parallel-size 2 --transformer-impl local --cp-comm-type a2a", False, False),
+])
+def test_megatron_context_parallelism_runs_fused_attention(tmp_path: Path, extra, flash, refused) -> None:
+    script = tmp_path / "args.txt"
+    script.write_text("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 4096 "
+                      "--vocab-size 32000 --micro-batch-size 1 --bf16 " + extra + "\n")
+    draft = imported("megatron", script)
+    assert draft.get("model.flash_attention") is flash
+    assert (draft.load_error is not None and "needs fused attention (model.flash_attention: true)"
+            in draft.load_error) is refused, draft.load_error
+
+
 def test_megatron_defaults_mla_moe_layer_freq_and_pipeline_split(tmp_path: Path) -> None:
     args = ("--num-layers 61 --hidden-size 7168 --num-attention-heads 128 --seq-length 4096 "
             "--swiglu --vocab-size 129280 --multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 "

@@ -457,7 +457,7 @@ def estimate_or_skip(cfg: dict[str, Any], **kw: Any) -> api.Estimate:
     try:
         return interpreted(cfg, **kw) if kw else numbers(cfg)
     except MemformError as exc:
-        assume(not any(w in str(exc) for w in ("must divide", "needs parallel", "split evenly")))
+        assume(not any(w in str(exc) for w in ("must divide", "needs parallel", "split evenly", "needs fused attention")))
         raise
 
 

@@ -275,11 +275,16 @@ def test_backward_peak_splits_over_tensor_and_context_parallel_ranks(point, fram
     parallelism; Liu et al. 2023). A gradient has the shape of its tensor, so at t = 2 or cp = 2 every
     moment of the one-layer model -- forward's end and the backward peak -- is exactly half. (DTensor's
     TP under the torch profile keeps h-wide tensors whole, torch.mf, so only its CP split is exact.)"""
+    # ring context parallelism runs fused attention only (dense.mf: Megatron-Core's DotProductAttention
+    # refuses cp > 1); an eager point splits its a·s² core over cp ranks by heads instead (Ulysses)
+    eager = not point.config()["model"].get("flash_attention", False)
+    algo = {"cp_algo": "ulysses"} if "cp" in par and eager else {}
+
     def moments(parallel):
         cfg = point.config()
         if framework:
             cfg["training"]["framework"] = framework
-        cfg["parallel"].update(parallel)
+        cfg["parallel"].update({**parallel, **algo})
         return dict(memform.estimate(cfg).stages[0].moments)
 
     one, split = moments({}), moments(par)

@@ -137,8 +137,10 @@ _NUMERIC = {"parallel.dp": [1, 2, 3, 4, 8, 16], "parallel.tp": [1, 2, 3, 4, 8, 1
 AGREEMENT = [
     ("llama3-70b.yaml", {"parallel.pp": [1, 2, 4, 8], "training.recompute": ["none", "selective", "full"],
                          "parallel.zero": [0, 1, 2, 3]}, {}),
+    # eager attention: ring CP 2 is refused (dense.mf: fused attention only), both sides must agree on it
     ("gpt3-175b.yaml", {"parallel.pp": [4, 8], "training.recompute": ["none", "full"],
-                        "parallel.zero": [0, 3], "parallel.pp_schedule": ["1f1b", "gpipe"]}, {}),
+                        "parallel.zero": [0, 3], "parallel.pp_schedule": ["1f1b", "gpipe"]},
+     {"parallel.cp": [1, 1, 1, 2]}),
     # MoE with tp > 1 needs sequence parallelism (moe.mf); expert_tp follows tp by default
     ("mixtral-8x7b.yaml", {"parallel.pp": [1, 2], "training.recompute": ["none", "full"], "parallel.zero": [0, 1]},
      {"parallel.tp": [1, 1, 2], "parallel.dp": [4, 8, 16], "parallel.sequence_parallel": [True]}),

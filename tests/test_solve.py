@@ -159,12 +159,21 @@ def test_solve_answers_only_values_every_requirement_accepts():
 
 
 def test_ring_context_parallelism_needs_two_cp_chunks_of_the_sequence(gpt3):
-    """Ring CP cuts the sequence into 2·cp chunks (Megatron-LM get_batch_on_this_cp_rank)."""
+    """Ring CP cuts the sequence into 2·cp chunks (Megatron-LM get_batch_on_this_cp_rank), and runs fused
+    attention only (megatron-core 0.19.2 transformer/dot_product_attention.py:57 asserts
+    context_parallel_size == 1 for the unfused core; Transformer Engine disables its unfused kernel
+    under CP); Ulysses' all-to-all takes any kernel."""
+    gpt3["model"]["flash_attention"] = True
     gpt3["model"]["seq_length"] = 2 * 4 * 255 + 4  # divisible by cp = 4, not by 2·cp = 8
     gpt3["parallel"]["cp"] = 4
     with pytest.raises(memform.MemformError, match="2 × parallel.cp"):
         memform.estimate(gpt3)
     gpt3["model"]["seq_length"] = 2048
+    memform.estimate(gpt3)
+    gpt3["model"]["flash_attention"] = False   # configs/gpt3-175b.yaml: Korthikanti's eager core
+    with pytest.raises(memform.MemformError, match=r"needs fused attention \(model\.flash_attention: true\)"):
+        memform.estimate(gpt3)
+    gpt3["parallel"]["cp_algo"] = "ulysses"
     memform.estimate(gpt3)
 
 

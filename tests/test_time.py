@@ -27,11 +27,14 @@ UNIT_DEVICE = {"peak_flops_bf16": 10 ** 12, "efficiency": 1, "intra_node_bandwid
                "inter_node_bandwidth": 10 ** 12, "devices_per_node": 8, "capacity_gib": 80}
 
 
-def gpt(h=2048, a=16, L=4, s=1024, v=51200, b=2, m=4, **parallel):
-    """A GPT-3-style model (GeLU, f = 4h, MHA, no flash) on the unit device."""
+def gpt(h=2048, a=16, L=4, s=1024, v=51200, b=2, m=4, flash=None, **parallel):
+    """A GPT-3-style model (GeLU, f = 4h, MHA, no flash) on the unit device; with context parallelism
+    the attention is flash (ring and all-gather CP run fused attention only: dense.mf's require)."""
+    flash = parallel.get("cp", 1) > 1 if flash is None else flash
     return {"name": "gpt", "formulas": ["dense.mf"],
             "model": {"hidden_size": h, "num_heads": a, "num_layers": L, "vocab_size": v, "seq_length": s,
-                      "activation": "gelu", "norm": "layernorm", "bias": True, "dropout": True},
+                      "activation": "gelu", "norm": "layernorm", "bias": True, "dropout": True,
+                      "flash_attention": flash},
             "parallel": {"dp": 1, "tp": 1, "pp": 1, **parallel},
             "training": {"micro_batch_size": b, "num_micro_batches": m, "recompute": "full"},
             "device": dict(UNIT_DEVICE)}
@@ -201,14 +204,15 @@ def test_a_ring_slower_than_the_attention_shows_its_excess():
     # only what the attention cannot hide shows. Each rank receives the other cp - 1 chunks' K and V
     # (s/cp tokens, 2h wide, bf16) once in forward; backward brings K,V again and returns dK,dV (3
     # passes), full recompute runs the forward's pass again (4). Hidden under the core's FLOPs:
-    # 4·b·(s/cp)·s·h per forward (QKᵀ and scores·V), twice that in eager backward, again when recomputed.
+    # 4·b·(s/cp)·s·h per forward (QKᵀ and scores·V), 5/2 of that in flash backward (FlashAttention-2
+    # §3.1.2: ring CP runs fused attention only), again when recomputed.
     h, L, s, b, m, cp = 2048, 4, 1024, 2, 4, 2
     cfg = gpt(h=h, L=L, s=s, b=b, m=m, cp=cp)
     cfg["device"]["intra_node_bandwidth"] = 10 ** 8  # 10^4 ps per byte: the ring is the slower
     est = numbers(cfg)
     ring_bytes = 4 * (cp - 1) * 2 * (s // cp) * b * 2 * h
     core = 4 * b * (s // cp) * s * h
-    hidden_ps = core + 2 * core + core  # at 10^12 FLOP/s: picoseconds = FLOPs
+    hidden_ps = core + core * 5 // 2 + core  # at 10^12 FLOP/s: picoseconds = FLOPs
     # + the last dK,dV block's trip home after the ring's last step (one s/cp chunk, nothing hides it)
     tail = 2 * (s // cp) * b * 2 * h
     assert est.stages[0].time_ps["cp"] == m * L * (ring_bytes * 10 ** 4 - hidden_ps + tail * 10 ** 4)
@@ -359,7 +363,7 @@ def test_a_context_parallel_ring_across_nodes_uses_the_inter_node_links():
     ring_bytes = 4 * (cp - 1) * 2 * (s // cp) * b * 2 * h // t   # K,V of the t-split heads (as above)
     core = 4 * b * (s // cp) * s * h // t
     tail = 2 * (s // cp) * b * 2 * h // t
-    assert est.stages[0].time_ps["cp"] == m * L * (ring_bytes * 10 ** 4 - 4 * core + tail * 10 ** 4)
+    assert est.stages[0].time_ps["cp"] == m * L * (ring_bytes * 10 ** 4 - core * 9 // 2 + tail * 10 ** 4)
 
 
 def test_ring_context_parallelism_merges_each_steps_partial_results_at_memory_speed():
@@ -672,7 +676,8 @@ def test_gemm_tile_quantization_adds_the_idle_tile_slots_of_every_projection(rec
     # over the micro-batch's b·s/cp tokens (CP keeps s/cp of the sequence), forward + backward, the
     # layers' forward again when fully recomputed
     h, a, L, s, v, b, m, t, S = 1792, 14, 2, 1000, 50000, 2, 2, 2, 108
-    base = gpt(h, a, L, s, v, b, m, tp=t, cp=cp)
+    # an eager core, which has no idle SM slots of its own (ring CP needs a flash one: CP by Ulysses here)
+    base = gpt(h, a, L, s, v, b, m, flash=False, tp=t, cp=cp, cp_algo="ulysses")
     base["training"]["recompute"] = recompute
     quantized = json.loads(json.dumps(base))
     quantized["device"]["sm_count"] = S

@@ -471,12 +471,14 @@ def _structures(model: Model, overrides: list[dict[str, Any]], keys: tuple[str, 
 
 def complexity(row: dict[str, Any], seq_length: int | None = None) -> tuple[int, list[str]]:
     """How unusual a plan is, and what makes it so: a point for each parallel dimension beyond data
-    parallelism (tp, pp, cp, ep, an interleaved pipeline) and for ZeRO-3 (every parameter
+    parallelism (tp, pp, cp, an interleaved pipeline) and for ZeRO-3 (every parameter
     all-gathered per micro-batch: PP is the published choice at scale), one more for context
-    parallelism on sequences shorter than :data:`LONG_CONTEXT`."""
+    parallelism on sequences shorter than :data:`LONG_CONTEXT`. Expert parallelism is no point: it
+    shards the experts over ranks that are data-parallel already (Megatron-Core's expert groups are
+    carved from the dp × cp ranks; no device dimension of its own), and it is how every published MoE
+    run trains (DeepSeek-V3 §3.2: EP 64; Megatron-Bridge's Qwen3-30B-A3B recipes: EP 8)."""
     traits = [name for name, on in (("tp", row["tp"] > 1), ("pp", row["pp"] > 1), ("cp", row["cp"] > 1),
-                                    ("ep", (row.get("ep") or 1) > 1), ("interleaving", row["vpp"] > 1),
-                                    ("ZeRO-3", row.get("zero") == 3)) if on]
+                                    ("interleaving", row["vpp"] > 1), ("ZeRO-3", row.get("zero") == 3)) if on]
     points = len(traits)
     if row["cp"] > 1 and seq_length is not None and seq_length < LONG_CONTEXT:
         points += 1

@@ -1054,6 +1054,12 @@ def _attention_kernel(f: Fields, draft: Draft) -> None:
         draft.set("model.flash_attention", True, "--use-flash-attn")
     elif backend is not None:
         draft.set("model.flash_attention", backend in ("flash", "fused", "auto"), f"--attention-backend {backend}")
+    elif f.integer("context-parallel-size", 1) > 1:
+        # Transformer Engine's get_attention_backend disables UnfusedDotProductAttention under context
+        # parallelism: its flash or fused (cuDNN) kernel runs, no a·s² scores kept (--transformer-impl
+        # local: Megatron-Core's DotProductAttention refuses cp > 1, formulas/dense.mf's require says so)
+        draft.set("model.flash_attention", True, "--context-parallel-size > 1: Transformer Engine runs context "
+                  "parallelism in its flash or fused attention only")
     else:
         draft.set("model.flash_attention", False, "no --use-flash-attn / --attention-backend")
 
