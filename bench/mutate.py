@@ -984,7 +984,6 @@ def draw_configs(seed: int, n: int, p_option: float = 0.35, time_model: bool = F
     if not targeted:
         return out
     _, _, missing = option_coverage(out)
-    raws = dict(bases)
     k = 0
     for item in missing:
         key, value = item.split("=", 1)
