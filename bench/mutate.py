@@ -828,7 +828,7 @@ def _repair(raw: dict, over: dict, rng: random.Random, keep: tuple[str, ...] = (
     return 0
 
 
-#: option PAIRS (stop 45): terms that two or three option values gate together, which per-value targeted
+#: option PAIRS (stop 45; 26): terms that two or three option values gate together, which per-value targeted
 #: draws reach only by chance (each pins one value; the rest is drawn, and the repair takes drawn keys back).
 #: Each is (why, base, pinned overrides); a pair the loader refuses is left out and named on stderr. From the
 #: "equivalent" mutants of seeds 101, 202 and 303 (bench/results/mutate-equivalent.md) that were space misses.
@@ -837,6 +837,8 @@ _HF = {"training.framework": "hf-trainer", "parallel.tp": 1, "parallel.sequence_
        "training.precision.grads": "fp32", "training.precision.optimizer": "fp32",
        "training.precision.master_weights": False}
 _DS3 = {"training.framework": "deepspeed", "parallel.zero": 3, "parallel.dp": 4, "parallel.pp": 1}
+_TOY_WIDTH = {"model.hidden_size": 256, "model.num_heads": 8, "model.num_kv_heads": 4, "model.ffn_hidden_size": 512,
+              "model.vocab_size": 1024, "model.num_layers": 4, "model.seq_length": 512}
 PAIR_DRAWS: tuple[tuple[str, str, dict], ...] = (
     # Muon's AdamW share of the non-matrix parameters, per layer kind (mamba.mf, mamba1.mf, lfm2.mf vec_params)
     ("muon x hybrid layers", "toy-hybrid", {"training.optimizer": "muon", "model.short_conv_bias": True}),
@@ -856,6 +858,13 @@ PAIR_DRAWS: tuple[tuple[str, str, dict], ...] = (
     ("ZeRO-3 small tensors x MoE", "configs/mixtral-8x7b.yaml",
      {**_DS3, "parallel.ep": 1, "deepspeed.modeling": "transformers",
       "deepspeed.stage3_param_persistence_threshold": 10 ** 7}),
+    # ... and at a toy width, where the layers' sum is below the reuse window (z3_live) and ds_small reaches the
+    # working set (checked on these two draws alone: seed 202's deepspeed.mf:179:56 and seed 101's :247:62 live)
+    ("ZeRO-3 small tensors x toy width, transformers modeling, tp 2", "configs/llama3-8b.yaml",
+     {**_DS3, **_TOY_WIDTH, "deepspeed.modeling": "transformers", "parallel.tp": 2}),
+    ("ZeRO-3 small tensors x toy width x short reuse", "configs/llama3-8b.yaml",
+     {**_DS3, **_TOY_WIDTH, "parallel.tp": 2, "deepspeed.stage3_max_reuse_distance": 0,
+      "deepspeed.stage3_prefetch_bucket_size": 10 ** 5}),
     ("ZeRO-3 prefetch x small live budget", "configs/llama3-8b.yaml",
      {**_DS3, "deepspeed.stage3_max_live_parameters": 1, "deepspeed.stage3_prefetch_bucket_size": 8,
       "deepspeed.stage3_max_reuse_distance": 0}),
@@ -975,7 +984,6 @@ def draw_configs(seed: int, n: int, p_option: float = 0.35, time_model: bool = F
     if not targeted:
         return out
     _, _, missing = option_coverage(out)
-    raws = dict(bases)
     k = 0
     for item in missing:
         key, value = item.split("=", 1)
