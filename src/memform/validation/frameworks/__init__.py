@@ -18,6 +18,7 @@ framework that is not installed is reported as not run, with the reason, never p
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -124,8 +125,8 @@ class Row:
             # error, apart from the allocated categories' (which have their own columns)
             return relative_error(self.measured["reserved"] + self.estimated["reserve"] - self.measured["reserve"],
                                   self.measured["reserved"])
-        if cat not in self.estimated or cat not in self.measured:
-            return float("nan")      # a category this harness or profile does not give (the optimizer step)
+        if cat not in self.measured or cat not in self.estimated:
+            return math.nan   # a category this case does not measure (host: only offloading cases; the optimizer step)
         return relative_error(self.estimated[cat], self.measured[cat])
 
     def checked(self, cat: str) -> bool:

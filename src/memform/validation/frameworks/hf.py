@@ -69,7 +69,7 @@ class HFCase:
             moe += (f" lora{self.lora_r}[{'+'.join(t.split('_')[0] for t in self.lora_targets)}]"
                     f"{f' drop{self.lora_dropout:g}' if self.lora_dropout else ''}")
         return (f"hf {self.model} {shape}{moe} b{self.b} s{self.s} {self.attn}"
-                f"{' gc' if self.gc else ''}{'-offload' if self.offload else ''} {self.dtype}{' fake' if self.fake else ''}"
+                f"{' gc' if self.gc else ''}{'-offload' if getattr(self, 'offload', False) else ''} {self.dtype}{' fake' if self.fake else ''}"
                 f"{'' if self.device == 'cpu' else ' ' + self.device}")
 
     # ---- the model, as transformers configures it ------------------------------------------------
@@ -107,7 +107,7 @@ class HFCase:
         }
         if self.dtype == "amp-bf16":
             over.update({"hf_trainer.amp": "bf16", "hf_trainer.autocast_device": self.device})
-        if self.offload:
+        if getattr(self, "offload", False):   # the hf_nas / hf_vision cases share these methods
             over["training.activation_offload"] = "checkpoint"
         return over
 
