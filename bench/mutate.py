@@ -68,6 +68,7 @@ what stays equivalent under it is argued mutant by mutant in bench/results/mutat
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import dataclasses
 import fnmatch
@@ -288,12 +289,21 @@ def generate(path: Path) -> list[Mutant]:
             if isinstance(tok, Token) and str(tok) in SWAPS:
                 new = SWAPS[str(tok)]
                 edits.append((tok.start_pos, tok.end_pos, new, tok.start_pos, "symbol", f"{tok} -> {new}"))
+    # the top-level declarations' spans: a dropped term is re-parsed within its own declaration only.
+    # Every declaration starts with a keyword that cannot continue an expression, and the parser is in
+    # the same state before each (grammar/memform.lark: start: item*), so the file parses iff the edited
+    # declaration parses on its own (the text around it is unchanged; ToAst keeps no state across
+    # declarations); a whole-file parse per mutant was most of generate()'s time
+    starts = [_span(item)[0] for item in tree.children]
+    ends = [_span(item)[1] for item in tree.children]
     out = []
     for s, e, new, pos, kind, desc in sorted(edits, key=lambda x: (x[3], x[4], x[5])):
         mutated = text[:s] + new + text[e:]
         if kind == "drop":     # a token swap keeps the grammar; a dropped term is re-parsed to be sure
+            k = bisect.bisect_right(starts, s) - 1
+            lo, hi = starts[k], ends[k]
             try:
-                parse_text(mutated, rel)
+                parse_text(text[lo:s] + new + text[e:hi] if lo <= s and e <= hi else mutated, rel)
             except MemformError:
                 continue       # not seen for the bundled files; never counted
         line = text.count("\n", 0, pos) + 1

@@ -10,7 +10,6 @@ must decline, never answer). The on-disk cache is tested for corruption, stalene
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import subprocess
@@ -285,11 +284,12 @@ def test_search_structures_are_cached_and_compiled_alike_in_parallel(own_cache, 
     keys = tuple(k for k in compiled_mod.NUMERIC_KEYS if model.symbol_for_key(k) is not None)
     structures = _structures(model)
     monkeypatch.setattr(compiled_mod, "PARALLEL_MIN", 2)
-    forked = []
-    monkeypatch.setattr(compiled_mod, "ProcessPoolExecutor",
-                        lambda *a, **k: forked.append(1) or concurrent.futures.ProcessPoolExecutor(*a, **k))
+    here = []
+    real_one = compiled_mod._compile_one
+    monkeypatch.setattr(compiled_mod, "_compile_one", lambda *a: here.append(1) or real_one(*a))
     parallel = compiled_mod.compile_structures(model, structures, keys, workers=2, cache=False)
-    assert forked  # really compiled in worker processes
+    assert not here  # every structure compiled in the (forked) worker processes, none in this one
+    monkeypatch.setattr(compiled_mod, "_compile_one", real_one)
     calls = []
     real = compiled_mod._compile_one
     monkeypatch.setattr(compiled_mod, "_compile_one", lambda *a: calls.append(1) or real(*a))
@@ -312,6 +312,25 @@ def test_search_structures_are_cached_and_compiled_alike_in_parallel(own_cache, 
     rebuilt = compiled_mod.compile_structures(model, structures, keys, workers=1)
     assert len(calls) == 2 * len(structures)
     assert [getattr(r, "stages", str(r)) for r in rebuilt] == [getattr(r, "stages", str(r)) for r in first]
+
+
+def test_a_worker_failure_reaches_the_caller(monkeypatch):
+    """An exception other than a refusal in a worker process is raised again in the caller (none hangs
+    waiting for its results), and a worker that dies is reported."""
+    from memform.fastpath import compiled as compiled_mod
+    from memform.engine.model import load_model
+    model = load_model(ROOT / "configs" / "llama2-7b.yaml")
+    keys = tuple(k for k in compiled_mod.NUMERIC_KEYS if model.symbol_for_key(k) is not None)
+    monkeypatch.setattr(compiled_mod, "PARALLEL_MIN", 2)
+
+    def boom(*a):
+        raise ValueError("boom in a worker")
+    monkeypatch.setattr(compiled_mod, "_compile_one", boom)
+    with pytest.raises(ValueError, match="boom in a worker"):
+        compiled_mod.compile_structures(model, _structures(model), keys, workers=2, cache=False)
+    monkeypatch.setattr(compiled_mod, "_compile_one", lambda *a: os._exit(3))
+    with pytest.raises(RuntimeError, match="exit code 3"):
+        compiled_mod.compile_structures(model, _structures(model), keys, workers=2, cache=False)
 
 
 # --------------------------------------------------------------------------- compiling faster, same numbers

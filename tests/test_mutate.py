@@ -53,10 +53,20 @@ def test_every_operator_kind_is_generated_and_parses(dense):
     source = (ROOT / "formulas" / "dense.mf").read_text(encoding="utf-8")
     assert all(m.text != source and m.file == "formulas/dense.mf" for m in dense)
     # generate() re-parses every dropped-term mutant itself; token swaps keep the grammar -- check a
-    # spread of them (every 12th) here
-    for m in dense[::12]:
+    # spread of them (every 12th) here: the declaration each one edits, parsed alone (a file parses
+    # iff each of its declarations does: each starts with a keyword no expression continues with, and
+    # the rest of the text is unchanged), and every 8th of those also as the whole file
+    from memform.lang.parser import _lark
+    items = _lark().parse(source).children
+    for k, m in enumerate(dense[::12]):
+        at = next(i for i, (a, b) in enumerate(zip(source, m.text)) if a != b)
+        item = max((it for it in items if it.meta.start_pos <= at), key=lambda it: it.meta.start_pos)
+        assert at < item.meta.end_pos, m.label()
+        piece = m.text[item.meta.start_pos:item.meta.end_pos + len(m.text) - len(source)]
         try:
-            parse_text(m.text, m.file)
+            parse_text(piece, m.file)
+            if k % 8 == 0:
+                parse_text(m.text, m.file)
         except MemformError as exc:  # pragma: no cover - the assertion message is the point
             pytest.fail(f"{m.label()} does not parse: {exc}")
     # a token mutant changes one token: the rest of the file is untouched, line numbers too

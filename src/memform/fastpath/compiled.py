@@ -15,13 +15,17 @@ are the exception: float64 (relative error ~1e-15; see :mod:`memform.fastpath.ex
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import multiprocessing
 import os
+import pickle
+import queue as _queue
 import time
-from concurrent.futures import ProcessPoolExecutor
+import traceback
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import sympy
@@ -286,21 +290,20 @@ def compile_structures(model: Model, overrides: Sequence[Mapping[str, Any]], key
     order = sorted((_chain([overrides[i] for i in g], g) for g in groups.values()),
                    key=lambda g: -sum(int(overrides[i].get("parallel.pp") or 1)
                                       * int(overrides[i].get("parallel.vpp") or 1) for i in g))
-    if len(todo) >= PARALLEL_MIN and len(order) > 1 and workers > 1 and "fork" in multiprocessing.get_all_start_methods():
-        ctx = multiprocessing.get_context("fork")  # the workers inherit the loaded model
-        with ProcessPoolExecutor(min(workers, len(order)), mp_context=ctx, initializer=_worker_init,
-                                 initargs=(model, tuple(keys), extra, numpy)) as pool:
-            results = pool.map(_worker_compile, [[overrides[i] for i in g] for g in order], chunksize=1)
-            for group, found in zip(order, results):
-                for i, result in zip(group, found):
-                    out[i] = _finish(result, keys_of[i], purpose)
-                    done += 1
-                    if progress:
-                        progress(done, len(overrides))
+    chain = [i for group in order for i in group]
+    if len(todo) >= PARALLEL_MIN and workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+        results = _compile_parallel(model, [overrides[i] for i in chain], tuple(keys), extra, numpy,
+                                    min(workers, len(chain)))
+        for j, result in results:
+            i = chain[j]
+            out[i] = _finish(result, keys_of[i], purpose)
+            done += 1
+            if progress:
+                progress(done, len(overrides))
     else:
         prior: list[Any] = [None]
-        for group in order:
-            for i in group:
+        with _gc_paused():
+            for i in chain:
                 out[i] = _finish(_compile_one(model, overrides[i], tuple(keys), extra, prior, numpy), keys_of[i],
                                  purpose)
                 done += 1
@@ -309,20 +312,96 @@ def compile_structures(model: Model, overrides: Sequence[Mapping[str, Any]], key
     return out
 
 
-#: fewer structures than this are compiled in this process (a pool's start-up costs ~0.1 s)
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while structures are walked: a walk makes hundreds of
+    thousands of sympy objects, few of them in cycles, and the collector's passes over them were
+    10-15 % of a what-if page's compile (deepseek-v3: 4.2 -> 3.7 CPU-s serially, peak memory
+    103 -> 109 MB); it runs again afterwards."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+#: fewer structures than this are compiled in this process (starting the workers costs ~0.1 s)
 PARALLEL_MIN = 8
-_WORKER: dict[str, Any] = {}
 
 
-def _worker_init(model: Model, keys: tuple[str, ...], extra: Any = None, numpy: bool = True) -> None:
-    _WORKER["model"], _WORKER["keys"], _WORKER["extra"], _WORKER["numpy"] = model, keys, extra, numpy
-    _WORKER["prior"] = [None]   # the last walk of this worker, for its next group
+def _compile_parallel(model: Model, chain: Sequence[Mapping[str, Any]], keys: tuple[str, ...], extra: Any,
+                      numpy: bool, workers: int) -> Iterator[tuple[int, tuple[Any, ...]]]:
+    """:func:`_compile_one` of every structure of ``chain`` in ``workers`` forked processes (they
+    inherit the loaded model), yielding ``(position in chain, result)`` as each is done.
+
+    The chain is cut into one run per worker, each walked forward by its worker (every walk shares
+    with the one before: :mod:`memform.fastpath.sharedmemo`); a worker whose run is done takes
+    structures from the end of the longest run left, walking it backward: the chain's neighbours
+    stay neighbours, and no worker idles while another has a queue (structures differ in cost by
+    10x, which no estimate made in advance foresees for every config)."""
+    ctx = multiprocessing.get_context("fork")
+    n = len(chain)
+    lock = ctx.Lock()
+    lo = ctx.RawArray("i", [k * n // workers for k in range(workers)])
+    hi = ctx.RawArray("i", [(k + 1) * n // workers for k in range(workers)])
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_steal_worker, args=(k, model, chain, keys, extra, numpy, lock, lo, hi, queue),
+                         daemon=True) for k in range(workers)]
+    try:
+        for p in procs:
+            p.start()
+        running = workers
+        while running:
+            try:
+                item = queue.get(timeout=1.0)
+            except _queue.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"a compile worker process ended with exit code {dead[0].exitcode}") from None
+                continue
+            if item is None:
+                running -= 1
+            elif item[0] == "raised":
+                raise item[1]
+            else:
+                yield item
+        for p in procs:
+            p.join()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join()
+        queue.close()
 
 
-def _worker_compile(group: list[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
-    prior = _WORKER["prior"]
-    return [_compile_one(_WORKER["model"], o, _WORKER["keys"], _WORKER["extra"], prior, _WORKER["numpy"])
-            for o in group]
+def _steal_worker(k: int, model: Model, chain: Sequence[Mapping[str, Any]], keys: tuple[str, ...], extra: Any,
+                  numpy: bool, lock: Any, lo: Any, hi: Any, queue: Any) -> None:
+    """Worker ``k`` of :func:`_compile_parallel`: its own run forward, then the others' from their ends."""
+    prior: list[Any] = [None]
+    gc.disable()  # as _gc_paused: this process ends when the chain is done
+    try:
+        while True:
+            with lock:
+                if lo[k] < hi[k]:
+                    j = lo[k]
+                    lo[k] += 1
+                else:
+                    r = max(range(len(lo)), key=lambda i: hi[i] - lo[i])
+                    if hi[r] <= lo[r]:
+                        break
+                    hi[r] -= 1
+                    j = hi[r]
+            queue.put((j, _compile_one(model, chain[j], keys, extra, prior, numpy)))
+    except BaseException as exc:  # noqa: BLE001 - raised again in the parent
+        try:
+            pickle.dumps(exc)
+        except Exception:  # noqa: BLE001
+            exc = RuntimeError(traceback.format_exc())
+        queue.put(("raised", exc))
+    queue.put(None)
 
 
 def _chain(structures: Sequence[Mapping[str, Any]], indices: Sequence[int]) -> list[int]:
