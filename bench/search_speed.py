@@ -91,6 +91,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="rounds of the command end to end (medians printed)")
     args = ap.parse_args()
     e2e = _cli_search(args.config, args.devices, args.repeat)  # before this process pins itself to one core
+    # likewise the what-if page, whose compile runs in worker processes (they would inherit the one core)
+    whatif = [_cli_whatif(ROOT / "configs" / "deepseek-v3.yaml") for _ in range(args.repeat)]
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
 
@@ -210,8 +212,9 @@ def main() -> int:
     print(f"  targets (issue 32: cold cache <= 2 s, warm cache <= 2 s, same rows): {'met' if e2e_ok else 'NOT met'} "
           f"(cold {cold:.2f} s wall, {cold_cpu:.2f} CPU-s)")
     ok &= e2e_ok
-    wall, cpu = _cli_whatif(ROOT / "configs" / "deepseek-v3.yaml")
-    print(f"  memform whatif deepseek-v3 with an empty cache: {wall:.2f} s wall, {cpu:.2f} CPU-s "
+    wall, cpu = sorted(whatif)[len(whatif) // 2]
+    print(f"  memform whatif deepseek-v3 with an empty cache, median of {len(whatif)}: {wall:.2f} s wall, "
+          f"{cpu:.2f} CPU-s (command and workers) "
           f"(target, issue 32: <= 3 s: {'met' if wall <= 3 else 'NOT met'})")
     return 0 if ok else 1
 
