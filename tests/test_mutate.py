@@ -120,8 +120,10 @@ def test_classification_invalid_live_and_equivalent(mutate, dense):
 def test_draws_are_seeded_valid_and_span_profiles_and_architectures(mutate):
     """The drawn space (issue 35): a seed gives the same draws; every draw loads and estimates; the
     draws go through every architecture base in turn, and a forced value is kept by the repair."""
-    a = mutate.draw_configs(11, 5, targeted=False)
-    b = mutate.draw_configs(11, 5, targeted=False)
+    # 8 draws: the published-run bases (bloom-176b, deepseek-v2/v3-report, ...) are tight and their draws often
+    # fail the repair, so 5 in turn gave 2 valid
+    a = mutate.draw_configs(11, 8, targeted=False)
+    b = mutate.draw_configs(11, 8, targeted=False)
     assert [(d.index, d.base, d.overrides) for d in a] == [(d.index, d.base, d.overrides) for d in b]
     assert len(a) >= 3, [d.label() for d in a]
     raws = dict(mutate._bases())

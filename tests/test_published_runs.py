@@ -309,7 +309,8 @@ def test_torchtitan_published_llama31_405b_reserved_memory(table, dp, cp, seq, v
     draft = import_config("torchtitan", fixture, Options(devices=512, overrides={"parallel.pp": 8, "parallel.dp": 8}))
     est = numbers(draft.config(), {
         "parallel.dp": dp, "parallel.cp": cp, "model.seq_length": seq, "parallel.vpp": vpp, "training.micro_batch_size": b,
-        "training.num_micro_batches": 8, "fsdp2.reshard_after_forward": False,
+        "training.num_micro_batches": 8, "training.global_batch_size": b * 8 * dp,  # the local batch b x 8, per DP rank
+        "fsdp2.reshard_after_forward": False,
         "parallel.grad_accumulation_shard": False, "parallel.stage_layers": [15, 16, 16, 16, 16, 16, 16, 15],
         "device.capacity_gib": 96, "device.context_mib": 0})
     reserved = max(st.reserved_bytes for st in est.stages) / GIB

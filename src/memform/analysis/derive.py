@@ -276,10 +276,13 @@ class Tracer:
             self._children(tr, q.expr, block, mode, extra, depth, overrides)
         return tr
 
-    def let(self, name: str, depth: int, overrides: tuple = ()) -> Trace:
+    def let(self, name: str, depth: int, overrides: tuple = (), extra: tuple = ()) -> Trace:
+        """``extra``: the reading block's bindings; a let that reads ``stage`` takes the stage from them (a
+        schedule's moment or in-flight count is traced at one stage)."""
         decl = self.prog.lets[name]
-        tr = Trace(name, str(decl.loc), self.ev.let(name, overrides=overrides))
-        self._children(tr, decl.expr, None, None, (), depth, overrides)
+        stage = dict(extra).get("stage") if name in self.prog.stage_readers()[0] else None
+        tr = Trace(name, str(decl.loc), self.ev.let(name, overrides=overrides, stage=stage))
+        self._children(tr, decl.expr, None, None, extra if stage is not None else (), depth, overrides)
         return tr
 
     def _children(self, tr: Trace, expr: ast.Expr, block: str | None, mode: str | None,
@@ -306,7 +309,7 @@ class Tracer:
                 elif n.name in self.prog.lets:
                     target = ("let", n.name, None)
                     if target not in done:
-                        child = self.let(n.name, depth + 1, overrides)
+                        child = self.let(n.name, depth + 1, overrides, extra)
                 else:
                     continue
                 done.add(target)
