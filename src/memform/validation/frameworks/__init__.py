@@ -38,6 +38,17 @@ TITLES = {"activations_peak": "act.peak", "activations": "act", "optimizer": "op
 #: the allocator's reserve is checked where it matters: a step whose replayed reserved peak is below this
 #: is dominated by the allocator's 2 MiB / 20 MiB segment sizes, which per-layer figures cannot resolve
 RESERVE_FROM = 2 ** 30
+def llama_hf_config(case: Any) -> Any:
+    """transformers' Llama config of a rank job's shape (``h``, ``ffn``, ``L``, ``heads``, ``kv_heads``,
+    ``vocab``, ``s``), embeddings untied: the model the DeepSpeed and Trainer-FSDP harnesses train."""
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model("llama", hidden_size=case.h, intermediate_size=case.ffn,
+                                num_hidden_layers=case.L, num_attention_heads=case.heads,
+                                num_key_value_heads=case.kv_heads, vocab_size=case.vocab,
+                                max_position_embeddings=case.s, tie_word_embeddings=False)
+
+
 #: framework name -> (module of this package, the package it needs)
 FRAMEWORKS: dict[str, tuple[str, str]] = {"hf": ("hf", "transformers"), "hf-nas": ("hf_nas", "transformers"),
                                           "hf_vision": ("hf_vision", "transformers"),

@@ -76,7 +76,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import RankJobs, RankStep, imported_config
+from . import RankJobs, RankStep, imported_config, llama_hf_config
 from .tracking import StepSamples, replay_reserved, replayed_figures
 
 #: the DeepSpeed version the harness was checked against
@@ -130,12 +130,7 @@ class DSCase:
 
     # ---- the two files of the job ------------------------------------------------------------------
     def hf_config(self) -> Any:
-        from transformers import AutoConfig
-
-        return AutoConfig.for_model("llama", hidden_size=self.h, intermediate_size=self.ffn,
-                                    num_hidden_layers=self.L, num_attention_heads=self.heads,
-                                    num_key_value_heads=self.kv_heads, vocab_size=self.vocab,
-                                    max_position_embeddings=self.s, tie_word_embeddings=False)
+        return llama_hf_config(self)
 
     def ds_config(self) -> dict[str, Any]:
         """The ds_config.json of the job, as a DeepSpeed user writes it."""

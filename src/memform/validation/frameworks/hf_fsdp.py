@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import RankJobs, RankStep, imported_config
+from . import RankJobs, RankStep, imported_config, llama_hf_config
 
 
 @dataclass(frozen=True)
@@ -68,12 +68,7 @@ class FSDPCase:
 
     # ---- the job's two files --------------------------------------------------------------------------
     def hf_config(self) -> Any:
-        from transformers import AutoConfig
-
-        return AutoConfig.for_model("llama", hidden_size=self.h, intermediate_size=self.ffn,
-                                    num_hidden_layers=self.L, num_attention_heads=self.heads,
-                                    num_key_value_heads=self.kv_heads, vocab_size=self.vocab,
-                                    max_position_embeddings=self.s, tie_word_embeddings=False)
+        return llama_hf_config(self)
 
     def training_args(self) -> dict[str, Any]:
         """training_args.json of the job, as a Trainer user writes it."""
