@@ -456,10 +456,16 @@ def _estimate_numbers(config: str, overrides: tuple[str, ...]) -> dict[str, floa
         return f"error: {exc}"
 
 
+def bundled_configs() -> list[Path]:
+    """The bundled configs, the published runs of ``configs/published/`` included (the test suite's
+    every-config loops leave those out for time; the equivalence space keeps them)."""
+    return sorted((ROOT / "configs").glob("*.yaml")) + sorted((ROOT / "configs" / "published").glob("*.yaml"))
+
+
 def variants() -> list[tuple[str, tuple[str, ...]]]:
     """The bundled configs and :data:`VARIANTS` (the equivalence space before issue 35; kept for
     ``--space variants``, the figure the drawn space is compared with)."""
-    return [(str(p.relative_to(ROOT)), ()) for p in sorted((ROOT / "configs").glob("*.yaml"))] + list(VARIANTS)
+    return [(str(p.relative_to(ROOT)), ()) for p in bundled_configs()] + list(VARIANTS)
 
 
 #: the equivalence space: ``("draws", seed, n, time_model, targeted, wide)`` (:func:`draw_configs`) or
@@ -586,7 +592,7 @@ def _space_file(space: tuple) -> Path:
     code: any change draws and estimates it again)."""
     import hashlib
     h = hashlib.sha256(repr(space).encode())
-    for p in [Path(__file__).resolve(), *sorted((ROOT / "configs").glob("*.yaml")),
+    for p in [Path(__file__).resolve(), *bundled_configs(),
               *sorted((ROOT / "formulas").rglob("*.mf")), *sorted((ROOT / "src" / "memform").rglob("*.py"))]:
         h.update(p.as_posix().encode() + b"\0" + p.read_bytes())
     return Path(tempfile.gettempdir()) / f"memform-mutate-space-{h.hexdigest()[:24]}.pickle"
@@ -702,7 +708,7 @@ def _bases() -> list[tuple[str, dict]]:
     import yaml
 
     out = []
-    for p in sorted((ROOT / "configs").glob("*.yaml")):
+    for p in bundled_configs():
         raw = yaml.safe_load(p.read_text(encoding="utf-8"))
         raw.setdefault("formulas", ["dense.mf"])
         raw["formulas"] = [str((p.parent / f).resolve()) if (p.parent / f).exists() else f for f in raw["formulas"]]

@@ -101,7 +101,7 @@ def megatron_knobs(cfg) -> None:
     """Megatron's knobs all on: fp8 params (2 bytes/GEMM element on Hopper) keep the params; full recompute
     and 10 instead of 12 optimizer bytes per parameter lower the peak (fp8 with Megatron FSDP, ZeRO-3, is not
     modelled: a ZeRO-3 config runs the other knobs); not on a config written with another profile's own keys
-    (configs/bloom-176b.yaml's deepspeed: section)."""
+    (configs/published/bloom-176b.yaml's deepspeed: section)."""
     if sets_keys_of_another_profile(cfg, "megatron"):
         return
     plain = estimate(cfg, {"training.framework": "megatron"})

@@ -198,29 +198,29 @@ def test_megatron_account_for_embedding_and_loss_in_the_split(tmp_path, flags, s
 # comment and varied here where it could matter.
 HELDOUT_RUNS = [
     # BLOOM 176B: BigScience's tr11-176B-ml.slurm (384 A100 80GB, TP 4 PP 12 DP 8, BF16_Optimizer, full recompute)
-    ("bloom-176b.yaml", {}),
+    ("published/bloom-176b.yaml", {}),
     # OPT-175B: 992 A100 80GB, FSDP (no reshard after forward) + TP 8, memory-efficient fp16 (§2.4)
-    ("opt-175b.yaml", {}),
+    ("published/opt-175b.yaml", {}),
     # Nemotron-4 340B, Table 2's three data-parallel rows (16 / 32 / 64 with batch 768 / 1536 / 2304)
-    ("nemotron-4-340b.yaml", {}),
-    ("nemotron-4-340b.yaml", {"parallel.dp": 32, "parallel.devices": 3072, "training.global_batch_size": 1536}),
-    ("nemotron-4-340b.yaml", {"parallel.dp": 16, "parallel.devices": 1536, "training.global_batch_size": 768}),
+    ("published/nemotron-4-340b.yaml", {}),
+    ("published/nemotron-4-340b.yaml", {"parallel.dp": 32, "parallel.devices": 3072, "training.global_batch_size": 1536}),
+    ("published/nemotron-4-340b.yaml", {"parallel.dp": 16, "parallel.devices": 1536, "training.global_batch_size": 768}),
     # ... and the virtual-pipeline sizes the report leaves open (8 layers per stage: 2, 4 or 8 chunks)
-    ("nemotron-4-340b.yaml", {"parallel.vpp": 4}),
-    ("nemotron-4-340b.yaml", {"parallel.vpp": 8}),
+    ("published/nemotron-4-340b.yaml", {"parallel.vpp": 4}),
+    ("published/nemotron-4-340b.yaml", {"parallel.vpp": 8}),
     # Falcon-180B: 4096 A100 40GB, TP 8 PP 8 DP 64 with ZeRO (model card); no recompute needed
-    ("falcon-180b.yaml", {}),
+    ("published/falcon-180b.yaml", {}),
     # DeepSeek-V2: PP 16, EP 8, ZeRO-1, no TP (§3.1.3), at the fewest GPUs the layout allows and at 1,024
-    ("deepseek-v2-report.yaml", {}),
-    ("deepseek-v2-report.yaml", {"parallel.dp": 64, "parallel.devices": 1024}),
+    ("published/deepseek-v2-report.yaml", {}),
+    ("published/deepseek-v2-report.yaml", {"parallel.dp": 64, "parallel.devices": 1024}),
     # MT-NLG 530B in Korthikanti et al. 2022 Table 3 / 5 (280 A100 80GB), and §6.3's 2,240 GPUs (DP 8)
-    ("mt-nlg-530b.yaml", {}),
-    ("mt-nlg-530b.yaml", {"parallel.dp": 8, "parallel.devices": 2240, "training.global_batch_size": 2240}),
+    ("published/mt-nlg-530b.yaml", {}),
+    ("published/mt-nlg-530b.yaml", {"parallel.dp": 8, "parallel.devices": 2240, "training.global_batch_size": 2240}),
 ]
 
 
 def _run_id(config: str, overrides: dict) -> str:
-    return "-".join([config[:-5]] + [f"{k.split('.')[-1]}{v}" for k, v in overrides.items() if k != "parallel.devices"])
+    return "-".join([Path(config).stem] + [f"{k.split('.')[-1]}{v}" for k, v in overrides.items() if k != "parallel.devices"])
 
 
 @pytest.mark.parametrize("config, overrides", HELDOUT_RUNS, ids=[_run_id(c, o) for c, o in HELDOUT_RUNS])
@@ -236,7 +236,7 @@ def test_deepseek_v2_fits_only_with_recomputed_operators():
     # §3.1.3: "a portion of the operators are recomputed to save activation memory", which is what lets it
     # train without tensor parallelism. With only the attention core (Megatron's default selective
     # recompute, nothing under FlashAttention) the deepest-loaded stage needs ~114 GiB.
-    est = numbers(CONFIGS / "deepseek-v2-report.yaml", overrides={"training.recompute_modules": ["core_attn"]})
+    est = numbers(CONFIGS / "published" / "deepseek-v2-report.yaml", overrides={"training.recompute_modules": ["core_attn"]})
     assert not est.fits and est.peak_bytes > 100 * GIB
 
 
@@ -257,7 +257,7 @@ BLOOM_MEASURED = [
 
 
 def bloom_device_gib(dp: int, tp: int, b: int, a: int) -> float:
-    est = numbers(CONFIGS / "bloom-176b.yaml", overrides={
+    est = numbers(CONFIGS / "published" / "bloom-176b.yaml", overrides={
         "parallel.dp": dp, "parallel.tp": tp, "parallel.devices": dp * tp * 12, "training.micro_batch_size": b,
         "model.num_heads": a, "device.context_mib": 1573})
     return est.stages[0].device_bytes / GIB
@@ -323,7 +323,7 @@ def test_bloom_launch_script_imports_as_the_config():
     # tests/data/importers/megatron/bigscience_tr11-176B-ml.slurm, verbatim): the command srun runs through
     # `bash -c`, Megatron-DeepSpeed's --checkpoint-activations, --pad-vocab-size-to, --pp-partition-method
     # 'type:transformer|embedding', --embed-layernorm and --deepspeed --zero-stage 0 under bf16 with pipeline
-    # parallelism (DeepSpeed's BF16_Optimizer) give the job configs/bloom-176b.yaml writes by hand
+    # parallelism (DeepSpeed's BF16_Optimizer) give the job configs/published/bloom-176b.yaml writes by hand
     from memform.importers import Options, import_config
     script = ROOT / "tests" / "data" / "importers" / "megatron" / "bigscience_tr11-176B-ml.slurm"
     draft = import_config("megatron", script, Options(devices=384))
@@ -333,5 +333,5 @@ def test_bloom_launch_script_imports_as_the_config():
                 "model.vocab_size": 250880, "model.embedding_norm": True, "model.flash_attention": False}
     assert {k: draft.get(k) for k in expected} == expected
     imported = numbers(draft.config(), {"device.capacity_gib": 80})
-    bundled = numbers(CONFIGS / "bloom-176b.yaml")
+    bundled = numbers(CONFIGS / "published" / "bloom-176b.yaml")
     assert [st.peak_bytes for st in imported.stages] == [st.peak_bytes for st in bundled.stages]
