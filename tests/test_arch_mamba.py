@@ -324,3 +324,28 @@ def test_bamba_counts_as_transformers_builds_it(tmp_path):
     draft = import_hf(tmp_path / "config.json")
     assert draft.config()["model"]["hybrid_pattern"] == "M-M-*-M-M-*-"
     assert total_params(draft.config()) == built == 18_392_256
+
+
+# The allocator replay's granularity of a Mamba-2 sublayer (mamba.mf mamba_layer act_tensor: its saved activations
+# replayed as tensors of the sublayer's hidden-state size). Megatron-Core's MambaLayer takes and returns the residual
+# stream as [s / t, b, h] under sequence parallelism and [s, b, h] without (megatron/core/ssm/mamba_layer.py; the
+# split along the sequence of every tensor outside the TP region: Korthikanti et al. 2022 §4.2.2), each divided
+# over context-parallel ranks. Nemotron-H-8B as bundled (TP 4 + SP, s 8192, b 1, bf16): 16 MiB per tensor, 64 MiB
+# without SP. (issue 35: seed 404's survivor mamba.mf:165 `/ sd` -> `* sd`, 256 MiB with SP)
+@pytest.mark.parametrize("overrides, per_tensor", [
+    ({}, 2 * 8192 * 4096 // 4),
+    ({"training.framework": "megatron"}, 2 * 8192 * 4096 // 4),
+    ({"parallel.sequence_parallel": False}, 2 * 8192 * 4096),
+    ({"parallel.cp": 2, "parallel.dp": 1}, 2 * 8192 * 4096 // 4 // 2),
+])
+def test_mamba_sublayer_replays_tensors_of_its_hidden_state_shard(overrides, per_tensor):
+    from estimate_helpers import numbers
+    from memform.allocator import estimate as alloc_estimate
+
+    est = numbers(Path(__file__).resolve().parent.parent / "configs" / "nemotron-h-8b.yaml", overrides)
+    model = est.model
+    ev = model.evaluator()
+    (g,) = {(g.block, g.mode, g.bindings): g for g in est.stages[0].layers if g.block == "mamba_layer"}.values()
+    act_tensor = alloc_estimate.granularity_numbers(ev, alloc_estimate.granularity_exprs(model, ev, g.block, g.mode,
+                                                                                        g.bindings))[2]
+    assert act_tensor == per_tensor
