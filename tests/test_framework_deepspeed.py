@@ -185,6 +185,24 @@ def test_persistence_threshold_keeps_small_tensors_gathered():
     assert s.runtime["zero3_persistent"] == 2 * tensors
 
 
+@pytest.mark.parametrize("threshold", [LARGEST, 10 ** 15])
+def test_a_threshold_above_every_tensor_keeps_the_whole_model_gathered(threshold):
+    # every tensor at most the threshold (wte, V×h = LARGEST, is the largest): mark_persistent_parameters marks all
+    # ds_persist, gathered once and AVAILABLE on every rank from then on, and fetch_sub_module all-gathers only
+    # NOT_AVAILABLE parameters (deepspeed 0.19.8 runtime/zero/parameter_offload.py, partitioned_param_coordinator.py):
+    # the whole 16-bit model stays gathered, nothing is fetched, kept in a reuse window or prefetched; the running
+    # module's 16-bit gradient is still there until the reduce hook copies it (the estimator's other 2 × largest).
+    # Was refused before issue 35's stop 46 ("zero3_cache evaluates to a negative value").
+    s = stage0({"parallel.zero": 3, "deepspeed.stage3_param_persistence_threshold": threshold})
+    assert s.runtime["zero3_persistent"] == 2 * 500_000_000 + 2 * gpt_params()
+    assert s.runtime["zero3_fetch"] == 2 * LARGEST
+    assert s.runtime["zero3_cache"] == 0
+    # one element below the largest tensor: wte is fetched again (4 × largest, the estimator's), the rest persists
+    s = stage0({"parallel.zero": 3, "deepspeed.stage3_param_persistence_threshold": LARGEST - 1})
+    assert s.runtime["zero3_fetch"] == 4 * LARGEST
+    assert s.runtime["zero3_persistent"] == 2 * 500_000_000 + 2 * (gpt_params() - LARGEST)
+
+
 def test_rmsnorm_weights_stay_gathered_below_the_persistence_threshold():
     # a Llama-style block without biases: its small tensors are the two RMSNorm weights (h each, no bias:
     # Zhang & Sennrich 2019), + the final norm's h; all below 1e5 elements (mark_persistent_parameters)
