@@ -922,6 +922,82 @@ PAIR_DRAWS: tuple[tuple[str, str, dict], ...] = (
     ("NAS linear sublayers x selective", "configs/llama-3.3-nemotron-super-49b.yaml",
      {"training.recompute": "selective", "model.flash_attention": False}),
 )
+#: stop 46: the joint conditions stop 45's equivalents and survivors pointed at (bench/results/mutate-equivalent.md):
+#: fp8 recipes, DeepSpeed's offload x stage, hf-trainer AMP x Mamba, activation offload modes x profiles, PEFT/LoRA
+#: (4-bit bases), Muon under hf-trainer, the hf-fsdp2 profile (no draw picked it: PROFILES), the DualPipeV and
+#: zero-bubble schedules on NAS / MoE stacks, Mamba with CP, ZeRO-3 with every tensor persistent. They come after
+#: the recompute draws, so that every earlier draw keeps its ``P<k>`` (a mutant told apart only by one of these
+#: is one stop 45's space calls equivalent)
+_PP_V = {"parallel.pp": 2, "parallel.vpp": 2, "training.num_micro_batches": 4}
+MORE_PAIR_DRAWS: tuple[tuple[str, str, dict], ...] = (
+    ("megatron fp8 mxfp8 x dense", "configs/llama3-8b.yaml",
+     {"training.framework": "megatron", "megatron.fp8": "e4m3", "megatron.fp8_recipe": "mxfp8"}),
+    ("megatron fp8 blockwise x MoE", "configs/deepseek-v2-lite.yaml",
+     {"training.framework": "megatron", "megatron.fp8": "e4m3", "megatron.fp8_recipe": "blockwise"}),
+    ("megatron fp8 tensorwise x fp8 param gather", "configs/llama3-8b.yaml",
+     {"training.framework": "megatron", "megatron.fp8": "hybrid", "megatron.fp8_recipe": "tensorwise",
+      "megatron.fp8_param_gather": True}),
+    ("fsdp2 float8 tensorwise x float8 all-gather", "configs/llama3-8b.yaml",
+     {"training.framework": "fsdp2", "fsdp2.float8": "tensorwise", "fsdp2.float8_all_gather": True}),
+    ("deepspeed offload x ZeRO-1", "configs/llama3-8b.yaml",
+     {**_DS3, "parallel.zero": 1, "deepspeed.offload_optimizer": "cpu"}),
+    ("deepspeed offload x ZeRO-2 x accumulation", "configs/llama3-8b.yaml",
+     {**_DS3, "parallel.zero": 2, "deepspeed.offload_optimizer": "cpu", "training.num_micro_batches": 4}),
+    ("deepspeed offload optimizer + params x ZeRO-3", "configs/llama3-8b.yaml",
+     {**_DS3, "deepspeed.offload_optimizer": "cpu", "deepspeed.offload_param": "cpu"}),
+    ("deepspeed ZeRO-3 x every tensor persistent", "configs/llama3-8b.yaml",
+     {**_DS3, "parallel.tp": 2, "deepspeed.stage3_param_persistence_threshold": 10 ** 15}),
+    ("deepspeed ZeRO-3 x NAS", "configs/llama-3.3-nemotron-super-49b.yaml", {**_DS3, "parallel.tp": 1}),
+    ("deepspeed ZeRO-2 x MoE", "configs/mixtral-8x7b.yaml", {**_DS3, "parallel.zero": 2, "parallel.ep": 1}),
+    ("mindspore optimizer offload x MoE", "configs/deepseek-v2-lite.yaml",
+     {"training.framework": "mindspore", "training.optimizer_offload": 1}),
+    ("hf-trainer amp x Mamba", "configs/nemotron-h-8b.yaml",
+     {**_HF, "hf_trainer.amp": "bf16", "training.precision.activations": "bf16"}),
+    ("hf-trainer amp x hybrid toy, torch scan", "toy-hybrid",
+     {**_HF, "hf_trainer.amp": "bf16", "training.precision.activations": "bf16", "model.mamba_impl": "torch"}),
+    ("hf-trainer muon", "configs/llama3-8b.yaml", {**_HF, "hf_trainer.optim": "muon", "hf_trainer.muon_adamw": "single"}),
+    ("hf-trainer adafactor x LoRA", "configs/llama3-8b.yaml",
+     {**_HF, "hf_trainer.optim": "adafactor", "lora.rank": 16, "lora.o_proj": True}),
+    ("QLoRA nf4 x double quant x every projection", "configs/llama3-8b.yaml",
+     {**_HF, "lora.rank": 16, "lora.base_quant": "nf4", "lora.double_quant": True, "lora.k_proj": True,
+      "lora.o_proj": True, "lora.gate_proj": True, "lora.up_proj": True, "lora.down_proj": True}),
+    ("QLoRA fp4 x bf16 base x dropout", "configs/llama3-8b.yaml",
+     {**_HF, "lora.rank": 8, "lora.base_quant": "fp4", "training.precision.params": "bf16",
+      "training.precision.grads": "bf16", "training.precision.optimizer": "bf16",
+      "training.precision.activations": "bf16", "lora.dropout": 0.1}),
+    ("hf-fsdp2", "configs/llama3-8b.yaml", {"training.framework": "hf-fsdp2", "parallel.tp": 1, "parallel.pp": 1}),
+    ("hf-fsdp2 x full recompute x MoE", "configs/mixtral-8x7b.yaml",
+     {"training.framework": "hf-fsdp2", "parallel.tp": 1, "parallel.pp": 1, "parallel.ep": 1,
+      "training.recompute": "full"}),
+    ("activation offload checkpoint x full recompute, megatron", "configs/llama3-8b.yaml",
+     {"training.framework": "megatron", "training.recompute": "full", "training.activation_offload": "checkpoint"}),
+    ("activation offload checkpoint x hf-trainer", "configs/llama3-8b.yaml",
+     {**_HF, "training.recompute": "full", "training.activation_offload": "checkpoint"}),
+    ("activation offload layers x megatron", "configs/llama3-8b.yaml",
+     {"training.framework": "megatron", "parallel.pp": 1, "training.activation_offload": "layers",
+      "training.activation_offload_layers": 8}),
+    ("activation offload all x fsdp2", "configs/llama3-8b.yaml",
+     {"training.framework": "fsdp2", "training.activation_offload": "all"}),
+    ("torch dualpipev x p4 m8", "configs/llama3-8b.yaml",
+     {"training.framework": "torch", "parallel.pp": 4, "parallel.vpp": 2, "training.num_micro_batches": 8,
+      "parallel.pp_schedule": "dualpipev"}),
+    ("torch zero-bubble-v x NAS", "configs/llama-3.3-nemotron-super-49b.yaml",
+     {"training.framework": "torch", **_PP_V, "parallel.pp_schedule": "zero-bubble-v"}),
+    ("torch zero-bubble-v x MoE", "configs/mixtral-8x7b.yaml",
+     {"training.framework": "torch", **_PP_V, "parallel.pp_schedule": "zero-bubble-v"}),
+    ("Mamba x CP", "configs/nemotron-h-8b.yaml", {"training.framework": "megatron", "parallel.cp": 2, "parallel.dp": 1}),
+    ("megatron MoE allgather dispatcher x capacity padding x probs at the combine", "configs/mixtral-8x7b.yaml",
+     {"training.framework": "megatron", "megatron.moe_token_dispatcher_type": "allgather",
+      "megatron.moe_pad_expert_input_to_capacity": True, "megatron.moe_probs_in_experts": False}),
+    ("megatron MoE flex dispatcher", "configs/deepseek-v2-lite.yaml",
+     {"training.framework": "megatron", "megatron.moe_token_dispatcher_type": "flex"}),
+    ("adafactor x tp 1", "configs/llama3-8b.yaml",
+     {"training.framework": "megatron", "parallel.tp": 1, "parallel.distributed_optimizer": False,
+      "training.optimizer": "adafactor"}),
+    ("megatron local core x GLU x selective", "configs/llama3-8b.yaml",
+     {"training.framework": "megatron", "megatron.transformer_impl": "local", "training.recompute": "selective"}),
+)
+
 #: recompute x profile x schedule: each profile under selective and full recompute with a pipeline, its
 #: schedules in turn (the first its loader accepts)
 PAIR_RECOMPUTE_BASES = ("configs/llama3-8b.yaml", "toy-hybrid", "configs/mixtral-8x7b.yaml")
@@ -950,6 +1026,7 @@ def pair_draws(seed: int) -> list[Draw]:
                 if sched in V_SCHEDULES:
                     over["parallel.vpp"] = 2
                 items.append((f"{prof} x {rc} x {sched}", base, over))
+    items += [(why, base, dict(over)) for why, base, over in MORE_PAIR_DRAWS]
     last_group = ""
     for i, (why, base, over) in enumerate(items):
         group = why.rsplit(" x ", 1)[0] if " x selective x " in why or " x full x " in why else why
