@@ -154,6 +154,66 @@ def test_torch_interleaved_uses_its_own_rounds():
             parallel__pp_schedule="torch-interleaved")
 
 
+def _torch_interleaved_order(p: int, m: int, v: int) -> dict[int, list]:
+    """torch's own ScheduleInterleaved1F1B action lists (torch/distributed/pipelining/schedules.py, torch
+    2.13): _calculate_single_rank_operations reads only the four attributes set here (__init__ would build
+    them from real stages and a process group), so the schedule's pipeline_order is its code's, not a
+    restatement."""
+    sched = pytest.importorskip("torch.distributed.pipelining.schedules")
+    s = sched.ScheduleInterleaved1F1B.__new__(sched.ScheduleInterleaved1F1B)
+    s.pp_group_size, s.n_local_stages, s._n_microbatches = p, v, m
+    s.number_of_rounds = max(1, m // p)
+    s.microbatches_per_round = m // s.number_of_rounds
+    return {r: [a for a in s._calculate_single_rank_operations(r) if a is not None] for r in range(p)}
+
+
+def _torch_interleaved_peak(p: int, m: int, v: int) -> dict[int, tuple[dict[int, int], set[int]]]:
+    """Per rank, from torch's action list: the chunk passes held (forwards minus backwards, chunk =
+    stage_index // p) just before its first backward, where the held total is largest, and the largest set
+    of chunks whose unsharded gradient accumulators are live at a backward with that total (a chunk's
+    accumulator lives from its first backward to its m-th, after which FSDP reduce-scatters it)."""
+    from torch.distributed.pipelining.schedules import _ComputationType as CT
+    out = {}
+    for r, actions in _torch_interleaved_order(p, m, v).items():
+        held, done = dict.fromkeys(range(v), 0), dict.fromkeys(range(v), 0)
+        peaks = []
+        for a in actions:
+            c = a.stage_index // p
+            if a.computation_type == CT.FORWARD:
+                held[c] += 1
+                continue
+            assert a.computation_type == CT.FULL_BACKWARD
+            live = {k for k in range(v) if 0 < done[k] < m} | {c}
+            peaks.append((sum(held.values()), dict(held), live))
+            held[c] -= 1
+            done[c] += 1
+        top = max(t for t, _, _ in peaks)
+        first = next(h for t, h, _ in peaks if t == top)
+        out[r] = (first, max((lv for t, _, lv in peaks if t == top), key=len))
+    return out
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 4, 2), (4, 6, 2), (4, 8, 2), (4, 12, 3), (2, 4, 2), (4, 16, 2)])
+def test_fsdp2_interleaved_follows_torch_pipeline_order(p, m, v):
+    """torchtitan's interleaved schedule is torch's ScheduleInterleaved1F1B: memform's in-flight counts are
+    the passes its own pipeline_order holds at each rank's first backward, and with unsharded gradient
+    accumulation (FSDP no-sync across the micro-batches, as torch pipelining runs it) the peak moment
+    holds the accumulators of the chunks torch has live there -- with one round (m < 2p) only the last
+    chunk's, whose backwards all run before any of the next chunk's (frameworks/fsdp2.mf)."""
+    torch_peak = _torch_interleaved_peak(p, m, v)
+    kw = dict(parallel__pp=p, parallel__vpp=v, training__num_micro_batches=m, training__framework="fsdp2",
+              parallel__pp_schedule="interleaved", parallel__dp=2, model__num_layers=8 * p * v)
+    nosync = est(**kw, parallel__grad_accumulation_shard=False)
+    sync = est(**kw, parallel__grad_accumulation_shard=True)
+    for i in range(p):
+        assert inflight(nosync, i) == torch_peak[i][0], (i, inflight(nosync, i), torch_peak[i][0])
+    for i in range(1, p - 1):   # middle ranks: every chunk 8 decoders, so equal accumulators
+        a, b = nosync.stages[i], sync.stages[i]
+        per_chunk = (a.values["grads"] - b.values["grads"]) // v
+        idle = v - len(torch_peak[i][1])
+        assert a.moments["backward"] - b.moments["backward"] == -idle * per_chunk, (i, torch_peak[i][1])
+
+
 def test_memest_interleaved_variants():
     """MemEst evaluators/utils.py micro factors (memest-formulas.md §2.2), p = 4, m = 16, v = 2:
     big memory: chunk 0 = B + extra (- 1 on stage 0), last chunk = B - i (+1 borrowed);
