@@ -116,6 +116,64 @@ def test_vpp_microbatch_group_follows_megatron_schedule_table(p, v, m, g):
         assert e.peak_bytes == est(parallel__pp=p, parallel__vpp=v, training__num_micro_batches=m).peak_bytes
 
 
+def _megatron_core_schedule_functions():
+    """megatron-core's own get_schedule_table and get_pp_rank_microbatches (pipeline_parallel/schedules.py,
+    0.19.2), compiled from the installed file without importing megatron.core (whose import takes seconds):
+    the two functions are plain Python; the pipeline rank and size come in through their p2p_communicator."""
+    import ast
+    import importlib.util
+    import typing
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        pytest.skip("megatron-core not installed")
+    path = Path(importlib.util.find_spec("megatron.core").submodule_search_locations[0]) / "pipeline_parallel" / "schedules.py"
+    tree = ast.parse(path.read_text())
+    keep = [n for n in tree.body if isinstance(n, ast.FunctionDef)
+            and n.name in ("get_schedule_table", "get_pp_rank_microbatches")]
+    assert len(keep) == 2
+    ns = {"Optional": typing.Optional, "P2PCommunicator": object, "parallel_state": None}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec"), ns)
+    return ns["get_schedule_table"], ns["get_pp_rank_microbatches"]
+
+
+@pytest.mark.parametrize("p,v,m,g", [(4, 2, 16, 4), (4, 2, 16, 8), (4, 3, 12, 6), (4, 2, 9, 5), (2, 4, 8, 4),
+                                     (16, 8, 32, 16), (16, 2, 32, 16)])
+def test_vpp_held_counts_are_megatron_cores_own_schedule(p, v, m, g):
+    """Each stage's per-chunk passes at its first backward, read off megatron-core's own schedule table and
+    warm-up count (the forwards of the table's first warm-up entries, and one more when a 1F1B phase
+    follows): (16, 8, 32, 16) is Llama 3 405B at 8K with one layer per chunk (test_published_runs)."""
+    table_of, warmup_of = _megatron_core_schedule_functions()
+
+    class Rank:   # what get_pp_rank_microbatches reads of its p2p_communicator
+        def __init__(self, i):
+            self.pp_group = type("G", (), {"size": lambda _: p, "rank": lambda _: i})()
+            self.virtual_pipeline_model_parallel_size = v
+
+    table = table_of(m, v, g)
+    e = est(parallel__pp=p, parallel__vpp=v, parallel__vpp_microbatch_group=g, training__num_micro_batches=m,
+            model__num_layers=p * v)
+    for i in range(p):
+        _, _, warm, rest = warmup_of(m, v, g, p2p_communicator=Rank(i))
+        n = warm + (1 if rest else 0)
+        held = {c: sum(1 for _, cc in table[:n] if cc == c) for c in range(v)}
+        assert inflight(e, i) == held, (i, inflight(e, i), held)
+
+
+def test_stage_layers_per_chunk_lets_the_ends_hold_the_embedding_and_output_alone():
+    """A stage may list its chunks' layer counts (the split Megatron-Core builds with --account-for-embedding-
+    and --account-for-loss-in-pipeline-split, transformer_block.py get_num_layers_to_build): only the first
+    chunk of the first stage and the last chunk of the last stage may be empty, and they then hold the
+    embedding and the output layer alone."""
+    e = est(parallel__pp=4, parallel__vpp=2, parallel__stage_layers=[[0, 12], [6, 6], [6, 6], [12, 0]])
+    assert [l.block for l in e.stages[0].layers if l.chunk == 0] == ["embedding"]
+    assert [(l.block, int(l.count_value)) for l in e.stages[3].layers] == [("decoder", 12), ("output", 1)]
+    assert [l.chunk for l in e.stages[3].layers] == [0, 1]
+    assert inflight(e, 0) == {0: 7, 1: 4}   # the schedule's counts do not depend on the layout
+    for bad, fragment in [([[6, 6], [0, 12], [6, 6], [6, 6]], "stage 1 chunk 0 no layers"),
+                          ([[6, 6, 0], 12, 12, 12], "must be a list of 4 non-negative")]:
+        with pytest.raises(MemformError, match=fragment):
+            est(parallel__pp=4, parallel__vpp=2, parallel__stage_layers=bad)
+
+
 def test_vpp_default_group_is_p():
     for p, v, m in [(4, 2, 16), (4, 2, 4), (2, 4, 8), (8, 2, 24)]:
         e = est(parallel__pp=p, parallel__vpp=v, training__num_micro_batches=m)

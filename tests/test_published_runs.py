@@ -163,15 +163,29 @@ def test_llama3_405b_long_context_fits_on_h100():
     assert est.fits and all(st.fits for st in est.stages)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Llama 3 405B at 8K (TP8 PP16 DP64, interleaved, no activation checkpointing: paper §3.3.2, Table 4) "
-    "holds ~98 GiB on stage 1 at V = 2 and ~85 GiB at V = 4: memform counts Megatron's interleaved warm-up, "
-    "2(p-i-1) + (V-1)p + 1 chunk passes (schedules.mf vpp_passes), 23.5 stage-micro-batches at V = 2 where "
-    "1F1B holds 16 (68 GiB, which fits). The paper gives neither V nor its scheduler's warm-up depth, and "
-    "names no mechanism that would hold fewer micro-batches in flight."))
+# Llama 3 §3.3.2's pipeline layout: "the first model chunk on the first stage has only the embedding, and the
+# last model chunk on the last stage has only output projection and loss calculation", V chunks per rank. 126
+# layers over the 16·V - 2 other chunks split evenly only at V = 8 (one layer each; V = 1 is no interleave):
+# Megatron-Core's --account-for-embedding/loss-in-pipeline-split at V = 8 ((126 + 2) / (16 · 8) = 1 per chunk,
+# the embedding's and the loss's slots empty; transformer_block.py get_num_layers_to_build)
+LLAMA3_8K_LAYOUT = {"parallel.vpp": 8, "parallel.stage_layers": [[0] + [1] * 7] + [[1] * 8] * 14 + [[1] * 7 + [0]]}
+
+
 def test_llama3_405b_8k_as_its_paper_states_fits_on_h100():
-    est = numbers(CONFIGS / "llama3-405b-8k.yaml")
-    assert est.fits
+    # §3.3.2's N, the micro-batches a chunk runs back to back, at N = PP = 16: Megatron-Core's default and the
+    # smallest it accepts (schedules.py: p <= N <= m), depth-first; the paper tunes N "between DFS and BFS"
+    # (N = PP is DFS), and 32 micro-batches per DP rank (2,048 sequences / DP 64) leave no N < PP to run
+    # ("fewer micro-batches than the number of stages" is a batch below 16). Stage 1 holds 141 one-layer
+    # chunk passes (2(p - 2) + (V - 1)N + 1) against 1F1B's 15 x 8 = 120: 78.6 GiB of 80
+    paper = numbers(CONFIGS / "llama3-405b-8k.yaml", {**LLAMA3_8K_LAYOUT, "parallel.vpp_microbatch_group": 16})
+    assert paper.fits and all(st.fits for st in paper.stages)
+    assert paper.peak_stage == 1 and sum(int(l.inflight_value) for l in paper.stages[1].layers) == 141
+    # the embedding-only first chunk holds 2p - 1 = 31 passes of no decoder: stage 0 is not the peak
+    assert [l.block for l in paper.stages[0].layers if l.chunk == 0] == ["embedding"]
+    # the same layout at V = 2 (as bundled: 98.0 GiB) or V = 4 (85.0) does not fit: stage 1's chunk 0 holds
+    # 2p - 3 = 29 passes of 4 (2) layers; breadth-first (N = m = 32) holds every micro-batch of every chunk
+    assert not numbers(CONFIGS / "llama3-405b-8k.yaml").fits
+    assert not numbers(CONFIGS / "llama3-405b-8k.yaml", {**LLAMA3_8K_LAYOUT, "parallel.vpp_microbatch_group": 32}).fits
 
 
 @pytest.mark.parametrize("flags, split", [
@@ -179,6 +193,10 @@ def test_llama3_405b_8k_as_its_paper_states_fits_on_h100():
     # embedding's slot taken from the first stage and the loss's from the last
     ("--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split", [7, 8, 8, 7]),
     ("--account-for-embedding-in-pipeline-split", None),   # 31 layers do not split over 4 stages: refused
+    # with a virtual pipeline (4 layers per virtual stage: 32 / (4 · 4) = 2 chunks) each chunk builds 4, the
+    # first stage's first chunk (vp_stage 0: is_vp_first_stage) and the last stage's last one 3
+    ("--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
+     "--num-layers-per-virtual-pipeline-stage 4", [[3, 4], [4, 4], [4, 4], [4, 3]]),
 ])
 def test_megatron_account_for_embedding_and_loss_in_the_split(tmp_path, flags, split):
     args = tmp_path / "args.txt"
