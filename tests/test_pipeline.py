@@ -116,6 +116,64 @@ def test_vpp_microbatch_group_follows_megatron_schedule_table(p, v, m, g):
         assert e.peak_bytes == est(parallel__pp=p, parallel__vpp=v, training__num_micro_batches=m).peak_bytes
 
 
+def _megatron_core_schedule_functions():
+    """megatron-core's own get_schedule_table and get_pp_rank_microbatches (pipeline_parallel/schedules.py,
+    0.19.2), compiled from the installed file without importing megatron.core (whose import takes seconds):
+    the two functions are plain Python; the pipeline rank and size come in through their p2p_communicator."""
+    import ast
+    import importlib.util
+    import typing
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        pytest.skip("megatron-core not installed")
+    path = Path(importlib.util.find_spec("megatron.core").submodule_search_locations[0]) / "pipeline_parallel" / "schedules.py"
+    tree = ast.parse(path.read_text())
+    keep = [n for n in tree.body if isinstance(n, ast.FunctionDef)
+            and n.name in ("get_schedule_table", "get_pp_rank_microbatches")]
+    assert len(keep) == 2
+    ns = {"Optional": typing.Optional, "P2PCommunicator": object, "parallel_state": None}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec"), ns)
+    return ns["get_schedule_table"], ns["get_pp_rank_microbatches"]
+
+
+@pytest.mark.parametrize("p,v,m,g", [(4, 2, 16, 4), (4, 2, 16, 8), (4, 3, 12, 6), (4, 2, 9, 5), (2, 4, 8, 4),
+                                     (16, 8, 32, 16), (16, 2, 32, 16)])
+def test_vpp_held_counts_are_megatron_cores_own_schedule(p, v, m, g):
+    """Each stage's per-chunk passes at its first backward, read off megatron-core's own schedule table and
+    warm-up count (the forwards of the table's first warm-up entries, and one more when a 1F1B phase
+    follows): (16, 8, 32, 16) is Llama 3 405B at 8K with one layer per chunk (test_published_runs)."""
+    table_of, warmup_of = _megatron_core_schedule_functions()
+
+    class Rank:   # what get_pp_rank_microbatches reads of its p2p_communicator
+        def __init__(self, i):
+            self.pp_group = type("G", (), {"size": lambda _: p, "rank": lambda _: i})()
+            self.virtual_pipeline_model_parallel_size = v
+
+    table = table_of(m, v, g)
+    e = est(parallel__pp=p, parallel__vpp=v, parallel__vpp_microbatch_group=g, training__num_micro_batches=m,
+            model__num_layers=p * v)
+    for i in range(p):
+        _, _, warm, rest = warmup_of(m, v, g, p2p_communicator=Rank(i))
+        n = warm + (1 if rest else 0)
+        held = {c: sum(1 for _, cc in table[:n] if cc == c) for c in range(v)}
+        assert inflight(e, i) == held, (i, inflight(e, i), held)
+
+
+def test_stage_layers_per_chunk_lets_the_ends_hold_the_embedding_and_output_alone():
+    """A stage may list its chunks' layer counts (the split Megatron-Core builds with --account-for-embedding-
+    and --account-for-loss-in-pipeline-split, transformer_block.py get_num_layers_to_build): only the first
+    chunk of the first stage and the last chunk of the last stage may be empty, and they then hold the
+    embedding and the output layer alone."""
+    e = est(parallel__pp=4, parallel__vpp=2, parallel__stage_layers=[[0, 12], [6, 6], [6, 6], [12, 0]])
+    assert [l.block for l in e.stages[0].layers if l.chunk == 0] == ["embedding"]
+    assert [(l.block, int(l.count_value)) for l in e.stages[3].layers] == [("decoder", 12), ("output", 1)]
+    assert [l.chunk for l in e.stages[3].layers] == [0, 1]
+    assert inflight(e, 0) == {0: 7, 1: 4}   # the schedule's counts do not depend on the layout
+    for bad, fragment in [([[6, 6], [0, 12], [6, 6], [6, 6]], "stage 1 chunk 0 no layers"),
+                          ([[6, 6, 0], 12, 12, 12], "must be a list of 4 non-negative")]:
+        with pytest.raises(MemformError, match=fragment):
+            est(parallel__pp=4, parallel__vpp=2, parallel__stage_layers=bad)
+
+
 def test_vpp_default_group_is_p():
     for p, v, m in [(4, 2, 16), (4, 2, 4), (2, 4, 8), (8, 2, 24)]:
         e = est(parallel__pp=p, parallel__vpp=v, training__num_micro_batches=m)
@@ -152,6 +210,66 @@ def test_torch_interleaved_uses_its_own_rounds():
     with pytest.raises(MemformError, match="vpp_microbatch_group is Megatron's"):
         est(parallel__pp=4, parallel__vpp=2, parallel__vpp_microbatch_group=4, training__framework="torch",
             parallel__pp_schedule="torch-interleaved")
+
+
+def _torch_interleaved_order(p: int, m: int, v: int) -> dict[int, list]:
+    """torch's own ScheduleInterleaved1F1B action lists (torch/distributed/pipelining/schedules.py, torch
+    2.13): _calculate_single_rank_operations reads only the four attributes set here (__init__ would build
+    them from real stages and a process group), so the schedule's pipeline_order is its code's, not a
+    restatement."""
+    sched = pytest.importorskip("torch.distributed.pipelining.schedules")
+    s = sched.ScheduleInterleaved1F1B.__new__(sched.ScheduleInterleaved1F1B)
+    s.pp_group_size, s.n_local_stages, s._n_microbatches = p, v, m
+    s.number_of_rounds = max(1, m // p)
+    s.microbatches_per_round = m // s.number_of_rounds
+    return {r: [a for a in s._calculate_single_rank_operations(r) if a is not None] for r in range(p)}
+
+
+def _torch_interleaved_peak(p: int, m: int, v: int) -> dict[int, tuple[dict[int, int], set[int]]]:
+    """Per rank, from torch's action list: the chunk passes held (forwards minus backwards, chunk =
+    stage_index // p) just before its first backward, where the held total is largest, and the largest set
+    of chunks whose unsharded gradient accumulators are live at a backward with that total (a chunk's
+    accumulator lives from its first backward to its m-th, after which FSDP reduce-scatters it)."""
+    from torch.distributed.pipelining.schedules import _ComputationType as CT
+    out = {}
+    for r, actions in _torch_interleaved_order(p, m, v).items():
+        held, done = dict.fromkeys(range(v), 0), dict.fromkeys(range(v), 0)
+        peaks = []
+        for a in actions:
+            c = a.stage_index // p
+            if a.computation_type == CT.FORWARD:
+                held[c] += 1
+                continue
+            assert a.computation_type == CT.FULL_BACKWARD
+            live = {k for k in range(v) if 0 < done[k] < m} | {c}
+            peaks.append((sum(held.values()), dict(held), live))
+            held[c] -= 1
+            done[c] += 1
+        top = max(t for t, _, _ in peaks)
+        first = next(h for t, h, _ in peaks if t == top)
+        out[r] = (first, max((lv for t, _, lv in peaks if t == top), key=len))
+    return out
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 4, 2), (4, 6, 2), (4, 8, 2), (4, 12, 3), (2, 4, 2), (4, 16, 2)])
+def test_fsdp2_interleaved_follows_torch_pipeline_order(p, m, v):
+    """torchtitan's interleaved schedule is torch's ScheduleInterleaved1F1B: memform's in-flight counts are
+    the passes its own pipeline_order holds at each rank's first backward, and with unsharded gradient
+    accumulation (FSDP no-sync across the micro-batches, as torch pipelining runs it) the peak moment
+    holds the accumulators of the chunks torch has live there -- with one round (m < 2p) only the last
+    chunk's, whose backwards all run before any of the next chunk's (frameworks/fsdp2.mf)."""
+    torch_peak = _torch_interleaved_peak(p, m, v)
+    kw = dict(parallel__pp=p, parallel__vpp=v, training__num_micro_batches=m, training__framework="fsdp2",
+              parallel__pp_schedule="interleaved", parallel__dp=2, model__num_layers=8 * p * v)
+    nosync = est(**kw, parallel__grad_accumulation_shard=False)
+    sync = est(**kw, parallel__grad_accumulation_shard=True)
+    for i in range(p):
+        assert inflight(nosync, i) == torch_peak[i][0], (i, inflight(nosync, i), torch_peak[i][0])
+    for i in range(1, p - 1):   # middle ranks: every chunk 8 decoders, so equal accumulators
+        a, b = nosync.stages[i], sync.stages[i]
+        per_chunk = (a.values["grads"] - b.values["grads"]) // v
+        idle = v - len(torch_peak[i][1])
+        assert a.moments["backward"] - b.moments["backward"] == -idle * per_chunk, (i, torch_peak[i][1])
 
 
 def test_memest_interleaved_variants():

@@ -48,7 +48,7 @@ STRUCTURAL: tuple[Key, ...] = (
     Key("parallel.pp", _INT, 1, "pipeline-parallel stages", True),
     Key("parallel.vpp", _INT, 1, "virtual pipeline chunks per stage (interleaved schedules)", True),
     Key("parallel.pp_schedule", None, "1f1b", "pipeline schedule: the name of a 'schedule' block"),
-    Key("parallel.stage_layers", None, None, "body layers per stage (list of p integers); default: even split"),
+    Key("parallel.stage_layers", None, None, "body layers per stage (list of p integers, or of a stage's vpp chunk counts); default: even split"),
     Key("parallel.devices", _INT, None, "total devices; when given must equal the product of the degrees", True),
     Key("training.recompute", None, "none",
         "activation recomputation: none, selective (attention core) or full (layer input only); "
@@ -253,7 +253,7 @@ class Structure:
     pp: int
     vpp: int
     schedule: str
-    stage_layers: list[int] | None
+    stage_layers: list[int | list[int]] | None
     recompute: str                                  # the global mode, or a short description
     capacity_bytes: int
     recompute_stages: list[str] | None = None       # one mode per stage (training.recompute as a list)
@@ -451,10 +451,14 @@ def structure(data: Mapping[str, Any], schedules: list[str]) -> Structure:
                            f"{did_you_mean(str(schedule), schedules)}")
     stage_layers = get_path(data, "parallel.stage_layers", None)
     if stage_layers is not None:
+        def count(x: Any) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool) and x >= 0
         if (not isinstance(stage_layers, list) or len(stage_layers) != pp
-                or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in stage_layers)):
+                or not all(count(x) or (isinstance(x, list) and len(x) == vpp and all(count(y) for y in x))
+                           for x in stage_layers)):
             raise MemformError(f"config key 'parallel.stage_layers' must be a list of {pp} non-negative "
-                               f"integers (one per pipeline stage), got {stage_layers!r}")
+                               f"integers (one per pipeline stage; a stage may instead list its {vpp} chunks' "
+                               f"counts), got {stage_layers!r}")
     recompute, stages, layers, num_layers, selective = _recompute(data, pp)
     default = get_path(data, "training.recompute", None)
     cap = structural_value(data, "device.capacity_gib")

@@ -81,7 +81,7 @@ class StackItem:
 
 
 def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str,
-                    stage_layers: list[int] | None, mode_of, pieces_symbol: Any,
+                    stage_layers: list[int | list[int]] | None, mode_of, pieces_symbol: Any,
                     integer: Callable[[int], Any]) -> Partition:
     """Lay the stack out on ``pp`` stages × ``vpp`` chunks.
 
@@ -101,7 +101,11 @@ def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str
     if sum(i.count_value for i in items) > MAX_LAYERS:
         raise MemformError(f"the stack has {sum(i.count_value for i in items)} layers; memform lays out at most "
                            f"{MAX_LAYERS} (check model.num_layers and the stack counts)")
-    if vpp > 1 and npieces > total:
+    # a stage may list its chunks' counts (Megatron-Core's --account-for-embedding/loss-in-pipeline-split
+    # with a virtual pipeline: the first chunk of the first stage may hold the embedding alone, the last
+    # chunk of the last stage the output alone)
+    per_chunk = stage_layers is not None and any(isinstance(x, list) for x in stage_layers)
+    if vpp > 1 and npieces > total and not per_chunk:
         raise MemformError(f"parallel.pp × parallel.vpp = {pp} × {vpp} = {npieces} pipeline chunks but the model "
                            f"has only {total} body layers: every chunk needs at least one (lower parallel.vpp)")
     if placement not in ("interleaved", "v", "mirror"):
@@ -109,6 +113,9 @@ def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str
     if placement == "v" and vpp != 2:
         raise MemformError(f"the V-shaped schedule needs parallel.vpp = 2 (two chunks per stage), got {vpp}")
     if placement == "mirror":
+        if per_chunk:
+            raise MemformError("parallel.stage_layers: DualPipe (mirror placement) takes one count per piece, "
+                               "not a list per stage")
         if vpp != 2 or pp % 2:
             raise MemformError(f"DualPipe (mirror placement) needs parallel.vpp = 2 (each rank holds a piece of "
                                f"each direction) and an even parallel.pp, got vpp {vpp}, pp {pp}")
@@ -116,11 +123,25 @@ def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str
                        pieces_symbol=pieces_symbol, integer=integer)
 
     if stage_layers is not None:
-        if sum(stage_layers) != total:
-            raise MemformError(f"parallel.stage_layers sums to {sum(stage_layers)} but the model has {total} "
+        given = sum(sum(x) if isinstance(x, list) else x for x in stage_layers)
+        if given != total:
+            raise MemformError(f"parallel.stage_layers sums to {given} but the model has {total} "
                                f"body layers")
         sizes = []
         for stage, per_stage in enumerate(stage_layers):
+            if isinstance(per_stage, list):
+                if placement != "interleaved" or len(per_stage) != vpp:
+                    raise MemformError(f"parallel.stage_layers lists {len(per_stage)} chunk counts for stage {stage}: "
+                                       f"a stage's list needs one count per chunk (parallel.vpp = {vpp}) and the "
+                                       f"interleaved placement")
+                for c, n in enumerate(per_stage):
+                    ends = ((stage, c) == (0, 0) and bool(first)) or ((stage, c) == (pp - 1, vpp - 1) and bool(last))
+                    if n == 0 and not ends:
+                        raise MemformError(f"parallel.stage_layers gives stage {stage} chunk {c} no layers: only the "
+                                           f"first chunk of the first stage (with the embedding) or the last chunk "
+                                           f"of the last stage (with the output layer) may hold none")
+                sizes.append(list(per_stage))
+                continue
             if vpp > 1 and per_stage < vpp:
                 raise MemformError(f"parallel.stage_layers gives stage {stage} {per_stage} layers, fewer than its "
                                    f"parallel.vpp = {vpp} chunks (every chunk needs at least one layer)")
@@ -166,7 +187,7 @@ def build_partition(items: list[StackItem], *, pp: int, vpp: int, placement: str
 
 
 def _mirror(first: list[StackItem], body: list[StackItem], last: list[StackItem], total: int, *, pp: int,
-            stage_layers: list[int] | None, mode_of, pieces_symbol: Any,
+            stage_layers: list[int | list[int]] | None, mode_of, pieces_symbol: Any,
             integer: Callable[[int], Any]) -> Partition:
     """DualPipe's layout: the body cut into ``pp`` pieces (``stage_layers``: one count per piece),
     piece k on stage k as chunk 0 and on stage pp-1-k as chunk 1; the first layers go with piece 0

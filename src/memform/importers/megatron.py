@@ -1226,8 +1226,11 @@ def _strategy(f: Fields, draft: Draft, layers: int, tp: int) -> None:
     draft.set("parallel.pp", pp, "--pipeline-model-parallel-size")
     if f.has("num-layers-per-virtual-pipeline-stage"):
         per_chunk = f.integer("num-layers-per-virtual-pipeline-stage")
-        vpp = divide(layers, pp * per_chunk, "--num-layers / (--pipeline-model-parallel-size × "
-                                             "--num-layers-per-virtual-pipeline-stage)", f.file)
+        # megatron/training/arguments.py: the accounted embedding and loss count as layers here too
+        accounted = (f.boolean("account-for-embedding-in-pipeline-split", False)
+                     + f.boolean("account-for-loss-in-pipeline-split", False))
+        vpp = divide(layers + accounted, pp * per_chunk, "--num-layers (+ the accounted embedding and loss) / "
+                     "(--pipeline-model-parallel-size × --num-layers-per-virtual-pipeline-stage)", f.file)
         draft.set("parallel.vpp", vpp, f"--num-layers / (pp × {per_chunk} layers per virtual stage)")
     elif f.has("num-virtual-stages-per-pipeline-rank"):
         draft.set("parallel.vpp", f.integer("num-virtual-stages-per-pipeline-rank"),
@@ -1340,8 +1343,9 @@ def _account_for(f: Fields, draft: Draft, layers: int, pp: int, *, uneven: bool)
     """--account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split: the embedding
     (the loss) takes one layer's slot of the first (last) stage's split (megatron/core/transformer/
     transformer_block.py get_num_layers_to_build: num_layers += 1 each, the first virtual chunk of the first
-    stage builds one decoder fewer, the last chunk of the last stage likewise). With vpp > 1 memform gives
-    a stage's layers to its chunks first-come, so the first stage's short chunk is its last, not its first."""
+    stage builds one decoder fewer, the last chunk of the last stage likewise). With vpp > 1 each stage's
+    chunks are listed, the first stage's first chunk and the last stage's last chunk one decoder short (at
+    one layer per chunk: the embedding alone, the output alone -- Llama 3's layout, Dubey et al. 2024 §3.3.2)."""
     emb = f.boolean("account-for-embedding-in-pipeline-split", False)
     loss = f.boolean("account-for-loss-in-pipeline-split", False)
     if not (emb or loss) or pp == 1:
@@ -1352,9 +1356,13 @@ def _account_for(f: Fields, draft: Draft, layers: int, pp: int, *, uneven: bool)
     vpp = int(draft.get("parallel.vpp", 1))
     total = layers + emb + loss
     divide(total, pp * vpp, "--num-layers + the accounted embedding and loss over pp × vpp pipeline chunks", f.file)
-    split = [total // pp] * pp
+    split: list = [total // pp] * pp
     split[0] -= emb
     split[-1] -= loss
+    if vpp > 1:
+        per = total // (pp * vpp)
+        split = [[per - (emb if (s, c) == (0, 0) else 0) - (loss if (s, c) == (pp - 1, vpp - 1) else 0)
+                  for c in range(vpp)] for s in range(pp)]
     names = " and ".join(n for n, on in (("embedding", emb), ("loss", loss)) if on)
     verb = "sits" if emb + loss == 1 else "sit"
     draft.set("parallel.stage_layers", split, f"--account-for-{names}-in-pipeline-split: (L + {emb + loss}) / pp "
