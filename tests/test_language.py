@@ -13,7 +13,7 @@ import sympy
 
 import memform
 from memform.errors import MemformError
-from memform.lang.loader import load_program
+from memform.lang.loader import EVERY_KEY, load_program
 from memform.lang.parser import parse_text
 
 HEADER = """
@@ -763,9 +763,9 @@ def test_include_when_a_key_is_set_with_any_value(tmp_path):
         assert _act(memform.estimate(set_)) == 4 * per_layer
         # rebind loads the program again where an include's answer changes
         assert _act(memform.estimate_model(memform.rebind(without, {"model.extra": extra}))) == 4 * per_layer
-    # a program loaded without a config (the lint, the importers' key coverage) takes every `when` include
-    assert "extra" in load_program([tmp_path / "base.mf"]).bindings
-    assert "extra" not in load_program([tmp_path / "base.mf"], config={}).bindings
+    # the lint and the importers' key coverage take every `when` include; a program of files alone none
+    assert "extra" in load_program([tmp_path / "base.mf"], config=EVERY_KEY).bindings
+    assert "extra" not in load_program([tmp_path / "base.mf"]).bindings
 
 
 def test_include_after_profile_of_a_file_loaded_before_it_is_an_error(tmp_path):

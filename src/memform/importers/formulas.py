@@ -19,7 +19,7 @@ import yaml
 
 from ..engine.config import STRUCTURAL
 from ..errors import MemformError
-from ..lang.loader import load_program
+from ..lang.loader import EVERY_KEY, load_program
 from ..resources import data_dir, formulas_dir
 
 BASE = "dense.mf"
@@ -45,9 +45,9 @@ class Coverage:
 def _coverage(names: tuple[str, ...]) -> Coverage | None:
     """None when the files do not load (e.g. a colleague's file in the middle of an edit)."""
     # what a config that names these files can load: them, and what they include `when` a key is set
-    # (load_program's default: every such include taken, e.g. dense.mf's offload-decoder.mf)
+    # (every such include taken, e.g. dense.mf's offload-decoder.mf)
     try:
-        prog = load_program([formulas_dir() / n for n in names])
+        prog = load_program([formulas_dir() / n for n in names], config=EVERY_KEY)
     except MemformError:
         return None
     return Coverage(frozenset(b.path for b in prog.bindings.values()), prog.stack is not None)

@@ -12,6 +12,7 @@ before any config is seen.
 from __future__ import annotations
 
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Mapping
 
 from ..errors import Loc, MemformError, did_you_mean
@@ -23,7 +24,7 @@ from .program import Program, key_is_set
 
 #: ``load_program(..., config=EVERY_KEY)``: every ``when`` include is taken, as if the config set every key (the
 #: lint of ``memform check`` and the importers' question "which keys can these files bind")
-EVERY_KEY: Mapping[str, Any] = {}
+EVERY_KEY: Mapping[str, Any] = MappingProxyType({})
 
 
 def display_path(path: Path) -> Path:
@@ -47,23 +48,24 @@ def _was_loaded(decl: ast.Include, referrer: Path, loaded: set[Path]) -> bool:
 
 
 def load_program(paths: list[str | Path], *, check: bool = True,
-                 config: Mapping[str, Any] | None = EVERY_KEY) -> Program:
+                 config: Mapping[str, Any] | None = None) -> Program:
     """Read formula files (and what they include) into one checked :class:`Program`.
 
     ``config`` answers the ``include ... when KEY`` conditions: a config's (nested) data, where a key is
-    set when it holds a value other than None; :data:`EVERY_KEY` (the default) takes every such include.
+    set when it holds a value other than None (None, the default: a config that sets no key);
+    :data:`EVERY_KEY` takes every such include.
     """
     prog = Program()
     loaded: set[Path] = set()
     #: ``after profile`` includes met while loading: (the include, the file it stands in), in that order
     deferred: list[tuple[ast.Include, Path]] = []
-    #: files loaded where an include or the caller named them (not deferred): the deferred file must not be one
+    #: files loaded where an include or the caller named them (in place), with that include's location
     in_place: dict[Path, Loc | None] = {}
 
     def taken(decl: ast.Include) -> bool:
         if not decl.keys:
             return True
-        answer = config is EVERY_KEY or any(key_is_set(config, k) for k in decl.keys)
+        answer = config is EVERY_KEY or (config is not None and any(key_is_set(config, k) for k in decl.keys))
         prog.conditions.append((decl, answer))
         return answer
 
@@ -98,13 +100,14 @@ def load_program(paths: list[str | Path], *, check: bool = True,
     for p in paths:
         in_place.setdefault(Path(p).resolve(), None)
         visit(Path(p), [], None)
+    early = dict(in_place)  # what was loaded before the profile's last word: a deferred file must not be
     while deferred:  # a deferred file's own `after profile` includes join the end of the queue
         decl, referrer = deferred.pop(0)
         if decl.when is not None and not _was_loaded(decl, referrer, loaded):
             continue
         target = resolve_formula_path(decl.path, referrer.parent)
         if target.resolve() in loaded:
-            _loaded_too_early(decl, target, in_place)
+            _loaded_too_early(decl, target, early)
             continue
         visit(target, [], decl.loc)
     _check_conditions(prog)
