@@ -766,6 +766,9 @@ def test_include_when_a_key_is_set_with_any_value(tmp_path):
     # the lint and the importers' key coverage take every `when` include; a program of files alone none
     assert "extra" in load_program([tmp_path / "base.mf"], config=EVERY_KEY).bindings
     assert "extra" not in load_program([tmp_path / "base.mf"]).bindings
+    from cli_inprocess import memform_in_process
+    keys = memform_in_process("keys", "--formulas", tmp_path / "base.mf")
+    assert keys.returncode == 0 and "model.extra" in keys.stdout and "late.mf" in keys.stdout
 
 
 def test_include_after_profile_of_a_file_loaded_before_it_is_an_error(tmp_path):

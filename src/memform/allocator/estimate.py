@@ -94,6 +94,7 @@ def settings_dict(model: "Model") -> dict[str, Any] | None:
     config, kept = settings(model)
     if config is None:
         return None
+
     def fields(st: ShardedStates | None) -> list[int] | None:
         return None if st is None else [getattr(st, f) for _, f in SHARDED_LETS]
 
