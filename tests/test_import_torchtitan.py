@@ -187,7 +187,8 @@ def test_real_job_configs_import_and_estimate(fixture, expected):
 def test_chosen_formula_files_bind_every_emitted_key(fixture):
     # no key the importer writes is left unread by the formula files it names and the fsdp2 profile
     draft = import_config("torchtitan", TITAN / fixture, Options(devices=64, check=False))
-    prog = load_program([formulas_dir() / f for f in formula_files(normalize(draft.config(), None))])
+    data = normalize(draft.config(), None)   # (and what they include `when` the config sets a key)
+    prog = load_program([formulas_dir() / f for f in formula_files(data)], config=data)
     bound = {b.path for b in prog.bindings.values()} | {k.path for k in STRUCTURAL}
     assert set(draft.entries) - bound == set()
 

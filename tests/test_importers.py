@@ -501,7 +501,8 @@ ALL_FILES = [("hf", c[0]) for c in HF_CASES] + [
 def test_chosen_formula_files_bind_every_emitted_key(fmt: str, name: str) -> None:
     draft = imported(fmt, name, check=False)
     # the files the config loads: its formulas, then its framework profile (training.framework)
-    prog = load_program([formulas_dir() / f for f in formula_files(normalize(draft.config(), None))])
+    data = normalize(draft.config(), None)   # (and what they include `when` the config sets a key)
+    prog = load_program([formulas_dir() / f for f in formula_files(data)], config=data)
     bound = {b.path for b in prog.bindings.values()} | {k.path for k in STRUCTURAL}
     assert set(draft.entries) - bound == set()
 

@@ -13,7 +13,7 @@ import sympy
 
 import memform
 from memform.errors import MemformError
-from memform.lang.loader import load_program
+from memform.lang.loader import EVERY_KEY, load_program
 from memform.lang.parser import parse_text
 
 HEADER = """
@@ -718,3 +718,88 @@ def test_stage_is_read_in_lets_and_defs(tmp_path, numeric):
 def test_stage_readers_used_where_no_stage_is_bound(tmp_path, text, fragment):
     err = expect_error(tmp_path, HEADER + text + "\nstack { dec * n }", fragment)
     assert err.loc is not None and err.loc.file.endswith("bad.mf")
+
+
+# ---- include ... after profile / when KEY (what Python's load order used to decide for offload.mf) -----------
+LATE = """option extra : int[0..100] = model.extra default 0 "x"
+option other : int[0..100] = model.other default 0 "y"
+block dec { act = super * 10 + extra + other }
+"""
+
+
+def _late_model(tmp_path, include: str):
+    """A model file that includes late.mf as ``include``, and a profile of its own that doubles each layer's act."""
+    write(tmp_path, "late.mf", LATE)
+    base = write(tmp_path, "base.mf", HEADER + "block dec extends layer { act = h * b }\nstack { dec * n }\n" + include + "\n")
+    profile = write(tmp_path, "profile.mf", "block dec { act = super * 2 }\n")
+    return {"formulas": [str(base)], "model": {"hidden_size": 8, "num_layers": 4},
+            "training": {"framework": str(profile)}}
+
+
+def _act(est) -> int:
+    return est.stages[0].values["activations"]
+
+
+def test_include_after_profile_follows_the_framework_profile(tmp_path):
+    """In place, late.mf comes before the profile, whose `super * 2` then doubles it: (8·10)·2 per layer; after the
+    profile it has the last word: (8·2)·10."""
+    in_place = _late_model(tmp_path, 'include "late.mf"')
+    assert _act(memform.estimate(in_place)) == 4 * 8 * 10 * 2
+    after = _late_model(tmp_path, 'include "late.mf" after profile')
+    assert _act(memform.estimate(after)) == 4 * 8 * 2 * 10
+    files = [Path(f).name for f in memform.load_model(after).program.files]
+    assert files[-2:] == ["profile.mf", "late.mf"]
+
+
+def test_include_when_a_key_is_set_with_any_value(tmp_path):
+    """`when model.extra`: loaded for a config that sets the key (0 included: its keys are declared there),
+    not for one that does not (whose numbers and key set are what they were without the include)."""
+    cfg = _late_model(tmp_path, 'include "late.mf" after profile when model.other or model.extra')
+    without = memform.load_model(cfg)
+    assert "late.mf" not in {Path(f).name for f in without.program.files}
+    assert _act(memform.estimate(cfg)) == 4 * 8 * 2
+    for extra, per_layer in ((0, 8 * 2 * 10), (5, 8 * 2 * 10 + 5)):
+        set_ = {**cfg, "model": {**cfg["model"], "extra": extra}}
+        assert _act(memform.estimate(set_)) == 4 * per_layer
+        # rebind loads the program again where an include's answer changes
+        assert _act(memform.estimate_model(memform.rebind(without, {"model.extra": extra}))) == 4 * per_layer
+    # the lint and the importers' key coverage take every `when` include; a program of files alone none
+    assert "extra" in load_program([tmp_path / "base.mf"], config=EVERY_KEY).bindings
+    assert "extra" not in load_program([tmp_path / "base.mf"]).bindings
+    from cli_inprocess import memform_in_process
+    keys = memform_in_process("keys", "--formulas", tmp_path / "base.mf")
+    assert keys.returncode == 0 and "model.extra" in keys.stdout and "late.mf" in keys.stdout
+
+
+def test_include_after_profile_of_a_file_loaded_before_it_is_an_error(tmp_path):
+    cfg = _late_model(tmp_path, 'include "late.mf" after profile')
+    cfg["formulas"] = [str(tmp_path / "base.mf"), str(tmp_path / "late.mf")]
+    with pytest.raises(MemformError) as info:
+        memform.estimate(cfg)
+    assert info.value.loc.file.endswith("base.mf") and info.value.loc.line == HEADER.count("\n") + 3
+    assert "must load after the framework profile" in str(info.value) and "leave it out" in str(info.value)
+
+
+@pytest.mark.parametrize("include, fragment, col", [
+    ('include "late.mf" after profile when model.extar', "no loaded formula file binds config key 'model.extar'", 1),
+    ('include "late.mf" after', "syntax error: unexpected end of file; expected 'profile'", 19),
+    ('include "late.mf" when', "syntax error: unexpected end of file; expected a name", 19),
+    ('include "late.mf" when model.extra or', "expected a name", 36),
+])
+def test_include_misuse_is_a_located_error_exit_2(tmp_path, include, fragment, col):
+    from cli_inprocess import memform_in_process
+    _late_model(tmp_path, include)
+    r = memform_in_process("check", tmp_path / "base.mf")
+    line = HEADER.count("\n") + 3
+    assert r.returncode == 2 and fragment in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert f"base.mf:{line}:{col}" in r.stderr, r.stderr
+    if "extar" in include:
+        assert "did you mean 'model.extra'" in r.stderr
+
+
+def test_include_clauses_print_back():
+    from memform.lang.printer import print_file
+    text = 'include "x.mf" if "dense.mf" after profile when a.b or c\n'
+    tree = parse_text(text)
+    assert print_file(tree) == text
+    assert (tree.decls[0].when, tree.decls[0].after_profile, tree.decls[0].keys) == ("dense.mf", True, ("a.b", "c"))

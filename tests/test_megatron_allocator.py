@@ -76,7 +76,7 @@ def test_megatron_keeps_gradients_and_shards_the_flat_buffer(last_stage):
     _, kept = alloc_estimate.settings(model)
     # param_and_grad_buffer.py: grad_data kept across steps; DP 2 distributed optimizer, bf16 params: an fp32
     # main copy and two moments; no --overlap-grad-reduce: one bucket
-    assert kept == alloc_estimate.Kept(True, ShardedStates(shards=2, masters=1, moments=2, bucket=0))
+    assert kept.at(3) == alloc_estimate.Kept(True, ShardedStates(shards=2, masters=1, moments=2, bucket=0))
 
 
 def test_decoder_tensors_are_megatrons(last_stage):
@@ -136,3 +136,36 @@ def test_running_live_set_gives_the_samples_of_the_rescan():
     samples, _ = fixed
     # ones, mul, add (a freed before it), cat, sum (b and c freed before it), the mark
     assert [sum(n for _, n in s) for s in samples] == [4000, 8000, 8000, 16000, 8004, 8004]
+
+
+# ---- --overlap-grad-reduce: buckets on the first pipeline stage only (a let that reads `stage`) -------------
+def test_megatron_buckets_the_first_pipeline_stage_only():
+    """megatron-core 0.19.2 distributed_data_parallel.py:68-72 (bucket_size max(4e7, 1e6·dp) parameters with
+    --overlap-grad-reduce) and :104-106 (None on pipeline ranks > 0): frameworks/megatron/megatron-core.mf's
+    opt_flat_bucket reads `stage`, so the replay cuts stage 0's flat buffer into buckets and keeps one bucket on
+    stage 1 -- the same figures from the interpreter and the compiled fast path. Before (8deb83c: one bucket on
+    every stage of a pipeline) the reserves were 418,906,112 and 282,542,080 bytes (`memform estimate
+    configs/llama2-7b.yaml --set training.framework=megatron --set parallel.overlap_grad_reduce=true --json` at
+    8deb83c); stage 1's stays."""
+    from pathlib import Path
+
+    from memform.engine.model import load_model
+    from memform.fastpath.fastcache import fast_estimate
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "llama2-7b.yaml"   # PP 2, DP 2, distributed optimizer
+    over = {"training.framework": "megatron", "parallel.overlap_grad_reduce": True}
+    _, kept = alloc_estimate.settings(load_model(config, over))
+    # an fp32 main copy and two fp32 moments: 12 bytes per parameter over 3 state tensors, 4 bytes each
+    assert kept.at(0).sharded == ShardedStates(shards=2, masters=1, moments=2, bucket=40_000_000 * 4)
+    assert kept.at(1).sharded == ShardedStates(shards=2, masters=1, moments=2, bucket=0)
+    # without a pipeline the one stage is stage 0, bucketed as before
+    _, alone = alloc_estimate.settings(load_model(config, {**over, "parallel.pp": 1}))
+    assert alone.at(0).sharded.bucket == 40_000_000 * 4
+    est = interpreted(config, over)
+    fast = fast_estimate(config, over, compile=True)
+    assert [s.reserve for s in fast.stages] == [s.reserve for s in est.stages]
+    assert est.stages[1].reserve == 282_542_080 and est.stages[0].reserve != 418_906_112
+    one_bucket = alloc_estimate.stage_reserve(est.stages[0], alloc_estimate.layer_blocks(est.stages[0], est.model,
+                                                                                         est.model.evaluator()),
+                                              alloc_estimate.settings(est.model)[0], kept.at(1))
+    assert one_bucket.reserve == 418_906_112

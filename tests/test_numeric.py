@@ -91,6 +91,20 @@ def test_every_bundled_config_under_every_profile(config, framework):
         assert kind == "ok"      # the bundled configs estimate, with plain numbers
 
 
+# --------------------------------------------------------------------------- activation offloading
+# offload-decoder.mf, which dense.mf includes `after profile when training.activation_offload ...`: the program
+# the loader builds for such a config, under a profile that redefines the decoder's act (hf-trainer) and one that
+# does not, with and without recompute and a pipeline
+
+@pytest.mark.parametrize("overrides", [
+    {"training.activation_offload": "layers", "training.activation_offload_layers": 8},
+    {"training.activation_offload": "checkpoint", "training.recompute": "full", "parallel.pp": 2},
+    {"training.activation_offload": "all", "training.recompute": "selective", "training.framework": "hf-trainer"},
+], ids=["layers", "checkpoint-pp2", "all-hf-trainer"])
+def test_activation_offload_numeric_equals_symbolic(overrides):
+    assert assert_same(ROOT / "configs" / "llama3-8b.yaml", overrides) == "ok"
+
+
 # --------------------------------------------------------------------------- drawn degrees and formulas
 
 _DEGREES = {"parallel.tp": st.sampled_from([1, 2, 3, 4, 8]), "parallel.dp": st.sampled_from([1, 2, 3, 8, 64]),

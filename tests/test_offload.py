@@ -1,5 +1,5 @@
-"""Activation offloading (formulas/offload.mf, offload-decoder.mf; issue 30): what leaves the device goes to the
-stage's host bytes, once per micro-batch in flight; the importers map the flags that name it and refuse what
+"""Activation offloading (formulas/offload-decoder.mf, which dense.mf includes after the profile; issue 30): what
+leaves the device goes to the stage's host bytes, once per micro-batch in flight; the importers map the flags that name it and refuse what
 Megatron-Core refuses; transformers' checkpoint offload measured on a real step (bench/validate.py
 --frameworks --only offload)."""
 

@@ -9,6 +9,13 @@ One deliberate difference: MLA decoders (DeepSeek) under the hf-trainer profile.
 temporaries were placed by the positions of a Llama layer's saved tensors, which on MLA's nine attention
 tensors (formulas/mla.mf attn_tensors) pointed into the middle of the attention -- the "layer's end" at
 the MLP's second tensor. By name they sit where the names say (Q, K, V of MLA, the layer's end).
+
+Activation offloading (formulas/offload-decoder.mf) was loaded by Python (engine/config.py OFFLOAD_KEYS, last,
+for a config setting one of its keys) until dense.mf said it itself (`include "offload-decoder.mf" after profile
+when training.activation_offload or training.activation_offload_layers`): each stage's peak, reserve and host
+bytes on bench/reserves.py's offload cases equal those of commit 8deb83c, before the change
+(tests/data/reserves-offload-8deb83c.jsonl, made by `PYTHONPATH=CHECKOUT/src python bench/reserves.py
+CHECKOUT --offload` with this bench/reserves.py on a checkout of 8deb83c), refusals included.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from reserves import figures  # noqa: E402
+from reserves import figures, offload_cases  # noqa: E402
 
 DATA = [json.loads(line) for line in (ROOT / "tests" / "data" / "reserves-795b61f.jsonl").read_text().splitlines()]
 #: the MLA x hf-trainer cases, whose reserves moved (module docstring)
@@ -52,3 +59,32 @@ def test_peaks_and_reserves_as_before(case):
 def test_the_fast_cases_are_in_the_data():
     assert FAST <= {(c["config"], tuple(c["set"])) for c in DATA}
     assert len(MOVED) == 6
+
+
+OFFLOAD = [json.loads(line) for line in
+           (ROOT / "tests" / "data" / "reserves-offload-8deb83c.jsonl").read_text().splitlines()]
+#: by default: Megatron's layers, TRL's all under hf-trainer (whose decoder act the offload subtracts from), the
+#: checkpoint input of a hybrid under fsdp2, a MoE refusal, and `none` set (the file loaded, nothing offloaded)
+OFFLOAD_FAST = {("llama3-8b.yaml", "training.framework=megatron", "training.activation_offload=layers"),
+                ("llama3-8b.yaml", "training.framework=hf-trainer", "training.activation_offload=all"),
+                ("nemotron-h-8b.yaml", "training.framework=fsdp2", "training.activation_offload=checkpoint"),
+                ("mixtral-8x7b.yaml", "training.framework=torch", "training.activation_offload=all"),
+                ("qwen2-vl-7b.yaml", "training.framework=deepspeed", "training.activation_offload=none")}
+
+
+def _offload_case(c: dict):
+    fast = (c["config"], *c["set"][:2]) in OFFLOAD_FAST
+    return pytest.param(c, marks=[] if fast else [pytest.mark.slow], id=f"{c['config']}:{' '.join(c['set'])}")
+
+
+@pytest.mark.parametrize("case", [_offload_case(c) for c in OFFLOAD])
+def test_offload_peaks_reserves_and_host_bytes_as_before(case):
+    assert figures(ROOT, case["config"], case["set"], host=True) == case["stages"]
+
+
+def test_the_offload_data_is_the_bench_cases():
+    assert [(c["config"], c["set"]) for c in OFFLOAD] == [(n, ov) for n, ov in offload_cases()]
+    assert OFFLOAD_FAST <= {(c["config"], *c["set"][:2]) for c in OFFLOAD}
+    assert any(isinstance(c["stages"], str) for c in OFFLOAD) and any(s[2] > 0 for c in OFFLOAD
+                                                                      if isinstance(c["stages"], list)
+                                                                      for s in c["stages"])

@@ -32,6 +32,13 @@ class Kept:
 
     grads: bool = False
     sharded: ShardedStates | None = None
+    #: per pipeline stage, where an ``opt_flat_*`` let reads ``stage`` (Megatron buckets stage 0 only); empty:
+    #: ``sharded`` for every stage
+    staged: tuple[ShardedStates | None, ...] = ()
+
+    def at(self, stage: int) -> "Kept":
+        """What stage ``stage`` keeps."""
+        return Kept(self.grads, self.staged[stage]) if self.staged else self
 
 
 #: the formulas' lets that describe a DP-sharded flat buffer (frameworks/megatron.mf), ShardedStates' fields
@@ -63,11 +70,23 @@ def settings(model: "Model") -> tuple[AllocatorConfig | None, Kept]:
     lets = model.program.lets
     ev = model.evaluator() if "grads_kept" in lets or SHARDED_LETS[0][0] in lets else None
     grads = ev is not None and "grads_kept" in lets and bool(ev.let("grads_kept"))
-    sharded = None
-    if ev is not None and all(name in lets for name, _ in SHARDED_LETS):
-        values = {field: int(ev.ceil_int(ev.number(ev.let(name)))) for name, field in SHARDED_LETS}
-        sharded = ShardedStates(**values) if values["shards"] > 1 else None
-    return config, Kept(grads, sharded)
+    if ev is None or not all(name in lets for name, _ in SHARDED_LETS):
+        return config, Kept(grads)
+
+    def sharded(stage: int | None) -> ShardedStates | None:
+        at = None if stage is None else ev.integer(stage)
+        values = {field: int(ev.ceil_int(ev.number(ev.let(name, stage=at)))) for name, field in SHARDED_LETS}
+        return ShardedStates(**values) if values["shards"] > 1 else None
+
+    if staged_sharding(model):
+        return config, Kept(grads, None, tuple(sharded(i) for i in range(model.structure.pp)))
+    return config, Kept(grads, sharded(None))
+
+
+def staged_sharding(model: "Model") -> bool:
+    """Whether an ``opt_flat_*`` let reads ``stage`` (its value is then the stage's: Megatron's buckets)."""
+    readers = model.program.stage_readers()[0]
+    return any(name in readers for name, _ in SHARDED_LETS)
 
 
 def settings_dict(model: "Model") -> dict[str, Any] | None:
@@ -75,20 +94,28 @@ def settings_dict(model: "Model") -> dict[str, Any] | None:
     config, kept = settings(model)
     if config is None:
         return None
-    sharded = None if kept.sharded is None else [getattr(kept.sharded, f) for _, f in SHARDED_LETS]
-    return {"expandable": config.expandable_segments, "split": config.max_split_size, "grads_kept": kept.grads,
-            "sharded": sharded}
+
+    def fields(st: ShardedStates | None) -> list[int] | None:
+        return None if st is None else [getattr(st, f) for _, f in SHARDED_LETS]
+
+    out = {"expandable": config.expandable_segments, "split": config.max_split_size, "grads_kept": kept.grads,
+           "sharded": fields(kept.sharded)}
+    if kept.staged:
+        out["staged"] = [fields(st) for st in kept.staged]
+    return out
 
 
 def from_settings_dict(d: dict[str, Any], outs: Sequence[int] = ()) -> tuple[AllocatorConfig, Kept]:
     """:func:`settings_dict`'s data back as objects. A compiled structure's ``sharded`` entry is
-    ``["out", [indices]]``: the ``opt_flat_*`` values are that evaluation's ``outs`` (they follow dp)."""
-    sharded = d.get("sharded")
-    if sharded is not None and sharded[0] == "out":
-        sharded = [int(outs[i]) for i in sharded[1]]
-    states = None if sharded is None or sharded[0] <= 1 else ShardedStates(*sharded)
+    ``["out", [indices]]``: the ``opt_flat_*`` values are that evaluation's ``outs`` (they follow dp); ``staged``,
+    where present, one such entry per pipeline stage."""
+    def states(sharded: Any) -> ShardedStates | None:
+        if sharded is not None and sharded[0] == "out":
+            sharded = [int(outs[i]) for i in sharded[1]]
+        return None if sharded is None or sharded[0] <= 1 else ShardedStates(*sharded)
+
     return (AllocatorConfig(expandable_segments=d["expandable"], max_split_size=d["split"]),
-            Kept(d["grads_kept"], states))
+            Kept(d["grads_kept"], states(d.get("sharded")), tuple(states(x) for x in d.get("staged", ()))))
 
 
 #: the layer quantities (formulas/common.mf ``layer``) the replay reads besides the categories, with the
@@ -194,7 +221,7 @@ def apply(stages: list["StageResult"], model: "Model") -> None:
     def replay_stage(st: "StageNumbers", s: "StageResult") -> None:
         if "ev" not in shared:
             shared["ev"], shared["memo"] = model.evaluator(), {}
-        set_reserve(st, layer_blocks(s, model, shared["ev"], shared["memo"]), config, kept)
+        set_reserve(st, layer_blocks(s, model, shared["ev"], shared["memo"]), config, kept.at(s.stage))
 
     for s in stages:
         s._reserve_pending = lambda st, s=s: replay_stage(st, s)

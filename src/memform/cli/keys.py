@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..engine.config import STRUCTURAL, formula_files, normalize, read_yaml
-from ..lang.loader import load_program, resolve_formula_path
+from ..lang.loader import EVERY_KEY, load_program, resolve_formula_path
 from ..lang.printer import print_expr, print_type
 from ..lang.program import Program
 
@@ -53,7 +53,8 @@ def formulas_of(target: str | None, formulas: list[str]) -> list[Path]:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    rows = key_docs(load_program(formulas_of(args.config, args.formulas)))
+    # every key a config could set: what the files include `when` a key is set too
+    rows = key_docs(load_program(formulas_of(args.config, args.formulas), config=EVERY_KEY))
     if args.markdown:
         print("| key | type | default | meaning |")
         print("| --- | --- | --- | --- |")

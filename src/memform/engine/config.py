@@ -385,10 +385,6 @@ def normalize(data: dict[str, Any], source: Path | None) -> dict[str, Any]:
 
 #: where framework profiles live, relative to the bundled formula files
 FRAMEWORKS_DIR = "frameworks"
-#: the bundled file loaded after a config's formula files and profile (formulas/offload.mf) when the config
-#: sets one of its keys
-OFFLOAD_FILE = "offload.mf"
-OFFLOAD_KEYS = ("training.activation_offload", "training.activation_offload_layers")
 
 
 def frameworks() -> list[str]:
@@ -398,14 +394,14 @@ def frameworks() -> list[str]:
 
 
 def formula_files(data: Mapping[str, Any]) -> list[str]:
-    """The formula files a normalized config loads: its ``formulas`` list, then its framework profile,
-    then ``offload.mf`` where the config sets an activation-offload key (it needs every other file's last
-    word).
+    """The formula files a normalized config names: its ``formulas`` list, then its framework profile.
 
     The profile comes last so that it overrides the model files; a name is a bundled profile, a
     name ending in ``.mf`` a file of the user's (relative to the config). A bundled profile NAME may
     refine a model file F.mf with ``frameworks/NAME/F.mf``, loaded after the profile when the config
-    loads F.mf: the profile itself may name only what every model defines (common.mf, dense.mf).
+    loads F.mf: the profile itself may name only what every model defines (common.mf, dense.mf). What
+    these files include ``after profile`` (``when`` the config sets a key: dense.mf's offload-decoder.mf)
+    the loader appends after them all.
     """
     framework = structural_value(data, "training.framework")
     if framework.endswith(".mf"):
@@ -426,10 +422,6 @@ def formula_files(data: Mapping[str, Any]) -> list[str]:
             companion = f"{FRAMEWORKS_DIR}/{framework}/{Path(name).name}"
             if (formulas_dir() / companion).is_file() and companion not in files:
                 files.append(companion)
-    # activation offloading subtracts from what every file above says a layer saves: it comes last, for a
-    # config that names it (any value: its keys are declared there); other configs load exactly what they did
-    if any(get_path(data, key, None) is not None for key in OFFLOAD_KEYS) and OFFLOAD_FILE not in files:
-        files.append(OFFLOAD_FILE)
     return files
 
 

@@ -154,7 +154,8 @@ def rebind(model: Model, overrides: Mapping[str, Any], *, check: bool = True) ->
         training.pop("num_micro_batches", None)
     data = normalize(data, model.source)
     program = model.program
-    if formula_files(data) != formula_files(model.data):  # another framework profile or formula list
+    # another framework profile or formula list, or another answer to an `include ... when KEY`
+    if formula_files(data) != formula_files(model.data) or not program.same_conditions(data):
         program = _program(data, model.source)
     check_keys(data, known_keys(program.bindings))
     st = structure(data, list(program.schedules()))
@@ -169,7 +170,7 @@ def _program(data: Mapping[str, Any], source: Path | None) -> Program:
     """The formula program a normalized config names (its files, then its framework profile)."""
     base_dir = source.parent if source else Path.cwd()
     files = formula_files(data)
-    program = load_program([resolve_formula_path(f, base_dir) for f in files])
+    program = load_program([resolve_formula_path(f, base_dir) for f in files], config=data)
     if program.stack is None:
         raise MemformError(f"the formula files {', '.join(files)} declare no 'stack' of layers")
     return program

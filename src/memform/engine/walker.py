@@ -262,7 +262,8 @@ class Walker:
             return self._memo[key]
         decl = self.program.lets[name]
         if stage is None and name in self.program.stage_readers()[0]:
-            # read by memform itself once per model (the allocator's grads_kept / opt_flat_* lets), not per stage
+            # read by memform itself once per model (the allocator's grads_kept; the opt_flat_* lets, where they
+            # read stage, per stage)
             raise MemformError(f"'{name}' reads the pipeline stage ('{STAGE}'), but it is read once for the whole "
                                f"model here, where no stage is bound", loc or decl.loc)
         ctx = Ctx(overrides=overrides) if stage is None else Ctx(extra=((STAGE, stage),), overrides=overrides)

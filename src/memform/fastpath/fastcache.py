@@ -230,11 +230,11 @@ def _run(loaded: _Loaded, data: Mapping[str, Any], full: Callable[[], Any]) -> "
         from ..allocator.sequence import LayerBlocks
 
         config, kept = from_settings_dict(body["allocator"], outs)
-        for stage, st in zip(stages, body["stages"]):
+        for i, (stage, st) in enumerate(zip(stages, body["stages"])):
             layers: list[LayerBlocks] = []
             for n, at, *shape in st["groups"]:
                 layers += [LayerBlocks(*outs[at:at + 6], *_granularity(outs, at + 6, shape))] * n
-            defer_reserve(stage, layers, config, kept)
+            defer_reserve(stage, layers, config, kept.at(i))
     est = FastEstimate(body, stages, setup, {"total": total, "expert": expert, "dense": total - expert}, full)
     for s in stages:
         s._owner = est

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import sympy
 
-from ..allocator.estimate import SHARDED_LETS, granularity_exprs, settings_dict
+from ..allocator.estimate import SHARDED_LETS, granularity_exprs, settings_dict, staged_sharding
 from ..allocator.sequence import GROUP_FIGURES
 from ..engine.evaluator import Ctx
 from ..engine.interpreter import CATEGORIES, MAX_BYTES, PS_PER_SECOND
@@ -198,8 +198,14 @@ def _allocator_settings(model: Model, ev_keep: Any, out: Any) -> dict[str, Any] 
         if isinstance(g, sympy.Basic) and not isinstance(g, sympy.logic.boolalg.BooleanAtom) and g.free_symbols:
             raise Uncompilable("whether gradients stay in persistent buffers (grads_kept) depends on an input")
     if all(name in lets for name, _ in SHARDED_LETS):
-        allocator["sharded"] = ["out", [out(sympy.ceiling(sympy.sympify(ev_keep.let(name))))
-                                        for name, _ in SHARDED_LETS]]
+        def outs(stage: int | None) -> list[Any]:
+            at = None if stage is None else ev_keep.integer(stage)
+            return ["out", [out(sympy.ceiling(sympy.sympify(ev_keep.let(name, stage=at)))) for name, _ in SHARDED_LETS]]
+        if staged_sharding(model):   # one entry per pipeline stage (Megatron buckets stage 0 only)
+            allocator["sharded"] = None
+            allocator["staged"] = [outs(i) for i in range(model.structure.pp)]
+        else:
+            allocator["sharded"] = outs(None)
     return allocator
 
 

@@ -17,9 +17,9 @@ from typing import Iterable
 
 import yaml
 
-from ..engine.config import OFFLOAD_FILE, STRUCTURAL
+from ..engine.config import STRUCTURAL
 from ..errors import MemformError
-from ..lang.loader import load_program
+from ..lang.loader import EVERY_KEY, load_program
 from ..resources import data_dir, formulas_dir
 
 BASE = "dense.mf"
@@ -44,9 +44,10 @@ class Coverage:
 
 def _coverage(names: tuple[str, ...]) -> Coverage | None:
     """None when the files do not load (e.g. a colleague's file in the middle of an edit)."""
-    # what a config that names these files loads: them, then offload.mf (engine/config.py formula_files)
+    # what a config that names these files can load: them, and what they include `when` a key is set
+    # (every such include taken, e.g. dense.mf's offload-decoder.mf)
     try:
-        prog = load_program([formulas_dir() / n for n in names] + [formulas_dir() / OFFLOAD_FILE])
+        prog = load_program([formulas_dir() / n for n in names], config=EVERY_KEY)
     except MemformError:
         return None
     return Coverage(frozenset(b.path for b in prog.bindings.values()), prog.stack is not None)

@@ -1272,7 +1272,7 @@ def _strategy(f: Fields, draft: Draft, layers: int, tp: int) -> None:
 def _activation_offload(f: Fields, draft: Draft, layers: int) -> None:
     """--cpu-offloading --cpu-offloading-num-layers N (model_parallel_config.py cpu_offloading*; megatron-core
     0.19.2 hands them to Transformer Engine's get_cpu_offload_context, transformer_block.py:298-311): the
-    activations of the first N layers in host memory (training.activation_offload: layers, offload.mf).
+    activations of the first N layers in host memory (training.activation_offload: layers, offload-decoder.mf).
     Megatron-Core refuses it with a pipeline, with recompute and for N >= --num-layers
     (transformer_config.py:1707-1721); --cpu-offloading-weights is a no-op in Transformer Engine."""
     if not f.boolean("cpu-offloading", False):

@@ -199,6 +199,12 @@ class Include:
     #: ``include "X" if "W"``: X is included only when the program already loaded W (a framework
     #: profile refining a model file it cannot name otherwise); None: always
     when: str | None = None
+    #: ``include "X" after profile``: X is loaded after every file the program was asked for (a config's formula
+    #: files, its framework profile and the profile's companions), not where the include stands
+    after_profile: bool = False
+    #: ``include "X" when k1 or k2``: X is included only for a config that sets one of these keys (to any
+    #: value); () always
+    keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,30 @@
 """Reading formula files into one checked :class:`~memform.lang.program.Program`.
 
 Files are read in order; ``include`` pulls a file in at the point it appears (once per
-program, cycles are errors). After loading, :mod:`memform.lang.checker` lints the whole
-program before any config is seen.
+program, cycles are errors). ``include "X" after profile`` pulls X in after every file the
+program was asked for instead (a config's formula files, its framework profile and the profile's
+companions: :func:`memform.engine.config.formula_files`), in the order such includes were met; ``include
+"X" when k1 or k2`` only for a config that sets one of the keys (the program records each answer:
+:meth:`Program.same_conditions`). After loading, :mod:`memform.lang.checker` lints the whole program
+before any config is seen.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
 
-from ..errors import Loc, MemformError
+from ..errors import Loc, MemformError, did_you_mean
 from ..resources import resolve_formula_path  # noqa: F401 (re-exported)
 from . import ast
 from .checker import check_program
 from .parser import parse_file
-from .program import Program
+from .program import Program, key_is_set
+
+#: ``load_program(..., config=EVERY_KEY)``: every ``when`` include is taken, as if the config set every key (the
+#: lint of ``memform check`` and the importers' question "which keys can these files bind")
+EVERY_KEY: Mapping[str, Any] = MappingProxyType({})
 
 
 def display_path(path: Path) -> Path:
@@ -37,10 +47,27 @@ def _was_loaded(decl: ast.Include, referrer: Path, loaded: set[Path]) -> bool:
     return cond.resolve() in loaded
 
 
-def load_program(paths: list[str | Path], *, check: bool = True) -> Program:
-    """Read formula files (and what they include) into one checked :class:`Program`."""
+def load_program(paths: list[str | Path], *, check: bool = True,
+                 config: Mapping[str, Any] | None = None) -> Program:
+    """Read formula files (and what they include) into one checked :class:`Program`.
+
+    ``config`` answers the ``include ... when KEY`` conditions: a config's (nested) data, where a key is
+    set when it holds a value other than None (None, the default: a config that sets no key);
+    :data:`EVERY_KEY` takes every such include.
+    """
     prog = Program()
     loaded: set[Path] = set()
+    #: ``after profile`` includes met while loading: (the include, the file it stands in), in that order
+    deferred: list[tuple[ast.Include, Path]] = []
+    #: files loaded where an include or the caller named them (in place), with that include's location
+    in_place: dict[Path, Loc | None] = {}
+
+    def taken(decl: ast.Include) -> bool:
+        if not decl.keys:
+            return True
+        answer = config is EVERY_KEY or (config is not None and any(key_is_set(config, k) for k in decl.keys))
+        prog.conditions.append((decl, answer))
+        return answer
 
     def visit(path: Path, stack: list[Path], loc: Loc | None) -> None:
         key = path.resolve()
@@ -54,9 +81,16 @@ def load_program(paths: list[str | Path], *, check: bool = True) -> Program:
         tree = parse_file(display_path(path))
         for decl in tree.decls:
             if isinstance(decl, ast.Include):
+                if not taken(decl):
+                    continue
+                if decl.after_profile:
+                    deferred.append((decl, path))
+                    continue
                 if decl.when is not None and not _was_loaded(decl, path, loaded | set(stack)):
                     continue
-                visit(resolve_formula_path(decl.path, path.parent), stack + [key], decl.loc)
+                target = resolve_formula_path(decl.path, path.parent)
+                in_place.setdefault(target.resolve(), decl.loc)
+                visit(target, stack + [key], decl.loc)
             else:
                 prog.add(decl)
         loaded.add(key)
@@ -64,10 +98,50 @@ def load_program(paths: list[str | Path], *, check: bool = True) -> Program:
         prog.paths.append(str(key))
 
     for p in paths:
+        in_place.setdefault(Path(p).resolve(), None)
         visit(Path(p), [], None)
+    early = dict(in_place)  # what was loaded before the profile's last word: a deferred file must not be
+    while deferred:  # a deferred file's own `after profile` includes join the end of the queue
+        decl, referrer = deferred.pop(0)
+        if decl.when is not None and not _was_loaded(decl, referrer, loaded):
+            continue
+        target = resolve_formula_path(decl.path, referrer.parent)
+        if target.resolve() in loaded:
+            _loaded_too_early(decl, target, early)
+            continue
+        visit(target, [], decl.loc)
+    _check_conditions(prog)
     if check:
         _check_once(prog)
     return prog
+
+
+def _loaded_too_early(decl: ast.Include, target: Path, in_place: dict[Path, Loc | None]) -> None:
+    """A file an ``after profile`` include names, already loaded: fine when an earlier ``after profile``
+    include loaded it, an error when it was loaded in place (before the profile whose definitions it must
+    follow: its `super` would name theirs and the profile's would replace its own)."""
+    key = target.resolve()
+    if key not in in_place:
+        return
+    where = in_place[key]
+    how = f"the include at {where} loaded it" if where is not None else "it is one of the files the program was given"
+    raise MemformError(f'include "{decl.path}" after profile: {display_path(target)} must load after the framework '
+                       f"profile, but {how} before the profile; leave it out there (a config's `formulas:` need "
+                       f"not name it)", decl.loc)
+
+
+def _check_conditions(prog: Program) -> None:
+    """Each key of a ``when`` include that was taken is bound by the program (a misspelt key would never
+    be set, and its file never loaded)."""
+    bound = {b.path for b in prog.bindings.values()}
+    for decl, answer in prog.conditions:
+        if not answer:
+            continue
+        for k in decl.keys:
+            if k not in bound:
+                raise MemformError(f'include "{decl.path}" when {k}: no loaded formula file binds config key '
+                                   f"'{k}' (a symbol or option = {k}), so no config could set it"
+                                   f"{did_you_mean(k, sorted(bound))}", decl.loc)
 
 
 def _check_once(prog: Program) -> None:

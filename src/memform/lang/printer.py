@@ -23,7 +23,9 @@ def print_file(tree: ast.File) -> str:
 
 def print_decl(decl: ast.Decl) -> str:
     if isinstance(decl, ast.Include):
-        return f'include "{decl.path}"' + (f' if "{decl.when}"' if decl.when is not None else "")
+        return (f'include "{decl.path}"' + (f' if "{decl.when}"' if decl.when is not None else "")
+                + (" after profile" if decl.after_profile else "")
+                + (f" when {' or '.join(decl.keys)}" if decl.keys else ""))
     if isinstance(decl, ast.Binding):
         default = f" default {print_expr(decl.default)}" if decl.default is not None else ""
         unit = f" [{decl.unit}]" if decl.unit is not None else ""

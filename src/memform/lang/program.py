@@ -10,7 +10,7 @@ use it without an import cycle.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Iterator
+from typing import Any, Iterator, Mapping
 
 from ..errors import Loc, MemformError, did_you_mean
 from . import ast
@@ -120,6 +120,8 @@ class Program:
     requires: list[ast.Require] = field(default_factory=list)
     blocks: dict[str, BlockDef] = field(default_factory=dict)
     stack: ast.Stack | None = None
+    #: every ``include ... when KEY`` met while loading, with whether the config set one of its keys
+    conditions: list[tuple[ast.Include, bool]] = field(default_factory=list)
     _origin: dict[tuple[str, str], str] = field(default_factory=dict)  # (namespace, name) -> file
     _stage_readers: tuple[frozenset[str], frozenset[str]] | None = field(default=None, repr=False, compare=False)
 
@@ -205,6 +207,11 @@ class Program:
                         changed = True
             self._stage_readers = (frozenset(lets), frozenset(defs))
         return self._stage_readers
+
+    def same_conditions(self, config: Mapping[str, Any]) -> bool:
+        """Whether ``config`` answers every ``include ... when`` met while loading as the config the program was
+        loaded for did (else loading for it gives another program)."""
+        return all(any(key_is_set(config, k) for k in decl.keys) == answer for decl, answer in self.conditions)
 
     def global_names(self) -> set[str]:
         return set(self.bindings) | set(self.lets)
@@ -307,6 +314,16 @@ class Program:
             raise MemformError(f"'super' in '{what}' of block '{block}' names the definition it replaces, "
                                f"but no file before this one defines '{what}' for '{block}'", q.loc)
         return replace(q, expr=ast.substitute(q.expr, SUPER, old.expr))
+
+
+def key_is_set(config: Mapping[str, Any], key: str) -> bool:
+    """Whether a config's nested data holds a value (not None) at the dotted ``key``."""
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return node is not None
 
 
 def uses_super(expr: ast.Expr) -> bool:

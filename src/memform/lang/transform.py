@@ -13,6 +13,10 @@ from ..errors import Loc, MemformError
 from . import ast
 
 
+#: the ``after profile`` of an include, as the transformer passes it up
+_AFTER = "\0after profile\0"
+
+
 @v_args(meta=True)
 class ToAst(Transformer):
     """Builds :mod:`memform.lang.ast` nodes, stamping each with its file:line:col."""
@@ -32,7 +36,16 @@ class ToAst(Transformer):
         return ast.File(self.path, tuple(items))
 
     def include(self, meta, c):
-        return ast.Include(_unquote(c[0]), self._loc(meta), _unquote(c[1]) if len(c) > 1 else None)
+        files = [_unquote(x) for x in c if isinstance(x, Token)]
+        keys = next((x for x in c if isinstance(x, tuple)), ())
+        return ast.Include(files[0], self._loc(meta), files[1] if len(files) > 1 else None,
+                           after_profile=_AFTER in c, keys=keys)
+
+    def after_profile(self, meta, c):
+        return _AFTER
+
+    def include_when(self, meta, c):
+        return tuple(c)
 
     def _binding(self, keyword, meta, c):
         name, typ, path, *rest = c

@@ -59,7 +59,7 @@ class HFCase:
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj")   # PEFT's default for Llama
     lora_dropout: float = 0.0
     # with gc: activation_checkpointing_kwargs {"offload": true} (transformers 5.25 trainer.py): each
-    # checkpoint's saved input in (pinned) host memory, torch save_on_cpu (formulas/offload.mf checkpoint)
+    # checkpoint's saved input in (pinned) host memory, torch save_on_cpu (formulas/offload-decoder.mf checkpoint)
     offload: bool = False
 
     def label(self) -> str:
