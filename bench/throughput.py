@@ -100,6 +100,10 @@ def config_of(run: dict[str, Any]) -> dict[str, Any]:
                            "fp8_param_gather": bool(tr["fp8"].get("param_gather"))}
     if par.get("tp_comm_overlap"):   # Transformer Engine userbuffers (megatron-core.mf tp_overlap)
         cfg.setdefault("megatron", {})["tp_comm_overlap"] = True
+    if par.get("overlap_param_gather"):   # the optimizer's all-gather under the next forward (megatron-core.mf ovl_param)
+        cfg.setdefault("megatron", {})["overlap_param_gather"] = True
+    if par.get("overlap_p2p_comm") is not None:   # interleaved sends under compute (megatron-core.mf p2p_overlap)
+        cfg.setdefault("megatron", {})["overlap_p2p_comm"] = bool(par["overlap_p2p_comm"])
     return cfg
 
 

@@ -212,7 +212,9 @@ def test_a_ring_slower_than_the_attention_shows_its_excess():
     est = numbers(cfg)
     ring_bytes = 4 * (cp - 1) * 2 * (s // cp) * b * 2 * h
     core = 4 * b * (s // cp) * s * h
-    hidden_ps = core + core * 5 // 2 + core  # at 10^12 FLOP/s: picoseconds = FLOPs
+    # ... as the causal flash kernels run it: the blocks on and below the diagonal, nb(nb + 1)/2 of nb² for
+    # nb = s/128 blocks (FlashAttention-2 §3.1.1; dense.mf core_run), 9/16 at s = 1024
+    hidden_ps = (core + core * 5 // 2 + core) * 9 // 16  # at 10^12 FLOP/s: picoseconds = FLOPs
     # + the last dK,dV block's trip home after the ring's last step (one s/cp chunk, nothing hides it)
     tail = 2 * (s // cp) * b * 2 * h
     assert est.stages[0].time_ps["cp"] == m * L * (ring_bytes * 10 ** 4 - hidden_ps + tail * 10 ** 4)
@@ -363,7 +365,7 @@ def test_a_context_parallel_ring_across_nodes_uses_the_inter_node_links():
     ring_bytes = 4 * (cp - 1) * 2 * (s // cp) * b * 2 * h // t   # K,V of the t-split heads (as above)
     core = 4 * b * (s // cp) * s * h // t
     tail = 2 * (s // cp) * b * 2 * h // t
-    assert est.stages[0].time_ps["cp"] == m * L * (ring_bytes * 10 ** 4 - core * 9 // 2 + tail * 10 ** 4)
+    assert est.stages[0].time_ps["cp"] == m * L * (ring_bytes * 10 ** 4 - core * 9 // 2 * 9 // 16 + tail * 10 ** 4)   # causal: 9/16
 
 
 def test_ring_context_parallelism_merges_each_steps_partial_results_at_memory_speed():

@@ -58,7 +58,7 @@ RUNTIME_QUANTITIES = ("bytes",)
 #: bound by the interpreter inside cost blocks: the stage, and the schedule's ``bubble`` (idle
 #: micro-batch slots of a stage per step) and ``overlap`` (the fraction of compute under which the
 #: schedule runs other micro-batches' expert and pipeline transfers)
-COST_NAMES = ("stage", "bubble", "overlap", "runs", "idle")
+COST_NAMES = ("stage", "bubble", "overlap", "runs", "idle", "p2p_async")
 COST_QUANTITIES = ("seconds",)
 #: optional cost-block quantities: the seconds the stage's model FLOPs would take at peak (MFU),
 #: and the tokens the whole job trains on per step (tokens/s)
@@ -68,8 +68,9 @@ SCHEDULE_TIME_QUANTITIES = ("bubble", "overlap")
 #: ... and those a schedule may leave out, with their value then: ``runs``, the share of the step's m
 #: micro-batches each of a stage's chunks runs (1; DualPipe's two directions take half each), and
 #: ``idle``, the share of the compute stream's span it leaves without a kernel (0; DualPipe's overlapped
-#: chunk pairs wait on their all-to-alls)
-SCHEDULE_TIME_OPTIONAL = (("runs", 1), ("idle", 0))
+#: chunk pairs wait on their all-to-alls), and ``p2p_async``, the chunk passes per direction whose pipeline
+#: transfers run asynchronously beside compute (0; Megatron's overlapped interleaving: its steady state)
+SCHEDULE_TIME_OPTIONAL = (("runs", 1), ("idle", 0), ("p2p_async", 0))
 #: optional layer quantity: bytes of the layer held in host (CPU) memory, e.g. offloaded states
 HOST_QUANTITY = "host_bytes"
 #: optional layer quantity: bytes of one micro-batch's stored activations the layer holds in host memory
