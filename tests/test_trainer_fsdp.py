@@ -101,7 +101,7 @@ def test_fsdp_config_as_a_file_with_accelerate_prefixes(tmp_path):
 
 
 REFUSED = [
-    ({"fsdp_config": {"version": 1}}, "field 'fsdp_config.version' is 1: FSDP1"),
+    ({"fsdp_config": {"version": 3}}, "field 'fsdp_config.version' is 3"),
     ({"fsdp": "hybrid_shard auto_wrap"}, "hybrid_shard / no_shard are FSDP1's"),
     ({"fsdp_config": {"auto_wrap_policy": "SIZE_BASED_WRAP"}}, "'fsdp_config.auto_wrap_policy' is 'SIZE_BASED_WRAP'"),
     ({"fsdp_config": {"transformer_layer_cls_to_wrap": ["LlamaAttention"]}}, "transformer_layer_cls_to_wrap"),

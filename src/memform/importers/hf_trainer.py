@@ -423,7 +423,9 @@ def _fsdp_items(args: Fields) -> tuple[bool, list[str]]:
 def _fsdp(args: Fields, draft: Draft, path: Path, adapter: bool) -> None:
     """TrainingArguments fsdp + fsdp_config -> training.framework: hf-fsdp2 (formulas/frameworks/hf-fsdp2.mf),
     as transformers 5.25's TrainingArguments._process_fsdp_args builds accelerate's FSDP plugin and
-    accelerate 1.16's fsdp2_prepare_model / fsdp2_apply_ac apply it; what FSDP2 does otherwise is refused."""
+    accelerate 1.16's fsdp2_prepare_model / fsdp2_apply_ac apply it; with fsdp_config version 1 hf-fsdp1
+    (frameworks/hf-fsdp1.mf: accelerate's FullyShardedDataParallel call, _fsdp1); what they do otherwise is
+    refused."""
     on, items = _fsdp_items(args)
     raw = args.raw("fsdp_config")
     if not on:
@@ -432,12 +434,15 @@ def _fsdp(args: Fields, draft: Draft, path: Path, adapter: bool) -> None:
         return
     conf = _fsdp_config(args, raw, path)
     version = conf.integer("version", 2)
-    if version != 2:
-        raise conf.error("version", f"is {version}: FSDP1 (FullyShardedDataParallel's flat parameters, its root "
-                                    f"unit holding the embedding and head gathered through the step) is not modelled; "
-                                    f"transformers 5 deprecates it: set version 2 (fully_shard, the hf-fsdp2 profile)")
+    if version not in (1, 2):
+        raise conf.error("version", f"is {version}: transformers' FSDP versions are 1 (FullyShardedDataParallel, "
+                                    f"the hf-fsdp1 profile) and 2 (fully_shard, the hf-fsdp2 profile)")
+    if version == 1:
+        _fsdp1_words(conf, draft, items)
     raf, offload = True, False
     for item in items:                  # _apply_legacy_fsdp_to_config: fsdp_config's own values win (setdefault)
+        if version == 1 and item in FSDP1_STRATEGIES:
+            continue                    # (FSDP1: the strategy's name, read by _fsdp1_words)
         if item == "full_shard":
             raf = True
         elif item == "shard_grad_op":
@@ -447,7 +452,8 @@ def _fsdp(args: Fields, draft: Draft, path: Path, adapter: bool) -> None:
         elif item != "auto_wrap":
             raise args.error("fsdp", f"holds {item!r}: with fsdp_config version 2 transformers accepts full_shard, "
                                      f"shard_grad_op, offload and auto_wrap (hybrid_shard / no_shard are FSDP1's)")
-    raf = conf.boolean("reshard_after_forward", raf)
+    if version == 2:
+        raf = conf.boolean("reshard_after_forward", raf)
     offload = conf.boolean("cpu_offload", offload)
     if conf.boolean("xla", False):
         raise conf.error("xla", "is true: torch_xla's FSDP is not modelled")
@@ -464,16 +470,17 @@ def _fsdp(args: Fields, draft: Draft, path: Path, adapter: bool) -> None:
                                                           f"_no_split_modules default)")
     model_type = _model_type(draft)
     if model_type not in FSDP_MODEL_TYPES:
-        raise args.error("fsdp", f"is on for a {model_type or 'unknown'!r} model: the hf-fsdp2 profile is measured "
+        raise args.error("fsdp", f"is on for a {model_type or 'unknown'!r} model: the hf-fsdp{version} profile is measured "
                                  f"on dense decoder-only models ({', '.join(FSDP_MODEL_TYPES)})")
     if draft.get("model.tied_embeddings"):
         raise args.error("fsdp", "is on for a model with tied embeddings: accelerate puts the shared embedding in the "
+                                 "root unit (FSDP1) or "
                                  "[final norm, lm_head] unit, kept gathered through the step, which is not modelled")
     if adapter or draft.get("lora.rank", 0):
-        raise args.error("fsdp", "is on with LoRA adapters: PEFT under FSDP2 is not modelled (hf-fsdp2)")
+        raise args.error("fsdp", f"is on with LoRA adapters: PEFT under FSDP{version} is not modelled (hf-fsdp{version})")
     if draft.get("hf_trainer.optim") != "adamw_torch":
-        raise args.error("optim", f"is {args.raw('optim')!r} with fsdp: the hf-fsdp2 profile models torch AdamW "
-                                  f"over the FSDP2 shards only")
+        raise args.error("optim", f"is {args.raw('optim')!r} with fsdp: the hf-fsdp{version} profile models torch "
+                                  f"AdamW over the FSDP{version} shards only")
     for key in ("offload_params", "activation_checkpointing_offload"):
         if conf.has(key):
             # accelerate's own spellings (its config file, FullyShardedDataParallelPlugin): transformers 5.25's
@@ -491,12 +498,15 @@ def _fsdp(args: Fields, draft: Draft, path: Path, adapter: bool) -> None:
         # arguments hold it (every layer's K and V) until backward
         raise args.error("use_cache", "is true with fsdp_config activation_checkpointing: every layer's KV cache is "
                                       "held by the checkpoints until backward, which is not modelled")
+    if version == 1:
+        _fsdp1(conf, draft, offload)
     draft.refuse_unused(conf, FSDP_NEUTRAL)
-    draft.set("training.framework", "hf-fsdp2", "fsdp: the Trainer's FSDP2 through accelerate (formulas/"
-                                                "frameworks/hf-fsdp2.mf)")
-    draft.set("fsdp2.reshard_after_forward", raf, "fsdp_config reshard_after_forward (full_shard: true, "
-                                                  "shard_grad_op: false)")
-    draft.set("fsdp2.cpu_offload", offload, "fsdp_config cpu_offload (CPUOffloadPolicy)")
+    if version == 2:
+        draft.set("training.framework", "hf-fsdp2", "fsdp: the Trainer's FSDP2 through accelerate (formulas/"
+                                                    "frameworks/hf-fsdp2.mf)")
+        draft.set("fsdp2.reshard_after_forward", raf, "fsdp_config reshard_after_forward (full_shard: true, "
+                                                      "shard_grad_op: false)")
+        draft.set("fsdp2.cpu_offload", offload, "fsdp_config cpu_offload (CPUOffloadPolicy)")
     # trainer.py _inner_training_loop runs every micro-batch but the last under accelerator.no_sync
     # (FSDP2: set_requires_gradient_sync(False)) unless accelerator_config gradient_accumulation_kwargs
     # sync_each_batch: FSDP2 then keeps the unsharded gradients (in reduce_dtype) across the micro-batches
@@ -519,12 +529,73 @@ def _fsdp(args: Fields, draft: Draft, path: Path, adapter: bool) -> None:
         draft.set("training.precision.params", mixed, why + ": the gathered parameters")
         draft.set("training.precision.grads", mixed, why + ": the gradients' reduce-scatter")
         draft.set("training.precision.master_weights", True, f"{mixed} true with fsdp: fsdp2_prepare_model "
-                                                              f"upcasts the trainable shards to fp32")
+                                                              f"upcasts the trainable shards to fp32 (FSDP1: "
+                                                              f"prepare_model upcasts 16-bit flat parameters)")
         draft.set("training.precision.optimizer", "fp32", "AdamW moments of the fp32 shards")
         draft.set("hf_trainer.amp", "none", f"{mixed} true with fsdp: autocast over {mixed} gathered weights "
                                             f"casts none of them")
     elif amp not in (None, "none"):
         draft.set("hf_trainer.amp", "none", "no mixed precision")
+
+
+#: FSDP1's sharding strategies as transformers' legacy fsdp words and fsdp_config reshard_after_forward name
+#: them (accelerate utils/constants.py FSDP_SHARDING_STRATEGY, lower case)
+FSDP1_STRATEGIES = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2")
+#: fsdp_config backward_prefetch (accelerate FSDP_BACKWARD_PREFETCH) -> fsdp1.backward_prefetch
+FSDP1_PREFETCH = {"BACKWARD_PRE": "backward_pre", "BACKWARD_POST": "backward_post", "NO_PREFETCH": "none"}
+
+
+def _fsdp1_words(conf: Fields, draft: Draft, items: list[str]) -> None:
+    """FSDP1's sharding strategy as the Trainer hands it to accelerate, and what accelerate 1.16 makes of it.
+
+    transformers 5.25 passes fsdp_config reshard_after_forward (or a legacy fsdp word, _apply_legacy_fsdp_to_config)
+    to FullyShardedDataParallelPlugin(reshard_after_forward=<strategy name>); the plugin's __post_init__ first
+    sets sharding_strategy from the launcher's FSDP_SHARDING_STRATEGY environment variable (default FULL_SHARD),
+    and Accelerator.prepare_model calls FullyShardedDataParallel(sharding_strategy=plugin.sharding_strategy or
+    plugin.reshard_after_forward): the Trainer's value is never the one applied (measured: bench/validate.py
+    --frameworks --only hf-fsdp1, shard_grad_op given, full_shard run). Sized as FULL_SHARD, with a warning."""
+    given = next((i for i in items if i in FSDP1_STRATEGIES), None)
+    value = conf.raw("reshard_after_forward") if conf.has("reshard_after_forward") else given
+    if value is None:
+        return
+    if isinstance(value, bool) or str(value).lower() in ("true", "false", "yes", "no", "1", "0"):
+        raise conf.error("reshard_after_forward", f"is {value!r} with version 1: accelerate raises (FSDP1 takes a "
+                                                  f"sharding strategy's name: {', '.join(FSDP1_STRATEGIES)})")
+    name = str(value).lower()
+    if name not in FSDP1_STRATEGIES:
+        raise conf.error("reshard_after_forward", f"is {value!r}: FSDP1's sharding strategies are "
+                                                  f"{', '.join(FSDP1_STRATEGIES)}")
+    if name != "full_shard":
+        where = "fsdp_config reshard_after_forward" if conf.has("reshard_after_forward") else f"fsdp {given!r}"
+        draft.warn(f"{where} is {name}: accelerate 1.16 does not apply it under the Trainer (the plugin's "
+                   f"sharding_strategy, from the launcher's FSDP_SHARDING_STRATEGY, default FULL_SHARD, wins in "
+                   f"prepare_model): sized as full_shard -- if your launcher sets FSDP_SHARDING_STRATEGY, set "
+                   f"fsdp1.sharding_strategy to it (full_shard, shard_grad_op, no_shard)")
+
+
+def _fsdp1(conf: Fields, draft: Draft, offload: bool) -> None:
+    """fsdp_config version 1 -> training.framework: hf-fsdp1 (formulas/frameworks/hf-fsdp1.mf): the keyword
+    arguments transformers 5.25's _process_fsdp_args gives accelerate's plugin for FSDP1, with their defaults
+    there (backward_prefetch NO_PREFETCH, use_orig_params true, forward_prefetch false; limit_all_gathers: the
+    plugin's default true)."""
+    prefetch = conf.string("backward_prefetch", "NO_PREFETCH").upper()
+    if prefetch not in FSDP1_PREFETCH:
+        raise conf.error("backward_prefetch", f"is {prefetch!r}: accelerate takes {', '.join(FSDP1_PREFETCH)}")
+    limit = conf.boolean("limit_all_gathers", True)
+    if not limit:
+        raise conf.error("limit_all_gathers", "is false: without FSDP1's rate limiter the CPU thread issues all-gathers "
+                                              "ahead of the GPU without bound, so how many units are unsharded at once "
+                                              "is not a formula of the model (not modelled)")
+    draft.set("training.framework", "hf-fsdp1", "fsdp_config version 1: the Trainer's FSDP1 through accelerate "
+                                                "(formulas/frameworks/hf-fsdp1.mf)")
+    draft.set("fsdp1.sharding_strategy", "full_shard", "accelerate's plugin sharding_strategy (FSDP_SHARDING_STRATEGY, "
+                                                       "default FULL_SHARD) wins over fsdp_config reshard_after_forward")
+    draft.set("fsdp1.backward_prefetch", FSDP1_PREFETCH[prefetch], f"fsdp_config backward_prefetch {prefetch}")
+    draft.set("fsdp1.forward_prefetch", conf.boolean("forward_prefetch", False), "fsdp_config forward_prefetch")
+    draft.set("fsdp1.use_orig_params", conf.boolean("use_orig_params", True), "fsdp_config use_orig_params "
+                                                                               "(transformers' default true)")
+    draft.set("fsdp1.limit_all_gathers", True, "fsdp_config limit_all_gathers (accelerate's default true)")
+    draft.set("fsdp1.cpu_offload", offload, "fsdp_config cpu_offload (CPUOffload(offload_params=True))")
 
 
 def _fsdp_config(args: Fields, raw: Any, path: Path) -> Fields:

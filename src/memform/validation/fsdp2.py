@@ -292,10 +292,14 @@ class _Samples(StorageSamples):
         #: `bench/validate.py --fsdp2` (checked; their recorded bounds stand)
         self.copy_out_is_fsdp = False
 
+    #: the names of the framework's record_function regions whose allocations are its own (FSDP1's:
+    #: "FullyShardedDataParallel._pre_forward", ..., validation/frameworks/hf_fsdp1.py)
+    region_prefixes: tuple[str, ...] = ("FSDP::",)
+
     def _dispatch(self, func, args, kwargs):  # noqa: ANN001, ANN202
         name = str(func.overloadpacket.__name__)
         if name == "_record_function_enter_new":
-            self._regions.append(str(args[0]).startswith("FSDP::") if args else False)
+            self._regions.append(str(args[0]).startswith(self.region_prefixes) if args else False)
             self._copy_out.append("all_gather_copy_out" in str(args[0]) if args else False)
         out = func(*args, **kwargs)
         if name == "_record_function_exit" and self._regions:

@@ -60,6 +60,7 @@ FRAMEWORKS: dict[str, tuple[str, str]] = {"hf": ("hf", "transformers"), "hf-nas"
                                           "hf_optim": ("hf_optim", "bitsandbytes"),
                                           "hf_muon": ("hf_muon", "transformers"),
                                           "hf_fsdp": ("hf_fsdp", "accelerate"),
+                                          "hf_fsdp1": ("hf_fsdp1", "accelerate"),
                                           "titan": ("titan", "torchtitan"),
                                           "deepspeed": ("deepspeed", "deepspeed"), "mcore": ("mcore", "megatron.core")}
 
