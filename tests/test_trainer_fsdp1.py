@@ -99,6 +99,7 @@ def test_the_strategies_static_bytes(tmp_path):
 REFUSED = [
     ({"version": 3}, "field 'fsdp_config.version' is 3"),
     ({"limit_all_gathers": False}, "field 'fsdp_config.limit_all_gathers' is false"),
+    ({"forward_prefetch": True}, "field 'fsdp_config.forward_prefetch' is true: measured"),
     ({"backward_prefetch": "sometimes"}, "field 'fsdp_config.backward_prefetch' is 'SOMETIMES'"),
     ({"reshard_after_forward": True}, "field 'fsdp_config.reshard_after_forward' is True with version 1"),
     ({"reshard_after_forward": "half_shard"}, "'fsdp_config.reshard_after_forward' is 'half_shard'"),
