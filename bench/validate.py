@@ -10,7 +10,8 @@
     python bench/validate.py --frameworks # the frameworks' own code as ground truth: Hugging Face
                                           # transformers models (real steps, and fake-tensor traces at
                                           # published sizes) vs the hf-trainer profile ('.[frameworks]');
-                                          # hf-nas: DeciLM / Nemotron-NAS layers of Llama modules vs nas.mf
+                                          # hf-nas: DeciLM / Nemotron-NAS layers of Llama modules vs nas.mf;
+                                          # hf-fsdp2 / hf-fsdp1: the Trainer's FSDP2 / FSDP1 on 2-4 gloo ranks
     python bench/validate.py --explain    # also list, per case, which ops' outputs forward left alive
                                           # and which were live at the measured peak
 

@@ -12,7 +12,7 @@ import json
 import pytest
 
 import memform
-from cli_helpers import ROOT, run_memform
+from cli_helpers import ROOT
 from cli_inprocess import memform_in_process
 from memform.importers import Options, import_config
 from memform.validation import bounds
@@ -99,6 +99,7 @@ def test_the_strategies_static_bytes(tmp_path):
 REFUSED = [
     ({"version": 3}, "field 'fsdp_config.version' is 3"),
     ({"limit_all_gathers": False}, "field 'fsdp_config.limit_all_gathers' is false"),
+    ({"forward_prefetch": True}, "field 'fsdp_config.forward_prefetch' is true: measured"),
     ({"backward_prefetch": "sometimes"}, "field 'fsdp_config.backward_prefetch' is 'SOMETIMES'"),
     ({"reshard_after_forward": True}, "field 'fsdp_config.reshard_after_forward' is True with version 1"),
     ({"reshard_after_forward": "half_shard"}, "'fsdp_config.reshard_after_forward' is 'half_shard'"),
@@ -120,11 +121,11 @@ def test_the_profile_refuses_an_unlimited_all_gather(tmp_path):
     assert proc.returncode == 2 and "fsdp1.limit_all_gathers" in proc.stderr, proc.stderr
 
 
-def test_the_console_script_imports_and_estimates_an_fsdp1_job(tmp_path):
+def test_an_imported_fsdp1_job_estimates(tmp_path):
     out = tmp_path / "job.yaml"
-    proc = run_memform("import", "hf", LLAMA31, "--trainer", v1_args(tmp_path), "--devices", "8", "-o", out)
+    proc = memform_in_process("import", "hf", LLAMA31, "--trainer", v1_args(tmp_path), "--devices", "8", "-o", out)
     assert proc.returncode == 0, proc.stderr
-    proc = run_memform("estimate", out)
+    proc = memform_in_process("estimate", out)
     assert proc.returncode == 0, proc.stderr
     assert "framework=hf-fsdp1" in proc.stdout
 
@@ -134,7 +135,6 @@ def test_every_swept_case_has_its_recorded_bound():
     # bench/validate.py --frameworks --only hf-fsdp1 --record wrote each case's agreement: the sweep holds
     # every row to its own (and the measured test below to the quick cases')
     from memform.validation.frameworks import hf_fsdp1
-    bounds._file.cache_clear()
     missing = [c.label() for c in hf_fsdp1.sweep() if bounds.recorded("frameworks", c.label()) is None]
     assert not missing, missing
 

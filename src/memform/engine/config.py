@@ -42,7 +42,7 @@ STRUCTURAL: tuple[Key, ...] = (
     Key("name", None, None, "model name shown in reports (default: the config file's stem)"),
     Key("formulas", None, ["dense.mf"], "formula files, in order; later files override earlier ones"),
     Key("training.framework", None, "megatron",
-        "framework profile: what the training framework really allocates (megatron, deepspeed, fsdp2, "
+        "framework profile: what the training framework really allocates (megatron, deepspeed, fsdp2, fsdp1, "
         "mindspore, hf-trainer, torch: formulas/frameworks/NAME.mf, loaded after the config's formula files), "
         "or the path of your own profile .mf file"),
     Key("parallel.pp", _INT, 1, "pipeline-parallel stages", True),

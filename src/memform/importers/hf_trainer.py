@@ -392,7 +392,7 @@ FSDP_NEUTRAL: dict[str, str] = {
     "state_dict_type": "how checkpoints are saved, between steps",
     "min_num_params": "read only with auto_wrap_policy SIZE_BASED_WRAP",
     # transformers' _process_fsdp_args passes these to accelerate only for fsdp_config version 1
-    "sync_module_states": "FSDP1 only (not read for version 2)",
+    "sync_module_states": "FSDP1: rank 0's weights broadcast once at wrap time (not read for version 2)",
     "forward_prefetch": "FSDP1 only (not read for version 2)",
     "backward_prefetch": "FSDP1 only (not read for version 2)",
     "use_orig_params": "FSDP1 only (FSDP2 keeps per-parameter DTensor shards, the original parameters)",
@@ -591,7 +591,10 @@ def _fsdp1(conf: Fields, draft: Draft, offload: bool) -> None:
     draft.set("fsdp1.sharding_strategy", "full_shard", "accelerate's plugin sharding_strategy (FSDP_SHARDING_STRATEGY, "
                                                        "default FULL_SHARD) wins over fsdp_config reshard_after_forward")
     draft.set("fsdp1.backward_prefetch", FSDP1_PREFETCH[prefetch], f"fsdp_config backward_prefetch {prefetch}")
-    draft.set("fsdp1.forward_prefetch", conf.boolean("forward_prefetch", False), "fsdp_config forward_prefetch")
+    if conf.boolean("forward_prefetch", False):
+        raise conf.error("forward_prefetch", "is true: measured, FSDP1's backward then holds two more units' parameters "
+                                             "or gradients than memform's formulas count (not modelled); set it false")
+    draft.set("fsdp1.forward_prefetch", False, "fsdp_config forward_prefetch (false: the Trainer's default)")
     draft.set("fsdp1.use_orig_params", conf.boolean("use_orig_params", True), "fsdp_config use_orig_params "
                                                                                "(transformers' default true)")
     draft.set("fsdp1.limit_all_gathers", True, "fsdp_config limit_all_gathers (accelerate's default true)")

@@ -65,6 +65,8 @@ class FSDP1Case:
     prefetch: str = "no_prefetch"
     #: fsdp_config use_orig_params (the Trainer's default: true)
     orig: bool = True
+    #: fsdp_config forward_prefetch (the Trainer's default: false)
+    fwd_prefetch: bool = False
     #: fsdp_config activation_checkpointing
     ac: bool = False
     #: TrainingArguments bf16 (FSDP1 MixedPrecision(bf16, bf16, bf16) over fp32 flat parameters, autocast)
@@ -79,7 +81,8 @@ class FSDP1Case:
     def label(self) -> str:
         return (f"hf-fsdp1 llama L{self.L} h{self.h}{f' v{self.vocab}' if self.vocab != 1024 else ''} b{self.b} s{self.s} sdpa {'bf16' if self.bf16 else 'fp32'}"
                 f"{' ac' if self.ac else ''}{f' gas{self.gas}' if self.gas > 1 else ''} {self.strategy} "
-                f"{self.prefetch}{'' if self.orig else ' flat'} dp{self.world} rank{self.rank}")
+                f"{self.prefetch}{' fwd' if self.fwd_prefetch else ''}{'' if self.orig else ' flat'} dp{self.world} "
+                f"rank{self.rank}")
 
     # ---- the job's two files --------------------------------------------------------------------------
     def hf_config(self) -> Any:
@@ -93,6 +96,7 @@ class FSDP1Case:
                                               "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
                                               "backward_prefetch": self.prefetch,
                                               "use_orig_params": self.orig,
+                                              "forward_prefetch": self.fwd_prefetch,
                                               "activation_checkpointing": self.ac},
                 "max_length": self.s}
 
@@ -341,7 +345,8 @@ def sweep() -> list[FSDP1Case]:
     """Every Trainer FSDP1 case of ``bench/validate.py --frameworks``: the sharding strategies, the backward
     prefetch modes, flat parameters (use_orig_params false), bf16 mixed precision, fsdp_config
     activation_checkpointing, gradient accumulation under no_sync, a vocabulary large enough that the root
-    unit's backward sets the FSDP peak; 2 ranks, both shown."""
+    unit's backward sets the FSDP peak; 2 ranks (one job on 4), every rank shown. (forward_prefetch is refused
+    by the importer: ``FSDP1Case(fwd_prefetch=True)`` measures what it adds, not modelled.)"""
     cases: list[FSDP1Case] = []
     for c in (BASE, replace(BASE, prefetch="backward_pre"), replace(BASE, prefetch="backward_post"),
               replace(BASE, strategy="shard_grad_op"), replace(BASE, strategy="no_shard"),
@@ -349,7 +354,8 @@ def sweep() -> list[FSDP1Case]:
               replace(BASE, ac=True), replace(BASE, bf16=True, ac=True), replace(BASE, gas=2),
               replace(BASE, bf16=True, gas=2), replace(BASE, strategy="shard_grad_op", gas=2),
               replace(BASE, strategy="no_shard", bf16=True), replace(BASE, vocab=4096),
-              replace(BASE, vocab=4096, bf16=True, prefetch="backward_pre")):
+              replace(BASE, vocab=4096, bf16=True, prefetch="backward_pre"),
+              replace(BASE, world=4, bf16=True)):
         cases += _ranks(c)
     return cases
 
