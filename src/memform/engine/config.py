@@ -388,7 +388,8 @@ FRAMEWORKS_DIR = "frameworks"
 #: the bundled file loaded after a config's formula files and profile (formulas/offload.mf) when the config
 #: sets one of its keys
 OFFLOAD_FILE = "offload.mf"
-OFFLOAD_KEYS = ("training.activation_offload", "training.activation_offload_layers")
+OFFLOAD_KEYS = ("training.activation_offload", "training.activation_offload_layers",
+                "training.activation_offload_modules", "training.activation_offload_min_elements")
 
 
 def frameworks() -> list[str]:

@@ -1,0 +1,201 @@
+"""Megatron-Core's fine-grained activation offloading (training.activation_offload: modules; formulas/offload-decoder.mf,
+offload-megatron.mf; issue 30): each named module's saved tensors of at least --min-offloaded-tensor-size elements go
+to host memory, once per micro-batch in flight; what Megatron refuses (and what memform does not model) is refused,
+in the config and in `memform import megatron`. Every figure below is the module's saved tensors as
+megatron-core 0.19.2 saves them (attention.py get_query_key_value_tensors / core_attention / linear_proj under the
+Transformer Engine spec), at Llama-3-8B's sizes: s = 8192, b = 1, h = 4096, a = 32, g = 8, TP 4 with SP, bf16."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from cli_helpers import ROOT
+from cli_inprocess import memform_in_process
+from estimate_helpers import numbers
+
+LLAMA3_8B = ROOT / "configs" / "llama3-8b.yaml"   # TP4 + SP, DP2, pp 1, 8K tokens, no recompute, flash attention
+MiB = 2 ** 20
+L, s, b, h, t, qw, kv = 32, 8192, 1, 4096, 4, 4096, 1024
+X = 2 * s * b * h // t            # one s·b·h bf16 tensor split over TP by SP: 16 MiB
+Q = 2 * s * b * qw // t           # the queries (and the core's output) on a TP rank: 16 MiB
+KV = 2 * s * b * kv // t          # K or V at GQA width: 4 MiB, 2 Mi elements
+
+
+def config(**training):
+    cfg = yaml.safe_load(LLAMA3_8B.read_text())
+    cfg["training"].update(training)
+    return cfg
+
+
+def modules(*names, **training):
+    return config(activation_offload="modules", activation_offload_modules=list(names), **training)
+
+
+BASE = None
+
+
+def base():
+    global BASE
+    BASE = BASE or numbers(config()).stages[0]
+    return BASE
+
+
+def freed(st):
+    """What the end of warm-up no longer holds on the device."""
+    return base().moments["warmup"] - st.moments["warmup"]
+
+
+def test_qkv_linear_moves_the_layer_input_and_the_norm_output():
+    """TE LayerNormLinear keeps the block input and its norm's output; both leave the device, one layer each."""
+    st = numbers(modules("qkv_linear")).stages[0]
+    assert st.host_bytes == freed(st) == L * 2 * X
+    assert st.values["params"] == base().values["params"]
+
+
+def test_core_attn_moves_q_k_v_and_copies_the_output():
+    """The core's Q, K, V are freed; flash attention's output goes to the host too but linear_proj keeps it on the
+    device; its fp32 log-sum-exp (a·s·b/t = 65,536 elements) is below the 1 Mi-element threshold and stays."""
+    st = numbers(modules("core_attn")).stages[0]
+    assert freed(st) == L * (Q + 2 * KV)
+    assert st.host_bytes == L * (Q + 2 * KV + Q)
+    # with no threshold the log-sum-exp (4 bytes per row) goes too
+    st0 = numbers(modules("core_attn", activation_offload_min_elements=0)).stages[0]
+    assert freed(st0) - freed(st) == st0.host_bytes - st.host_bytes == L * 4 * 32 * s * b // t
+
+
+def test_attn_proj_frees_the_output_and_keeps_two_host_copies():
+    st = numbers(modules("core_attn", "attn_proj")).stages[0]
+    assert freed(st) == L * (Q + 2 * KV + Q)
+    assert st.host_bytes == L * (Q + 2 * KV + 2 * Q)
+
+
+def test_the_norm_groups_and_the_expert_groups_hold_nothing_on_a_dense_te_layer():
+    """Under the Transformer Engine spec a dense layer's norms are fused into the QKV and fc1 GEMMs (IdentityOp
+    input_layernorm / pre_mlp_layernorm: no group) and it has no experts."""
+    st = numbers(modules("attn_norm", "mlp_norm", "expert_fc1", "moe_act")).stages[0]
+    assert st.host_bytes == 0 and freed(st) == 0
+
+
+def test_threshold_keeps_small_tensors():
+    """--min-offloaded-tensor-size 4 Mi elements: K and V (2 Mi elements each) stay, Q (8 Mi) goes."""
+    st = numbers(modules("core_attn", activation_offload_min_elements=4 * MiB)).stages[0]
+    assert freed(st) == L * Q
+
+
+def test_recomputed_core_opens_no_group():
+    """--recompute-modules core_attn: attention.py's checkpointed branch runs outside the core_attn group."""
+    st = numbers(modules("core_attn", "attn_proj", recompute="selective")).stages[0]
+    assert st.host_bytes == L * Q
+
+
+def test_backward_brings_back_one_layer_and_one_group_ahead():
+    """The step's peak with Llama-3's vocabulary is the head's backward, before any decoder's reload: it drops by
+    all that left the device. With a small vocabulary the first decoder's backward is the peak: it holds its own
+    groups back and the group reloaded ahead of it (the largest, the QKV group here)."""
+    layer = 2 * X + Q + 2 * KV + Q
+    st = numbers(modules("qkv_linear", "core_attn", "attn_proj")).stages[0]
+    assert base().values["activations"] - st.values["activations"] == L * layer
+    small = {"model.vocab_size": 1024}
+    b0 = numbers(config(), small).stages[0]
+    st = numbers(modules("qkv_linear", "core_attn", "attn_proj"), small).stages[0]
+    assert st.peak_moment == b0.peak_moment == "backward"
+    assert (st.moments["backward"] - st.moments["warmup"]) - (b0.moments["backward"] - b0.moments["warmup"]) \
+        == layer + 2 * X
+
+
+@pytest.mark.parametrize("pp, vpp", [(2, 1), (4, 2)])
+def test_host_copies_once_per_micro_batch_in_flight(pp, vpp):
+    """Pipelines are allowed: one chunk handler per micro-batch and model chunk, so each stage's host bytes are
+    its in-flight layer passes times one layer's groups."""
+    est = numbers(modules("qkv_linear"), {"parallel.pp": pp, "parallel.vpp": vpp})
+    one = numbers(modules("qkv_linear"), {"parallel.pp": pp, "parallel.vpp": vpp,
+                                          "training.activation_offload_min_elements": 10 ** 12})
+    for st, st1 in zip(est.stages, one.stages):
+        assert st1.host_bytes == 0
+        assert st.host_bytes == st1.moments["warmup"] - st.moments["warmup"]
+        assert st.host_bytes % (2 * X) == 0
+    assert est.stages[0].host_bytes > est.stages[-1].host_bytes
+
+
+@pytest.mark.parametrize("sets, fragment", [
+    (["training.activation_offload=modules"], "at least one module"),
+    (["training.activation_offload=modules", "training.activation_offload_modules=[attn_proj]"], "needs core_attn"),
+    (["training.activation_offload_modules=[core_attn]"], "needs training.activation_offload: modules"),
+    (["training.activation_offload=modules", "training.activation_offload_modules=[fused_group_mlp]"],
+     "not modelled"),
+    (["training.activation_offload=modules", "training.activation_offload_modules=[core_attn]",
+      "training.framework=torch"], "training.framework: megatron"),
+    (["training.activation_offload=modules", "training.activation_offload_modules=[core_attn]",
+      "megatron.transformer_impl=local"], "transformer_engine"),
+])
+def test_what_megatron_refuses_is_refused(sets, fragment):
+    r = memform_in_process("estimate", LLAMA3_8B, *[a for kv in sets for a in ("--set", kv)])
+    assert r.returncode == 2 and fragment in r.stderr and "offload-decoder.mf" in r.stderr
+
+
+def test_unknown_module_names_the_key():
+    r = memform_in_process("estimate", LLAMA3_8B, "--set", "training.activation_offload=modules",
+                           "--set", "training.activation_offload_modules=[core_atn]")
+    assert r.returncode == 2 and "training.activation_offload_modules" in r.stderr and "core_atn" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_moe_models_are_refused():
+    r = memform_in_process("estimate", ROOT / "configs" / "mixtral-8x7b.yaml", "--set",
+                           "training.activation_offload=modules", "--set",
+                           "training.activation_offload_modules=[core_attn]")
+    assert r.returncode == 2 and "dense decoders" in r.stderr
+
+
+# ---- importer ------------------------------------------------------------------------------------------
+MEGATRON = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+            "--group-query-attention --num-query-groups 8 --seq-length 8192 --max-position-embeddings 8192 "
+            "--vocab-size 128256 --micro-batch-size 1 --global-batch-size 32 --swiglu --normalization RMSNorm "
+            "--disable-bias-linear --position-embedding-type rope --untie-embeddings-and-output-weights "
+            "--tensor-model-parallel-size 4 --sequence-parallel --use-distributed-optimizer --bf16 "
+            "--attention-dropout 0 --hidden-dropout 0 --use-flash-attn")
+# Megatron-LM docs/user-guide/features/fine_grained_activation_offloading.md, "Basic Usage": its two argument lines,
+# continued as a launch script continues its arguments
+DOC_FRAGMENT = ("    --fine-grained-activation-offloading \\\n"
+                "    --offload-modules core_attn attn_proj expert_fc1 \\\n")
+
+
+def test_megatron_fine_grained_offloading_is_imported(tmp_path):
+    script = tmp_path / "pretrain_llama3_8b.sh"
+    lines = ["--" + arg for arg in MEGATRON[2:].split(" --")] + ["--pipeline-model-parallel-size 2"]
+    script.write_text("#!/bin/bash\npython pretrain_gpt.py \\\n" + "".join(f"    {ln} \\\n" for ln in lines)
+                      + DOC_FRAGMENT + "    --min-offloaded-tensor-size 1048576\n")
+    out = tmp_path / "job.yaml"
+    r = memform_in_process("import", "megatron", script, "--devices", "16", "-o", out)
+    assert r.returncode == 0, r.stderr
+    cfg = yaml.safe_load(out.read_text())
+    assert cfg["training"]["activation_offload"] == "modules"
+    assert cfg["training"]["activation_offload_modules"] == ["core_attn", "attn_proj", "expert_fc1"]
+    assert cfg["training"]["activation_offload_min_elements"] == 1048576
+    assert numbers(cfg).stages[0].host_bytes > 0
+
+
+@pytest.mark.parametrize("extra, flag", [
+    (" --fine-grained-activation-offloading", "--fine-grained-activation-offloading"),
+    (" --fine-grained-activation-offloading --offload-modules core_atn", "--offload-modules"),
+    (" --fine-grained-activation-offloading --offload-modules attn_proj", "--offload-modules"),
+    (" --fine-grained-activation-offloading --offload-modules core_attn --cpu-offloading",
+     "--fine-grained-activation-offloading"),
+    (" --fine-grained-activation-offloading --offload-modules core_attn --transformer-impl local",
+     "--fine-grained-activation-offloading"),
+    (" --fine-grained-activation-offloading --offload-modules core_attn --recompute-granularity full "
+     "--recompute-method uniform --recompute-num-layers 1", "--fine-grained-activation-offloading"),
+    (" --fine-grained-activation-offloading --offload-modules core_attn --activation-offload-fraction 0.5",
+     "--activation-offload-fraction"),
+    (" --fine-grained-activation-offloading --offload-modules core_attn --delta-offload-bytes-across-pp-ranks 1024",
+     "--delta-offload-bytes-across-pp-ranks"),
+    (" --fine-grained-activation-offloading --offload-modules expert_fc1 core_attn --num-experts 8 "
+     "--moe-router-topk 2", "--fine-grained-activation-offloading"),
+])
+def test_megatron_fine_grained_not_modelled_is_refused_naming_the_flag(tmp_path, extra, flag):
+    args = tmp_path / "args.txt"
+    args.write_text(MEGATRON + extra + "\n")
+    r = memform_in_process("import", "megatron", args, "--devices", "8")
+    assert r.returncode == 2, r.stderr
+    assert f"'{flag}'" in r.stderr and "Traceback" not in r.stderr
