@@ -212,3 +212,29 @@ def test_megatron_fine_grained_not_modelled_is_refused_naming_the_flag(tmp_path,
     r = memform_in_process("import", "megatron", args, "--devices", "8")
     assert r.returncode == 2, r.stderr
     assert f"'{flag}'" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- measured: megatron-core's own handler on the CPU (bench/validate.py --frameworks --only mcore) -------------
+@pytest.mark.slow
+def test_fine_grained_offload_measured_on_megatron_core_1f1b():
+    """megatron-core 0.19.2's fine-grained offloading (local spec, 1F1B on 2 gloo ranks, core_attn + attn_proj):
+    the host copies are memform's host bytes to the byte, and the offload moves the end of warm-up's activations
+    (both stages) and stage 0's peak by exactly what memform says (each row's error is the same as without
+    offloading)."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+    from dataclasses import replace
+
+    from memform.validation import frameworks
+    from memform.validation.frameworks import mcore
+
+    off = [c for c in mcore.offload_sweep() if c.pp == 2 and c.vpp == 1]
+    plain = [replace(c, offload=()) for c in off]
+    mcore.run(off + plain)
+    for o, p in zip(off, plain):
+        ro, rp = frameworks.compare(o, mcore), frameworks.compare(p, mcore)
+        assert ro.measured["host"] == ro.estimated["host"] > 0
+        assert ro.measured["activations"] - ro.estimated["activations"] == \
+            rp.measured["activations"] - rp.estimated["activations"]
+        if o.stage == 0:
+            assert ro.measured["activations_peak"] - ro.estimated["activations_peak"] == \
+                rp.measured["activations_peak"] - rp.estimated["activations_peak"]

@@ -58,6 +58,13 @@ local spec's norm is ``WrappedTorchNorm`` when neither Apex nor Transformer Engi
 need CUDA), and ``transformer/torch_norm.py:50`` asserts "sequence parallel not supported by torch
 LayerNorm"; so no case here uses it.
 
+Fine-grained activation offloading (``offload``: TransformerConfig ``fine_grained_activation_offloading`` with
+``offload_modules``, :func:`offload_sweep`) runs megatron-core's own handler with the CPU standing for the device
+(:func:`_offload_shim`); its host copies are tracking.pinned_as_host's tensors, counted as ``host`` (the most
+live at once in the warm-up step: the size of the handler's pinned pool) and left out of the device's
+categories. Its keys are ``--set`` for memform (:meth:`McoreCase.overrides`): Megatron-LM's arguments refuse
+it with the local spec, which `memform import megatron` follows.
+
 Published sizes (``fake=True``, :data:`PUBLISHED`): the same :func:`_run_rank` under ``FakeTensorMode``
 on a ``fake`` process group of the job's world size (:func:`_fake_job`: rank 0 of each pipeline stage in
 turn, ``init_process_group("fake", store=FakeStore(), rank=stage·tp·dp)``), nothing allocated; megatron's
@@ -680,6 +687,11 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
             "min_offloaded_tensor_size": case.offload_min}
         if case.offload:
             _offload_shim()
+            # the handler is a process-wide singleton (PipelineOffloadManager.OFFLOAD_MGR) that learns its groups
+            # in the first step: a job of its own per process in Megatron, a fresh one for each job here
+            from megatron.core.pipeline_parallel.fine_grained_activation_offload import PipelineOffloadManager
+
+            PipelineOffloadManager.reset_instance()
         rc = {} if case.recompute == "none" else {"recompute_granularity": case.recompute}
         if case.recompute == "full":
             rc.update(recompute_method="uniform", recompute_num_layers=1)
@@ -948,6 +960,7 @@ def sweep() -> list[McoreCase]:
     sel = replace(tp, recompute="selective", bf16=True)
     cases += [replace(sel, modules=("core_attn", "layernorm")), replace(sel, modules=("mlp",)),
               replace(sel, modules=("core_attn", "layernorm", "mlp"))]
+    cases += offload_sweep()
     # MoE (SequentialMLP, 4 experts top-2; one rank: MoE with TP needs sequence parallelism, blocked here)
     moe = replace(BASE, bf16=True, experts=4, topk=2)
     cases += [moe, replace(moe, pp=2), replace(moe, pp=2, stage=1)]
@@ -957,6 +970,16 @@ def sweep() -> list[McoreCase]:
     # whole stages: fake_sweep())
     return (cases + fake_quick_sweep() + [c for c in fake_sweep() if c.stage == c.pp - 1]
             + [replace(LLAMA2_70B, stage=0)])
+
+
+def offload_sweep() -> list[McoreCase]:
+    """Fine-grained activation offloading (megatron-core's handler on the CPU, :func:`_offload_shim`): the core
+    alone and every dense module without a pipeline, core + projection with 1F1B (both stages), every module
+    interleaved (vpp 2, both stages)."""
+    every = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm")
+    return ([replace(BASE, offload=("core_attn",)), replace(BASE, offload=every)]
+            + _stages(replace(BASE, pp=2, offload=("core_attn", "attn_proj")))
+            + _stages(replace(BASE, pp=2, vpp=2, L=8, offload=every)))
 
 
 def quick_sweep() -> list[McoreCase]:
