@@ -154,11 +154,38 @@ def test_unknown_module_names_the_key():
     assert "Traceback" not in r.stderr
 
 
-def test_moe_models_are_refused():
-    r = memform_in_process("estimate", ROOT / "configs" / "mixtral-8x7b.yaml", "--set",
+MIXTRAL = ROOT / "configs" / "mixtral-8x7b.yaml"   # pp 2, s 4096, top-2 of 8 experts of f 14336, tp 1
+
+
+def test_moe_layers_offload_the_pre_mlp_norm_and_the_experts_groups():
+    """A MoE layer's pre-MLP norm is a TENorm of its own (its input, s·h bf16), expert_fc1 moves the permuted
+    tokens (k·s routed tokens, h each) and moe_act fc1's output (2·f_exp per routed token), with TEGroupedMLP;
+    stage 0 of 2 holds 2 micro-batches of 16 layers, less one layer's groups kept on the device."""
+    cfg = yaml.safe_load(MIXTRAL.read_text())
+    cfg["training"]["recompute"] = "none"
+    grouped = {"model.moe_grouped_gemm": True}
+    b0 = numbers(cfg, grouped).stages[0]
+    tok, h_, f_exp, passes = 2 * 4096, 4096, 14336, 2 * 16
+    for mods, per in ((["mlp_norm"], 2 * 4096 * h_), (["expert_fc1"], tok * 2 * h_),
+                      (["moe_act"], tok * 2 * 2 * f_exp)):
+        cfg["training"].update(activation_offload="modules", activation_offload_modules=mods)
+        st = numbers(cfg, grouped).stages[0]
+        assert st.host_bytes == passes * per
+        assert b0.moments["warmup"] - st.moments["warmup"] == (passes - 1) * per
+    # SequentialMLP (no grouped GEMM) opens no expert group
+    cfg["training"].update(activation_offload_modules=["expert_fc1", "moe_act"])
+    assert numbers(cfg).stages[0].host_bytes == 0
+
+
+def test_mla_and_a_recomputed_moe_are_refused():
+    r = memform_in_process("estimate", ROOT / "configs" / "deepseek-v2-lite.yaml", "--set",
                            "training.activation_offload=modules", "--set",
                            "training.activation_offload_modules=[core_attn]")
-    assert r.returncode == 2 and "dense decoders" in r.stderr
+    assert r.returncode == 2 and "MLA" in r.stderr
+    r = memform_in_process("estimate", MIXTRAL, "--set", "training.recompute=selective", "--set",
+                           "training.recompute_modules=[moe]", "--set", "training.activation_offload=modules",
+                           "--set", "training.activation_offload_modules=[expert_fc1]")
+    assert r.returncode == 2 and "offload-moe.mf" in r.stderr
 
 
 # ---- importer ------------------------------------------------------------------------------------------
@@ -189,6 +216,27 @@ def test_megatron_fine_grained_offloading_is_imported(tmp_path):
     assert numbers(cfg).stages[0].host_bytes > 0
 
 
+MIXTRAL_SCRIPT = ROOT / "tests" / "data" / "importers" / "megatron" / "megatron-lm_train_mixtral_8x7b_distributed.sh"
+
+
+def test_nvidias_mixtral_script_fits_with_the_expert_groups_offloaded(tmp_path):
+    """NVIDIA's Megatron-LM Mixtral 8x7B example (tests/data/importers/megatron/README.md: PP 4, EP 8, grouped GEMM,
+    no recompute) with the documented flags added in a second file: stage 0 holds 4 micro-batches of 8 MoE
+    layers; each offloads its routed tokens' fc1 input (h) and fc1 output (2·f_exp), 2 × 4096 tokens each."""
+    extra = tmp_path / "offload.args"
+    extra.write_text("--fine-grained-activation-offloading --offload-modules expert_fc1 moe_act\n")
+    out = tmp_path / "job.yaml"
+    r = memform_in_process("import", "megatron", MIXTRAL_SCRIPT, extra, "--devices", "64",
+                           "--set", "model.vocab_size=32000", "-o", out)
+    assert r.returncode == 0, r.stderr
+    cfg = yaml.safe_load(out.read_text())
+    assert cfg["training"]["activation_offload_modules"] == ["expert_fc1", "moe_act"]
+    st = numbers(cfg).stages[0]
+    assert st.host_bytes == 4 * 8 * (2 * 4096) * 2 * (4096 + 2 * 14336)
+    assert st.fits and not numbers(cfg, {"training.activation_offload": "none",
+                                         "training.activation_offload_modules": []}).stages[0].fits
+
+
 @pytest.mark.parametrize("extra, flag", [
     (" --fine-grained-activation-offloading", "--fine-grained-activation-offloading"),
     (" --fine-grained-activation-offloading --offload-modules core_atn", "--offload-modules"),
@@ -203,8 +251,11 @@ def test_megatron_fine_grained_offloading_is_imported(tmp_path):
      "--activation-offload-fraction"),
     (" --fine-grained-activation-offloading --offload-modules core_attn --delta-offload-bytes-across-pp-ranks 1024",
      "--delta-offload-bytes-across-pp-ranks"),
-    (" --fine-grained-activation-offloading --offload-modules expert_fc1 core_attn --num-experts 8 "
-     "--moe-router-topk 2", "--fine-grained-activation-offloading"),
+    (" --fine-grained-activation-offloading --offload-modules core_attn --multi-latent-attention "
+     "--kv-lora-rank 512 --qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128",
+     "--fine-grained-activation-offloading"),
+    (" --fine-grained-activation-offloading --offload-modules expert_fc1 --num-experts 8 --moe-router-topk 2 "
+     "--recompute-granularity selective --recompute-modules moe", "--offload-modules"),
 ])
 def test_megatron_fine_grained_not_modelled_is_refused_naming_the_flag(tmp_path, extra, flag):
     args = tmp_path / "args.txt"

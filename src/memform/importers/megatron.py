@@ -1351,10 +1351,17 @@ def _fine_grained_offload(f: Fields, draft: Draft) -> None:
     if "fused_group_mlp" in names:
         raise f.error("offload-modules", "names fused_group_mlp (the Transformer Engine op fuser's grouped expert MLP), "
                                          "which is not modelled")
-    if draft.get("model.num_experts", 0) or draft.get("model.attention", "mha") == "mla":
-        raise f.error("fine-grained-activation-offloading", "is modelled for dense decoders with standard attention "
-                                                            "only: MoE layers' expert_fc1 / moe_act groups and MLA's "
-                                                            "qkv_linear group are not described")
+    if draft.get("model.attention", "mha") == "mla":
+        raise f.error("fine-grained-activation-offloading", "is modelled for standard attention only: MLA's "
+                                                            "qkv_linear and core_attn groups are not described")
+    expert_groups = [n for n in names if n in ("expert_fc1", "moe_act")]
+    if expert_groups and "moe" in (draft.get("training.recompute_modules", []) or []):
+        raise f.error("offload-modules", f"names {expert_groups[0]} with --recompute-modules moe, which Megatron-Core "
+                                         "refuses (transformer_config.py: 'Cannot offload ... while recomputing the "
+                                         "entire MoE layer')")
+    if expert_groups and draft.get("model.num_experts", 0) and not draft.get("model.moe_grouped_gemm", False):
+        draft.warn(f"--offload-modules {' '.join(expert_groups)}: only TEGroupedMLP (--moe-grouped-gemm) offloads the "
+                   "experts' tensors (moe/experts.py); SequentialMLP opens no group")
     if draft.get("megatron.transformer_impl", "transformer_engine") != "transformer_engine":
         raise f.error("fine-grained-activation-offloading", "is set with --transformer-impl local, which Megatron-LM "
                                                             "refuses (training/arguments.py: 'only supported with "
