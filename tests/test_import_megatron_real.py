@@ -264,7 +264,8 @@ def test_reuse_fp32_param_saves_two_bytes_per_master(tmp_path: Path) -> None:
 
 REFUSED = [
     ("--tp-comm-overlap", "'--tp-comm-overlap' is set: allocates Transformer Engine's userbuffers"),
-    ("--fine-grained-activation-offloading --offload-modules core_attn", "offloads the inputs of the --offload-modules"),
+    ("--fine-grained-activation-offloading --offload-modules expert_fc1 --recompute-granularity selective "
+     "--recompute-modules moe", "recomputing the entire MoE layer"),
     ("--cpu-offloading --cpu-offloading-num-layers 2 --cpu-offloading-double-buffering",
      "keeps two persistent device buffers"),
     ("--num-distributed-optimizer-instances 2", "is 2: shards the optimizer within dp / N ranks"),

@@ -110,7 +110,8 @@ def test_megatron_cpu_offloading_is_imported(tmp_path):
     (" --cpu-offloading --cpu-offloading-num-layers 8 --pipeline-model-parallel-size 2", "--cpu-offloading"),
     (" --cpu-offloading --cpu-offloading-num-layers 8 --cpu-offloading-double-buffering",
      "--cpu-offloading-double-buffering"),
-    (" --fine-grained-activation-offloading --offload-modules core_attn", "--fine-grained-activation-offloading"),
+    (" --fine-grained-activation-offloading --offload-modules core_attn --cpu-offloading --cpu-offloading-num-layers 8",
+     "--fine-grained-activation-offloading"),
 ])
 def test_megatron_offloading_not_modelled_is_refused_naming_the_flag(tmp_path, extra, flag):
     args = tmp_path / "args.txt"

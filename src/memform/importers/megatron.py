@@ -201,11 +201,16 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
     "cpu-offloading-double-buffering": ("keeps two persistent device buffers of an offloaded layer's activations "
                                         "for the reloads (Transformer Engine cpu_offload_v1.py "
                                         "reload_double_buffer), not modelled", ("false",)),
-    "fine-grained-activation-offloading": ("offloads the inputs of the --offload-modules to the host, module by module "
-                                           "(megatron-core pipeline_parallel/fine_grained_activation_offload.py), "
-                                           "not modelled (--cpu-offloading is: training.activation_offload)", ("false",)),
-    "offload-modules": ("names the modules whose inputs fine-grained activation offloading moves to the host, "
-                        "not modelled", ()),
+    "delta-offload-bytes-across-pp-ranks": ("keeps stage i's first i x N offloaded bytes of fine-grained activation "
+                                            "offloading on the device (fine_grained_activation_offload.py "
+                                            "post_warmup_callback), not modelled", ("0",)),
+    "activation-offload-fraction": ("keeps the last forward groups of each chunk of fine-grained activation "
+                                    "offloading on the device (fine_grained_activation_offload.py "
+                                    "post_warmup_callback), not modelled", ("1", "1.0")),
+    "delay-offload-until-cuda-graph": ("defers fine-grained activation offloading to CUDA graph replay, "
+                                       "not modelled", ("false",)),
+    "fine-grained-offloading-max-inflight-offloads": ("caps fine-grained activation offloading's pending "
+                                                      "copies under full-iteration CUDA graphs, not modelled", ()),
     "overlap-moe-expert-parallel-comm": ("runs two micro-batches at once to hide the expert all-to-all "
                                          "(EP A2A overlap), holding both of their activations; not modelled", ()),
     "delay-wgrad-compute": ("keeps activations until the delayed weight-gradient GEMM, not modelled", ()),
@@ -302,7 +307,7 @@ FLAGS = {"bf16", "fp16", "swiglu", "group-query-attention", "disable-bias-linear
          "overlap-param-gather", "use-precision-aware-optimizer", "use-rotary-position-embeddings",
          "fp8-e4m3", "fp8-hybrid", "use-mcore-models", "moe-shared-expert-gate", "mock-data",
          "no-bias-swiglu-fusion", "no-rope-fusion", "no-masked-softmax-fusion", "use-legacy-models",
-         "no-gradient-accumulation-fusion", "optimizer-cpu-offload",
+         "no-gradient-accumulation-fusion", "optimizer-cpu-offload", "fine-grained-activation-offloading",
          "activation-func-fp8-input-store", "account-for-embedding-in-pipeline-split",
          "account-for-loss-in-pipeline-split", "use-megatron-fsdp", "use-custom-fsdp", "use-torch-fsdp2",
          "reuse-fp32-param", "shared-expert-gate", "no-position-embedding", "tp-comm-overlap"}
@@ -1275,6 +1280,7 @@ def _activation_offload(f: Fields, draft: Draft, layers: int) -> None:
     activations of the first N layers in host memory (training.activation_offload: layers, offload-decoder.mf).
     Megatron-Core refuses it with a pipeline, with recompute and for N >= --num-layers
     (transformer_config.py:1707-1721); --cpu-offloading-weights is a no-op in Transformer Engine."""
+    _fine_grained_offload(f, draft)
     if not f.boolean("cpu-offloading", False):
         for arg in ("cpu-offloading-num-layers", "cpu-offloading-activations", "cpu-offloading-weights"):
             if f.has(arg):
@@ -1307,6 +1313,71 @@ def _activation_offload(f: Fields, draft: Draft, layers: int) -> None:
         draft.warn("--cpu-offloading with --cpu-offloading-num-layers 0 offloads no layer")
     draft.set("training.activation_offload", "layers", "--cpu-offloading")
     draft.set("training.activation_offload_layers", n, "--cpu-offloading-num-layers")
+
+
+#: --offload-modules choices (transformer_config.py:1853-1862 allowed_modules)
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act",
+                   "fused_group_mlp")
+
+
+def _fine_grained_offload(f: Fields, draft: Draft) -> None:
+    """--fine-grained-activation-offloading --offload-modules ... [--min-offloaded-tensor-size N] (megatron-core
+    0.19.2 transformer_config.py:1229-1265, pipeline_parallel/fine_grained_activation_offload.py): the named
+    modules' saved tensors in host memory (training.activation_offload: modules, offload-decoder.mf). Refused
+    where Megatron refuses it (with --cpu-offloading, transformer_config.py:1849-1851; without modules, :1852;
+    with --transformer-impl local, training/arguments.py:1854-1856) and with full recompute (not modelled)."""
+    if not f.boolean("fine-grained-activation-offloading", False):
+        for arg in ("offload-modules", "min-offloaded-tensor-size"):
+            if f.has(arg):
+                f.raw(arg)
+                draft.warn(f"--{arg} has no effect without --fine-grained-activation-offloading")
+        return
+    if f.boolean("cpu-offloading", False):
+        raise f.error("fine-grained-activation-offloading", "is set with --cpu-offloading, which Megatron-Core "
+                                                            "refuses (transformer_config.py: 'fine_grained_activation_"
+                                                            "offloading cannot be enabled with cpu_offloading')")
+    raw = f.raw("offload-modules") if f.has("offload-modules") else None
+    names = [] if raw is None or raw is True else ([raw] if isinstance(raw, str) else list(raw))
+    names = [n for name in names for n in str(name).replace(",", " ").split()]
+    if not names:
+        raise f.error("fine-grained-activation-offloading", "is set without --offload-modules, which Megatron-Core "
+                                                            "refuses (transformer_config.py asserts offload_modules "
+                                                            "is not empty)")
+    unknown = [n for n in names if n not in OFFLOAD_MODULES]
+    if unknown:
+        raise f.error("offload-modules", f"names {unknown[0]!r}, which Megatron-Core does not offer "
+                                         f"(transformer_config.py allowed_modules: {', '.join(OFFLOAD_MODULES)})")
+    if "attn_proj" in names and "core_attn" not in names:
+        raise f.error("offload-modules", "names attn_proj without core_attn, which Megatron-Core refuses "
+                                         "(transformer_config.py: 'the input of attn_proj is the output of core_attn, "
+                                         "which is needed in core_attn.backward()')")
+    if "fused_group_mlp" in names:
+        raise f.error("offload-modules", "names fused_group_mlp (the Transformer Engine op fuser's grouped expert MLP), "
+                                         "which is not modelled")
+    if draft.get("model.attention", "mha") == "mla":
+        raise f.error("fine-grained-activation-offloading", "is modelled for standard attention only: MLA's "
+                                                            "qkv_linear and core_attn groups are not described")
+    expert_groups = [n for n in names if n in ("expert_fc1", "moe_act")]
+    if expert_groups and "moe" in (draft.get("training.recompute_modules", []) or []):
+        raise f.error("offload-modules", f"names {expert_groups[0]} with --recompute-modules moe, which Megatron-Core "
+                                         "refuses (transformer_config.py: 'Cannot offload ... while recomputing the "
+                                         "entire MoE layer')")
+    if expert_groups and draft.get("model.num_experts", 0) and not draft.get("model.moe_grouped_gemm", False):
+        draft.warn(f"--offload-modules {' '.join(expert_groups)}: only TEGroupedMLP (--moe-grouped-gemm) offloads the "
+                   "experts' tensors (moe/experts.py); SequentialMLP opens no group")
+    if draft.get("megatron.transformer_impl", "transformer_engine") != "transformer_engine":
+        raise f.error("fine-grained-activation-offloading", "is set with --transformer-impl local, which Megatron-LM "
+                                                            "refuses (training/arguments.py: 'only supported with "
+                                                            "transformer_engine implementation')")
+    if draft.get("training.recompute", "none") == "full":
+        raise f.error("fine-grained-activation-offloading", "is set with --recompute-granularity full: the groups "
+                                                            "then open inside the recompute in backward, which is "
+                                                            "not modelled")
+    draft.set("training.activation_offload", "modules", "--fine-grained-activation-offloading")
+    draft.set("training.activation_offload_modules", names, "--offload-modules")
+    if f.has("min-offloaded-tensor-size"):
+        draft.set("training.activation_offload_min_elements", f.integer("min-offloaded-tensor-size", minimum=0),
+                  "--min-offloaded-tensor-size")
 
 
 #: --data-parallel-sharding-strategy (arguments.py _add_distributed_args, choices no_shard, optim, optim_grads,

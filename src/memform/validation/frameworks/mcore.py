@@ -58,6 +58,13 @@ local spec's norm is ``WrappedTorchNorm`` when neither Apex nor Transformer Engi
 need CUDA), and ``transformer/torch_norm.py:50`` asserts "sequence parallel not supported by torch
 LayerNorm"; so no case here uses it.
 
+Fine-grained activation offloading (``offload``: TransformerConfig ``fine_grained_activation_offloading`` with
+``offload_modules``, :func:`offload_sweep`) runs megatron-core's own handler with the CPU standing for the device
+(:func:`_offload_shim`); its host copies are tracking.pinned_as_host's tensors, counted as ``host`` (the most
+live at once in the warm-up step: the size of the handler's pinned pool) and left out of the device's
+categories. Its keys are ``--set`` for memform (:meth:`McoreCase.overrides`): Megatron-LM's arguments refuse
+it with the local spec, which `memform import megatron` follows.
+
 Published sizes (``fake=True``, :data:`PUBLISHED`): the same :func:`_run_rank` under ``FakeTensorMode``
 on a ``fake`` process group of the job's world size (:func:`_fake_job`: rank 0 of each pipeline stage in
 turn, ``init_process_group("fake", store=FakeStore(), rank=stage·tp·dp)``), nothing allocated; megatron's
@@ -131,6 +138,11 @@ class McoreCase:
     bias: bool = False          # linear biases (no --disable-bias-linear)
     positions: str = "rope"     # --position-embedding-type: rope | learned_absolute
     sp: bool = False            # --sequence-parallel (fake traces only: see _fake_shim)
+    # fine-grained activation offloading (TransformerConfig fine_grained_activation_offloading, offload_modules,
+    # min_offloaded_tensor_size; the handler made to run on the CPU by _offload_shim): the modules, and the
+    # smallest tensor offloaded, in elements (the harness's tensors are far below Megatron's 1 Mi default)
+    offload: tuple[str, ...] = ()
+    offload_min: int = 1024
 
     @property
     def reserve_checked(self) -> bool:
@@ -162,6 +174,7 @@ class McoreCase:
         st = f" stage{self.stage}" if self.pp > 1 else ""
         rc += f" moe{self.experts}x{self.topk}" if self.experts > 1 else ""
         rc += f" ep{self.ep}" if self.ep > 1 else ""
+        rc += f" off[{'+'.join(self.offload)}]" if self.offload else ""
         if self.fake:
             sp = " sp" if self.sp else ""
             return f"mcore {self.recipe} {' '.join(par)}{sp} L{self.L} s{self.s} b{self.b}{rc} fake{st}"
@@ -212,7 +225,12 @@ class McoreCase:
         with the profile's default MemEst bound (megatron-core.mf: +26 % on pipeline stage 0 here)."""
         if self.fake:   # the traced RMSNorm saves what CUDA's _fused_rms_norm saves (_fake_shim)
             return {"megatron.backward_regrad": "autograd"}
-        return {"megatron.norm_kernel": "composite", "megatron.backward_regrad": "autograd"}
+        # fine-grained offloading: Megatron-LM's arguments refuse it with --transformer-impl local (which
+        # `memform import megatron` follows), megatron-core's TransformerConfig does not: given as keys
+        off = {} if not self.offload else {"training.activation_offload": "modules",
+                                           "training.activation_offload_modules": list(self.offload),
+                                           "training.activation_offload_min_elements": self.offload_min}
+        return {"megatron.norm_kernel": "composite", "megatron.backward_regrad": "autograd", **off}
 
     def memform_config(self) -> dict[str, Any]:
         """The same job through ``memform import megatron`` of :meth:`arguments` (+ the device count);
@@ -399,6 +417,101 @@ def _shim() -> None:
     _SHIMMED = True
 
 
+_OFFLOAD_SHIMMED = False
+
+
+def _offload_shim() -> None:
+    """Make megatron-core's fine-grained activation offloading (pipeline_parallel/fine_grained_activation_offload.py)
+    run on the CPU, the CPU standing for the device and tracking.pinned_as_host's tensors for host memory.
+    What blocks it there, in the order hit:
+
+    - ``PipelineOffloadManager.__init__`` (``:429-436``) makes ``torch.cuda.Stream()`` ("torch.cuda.Stream
+      requires CUDA support") and an external ``torch.cuda.Event``; each ``OffloadTensorGroup`` (``:350-352``)
+      two ``torch.cuda.Event()`` ("Tried to instantiate dummy base class Event"): streams and events that
+      order nothing (one CPU stream), and ``torch.cuda.stream(s)`` an empty context;
+    - the context's ``__enter__`` / ``__exit__`` (``:773-793``) need Transformer Engine's ``cpu_offload``
+      module ("TE CPU offload is not available"): an object with its ``CPUOffloadEnabled`` flag, which
+      only TE's own modules read;
+    - ``_can_manage_tensor_for_offload`` (``:961-966``) manages only tensors with ``device.type == "cuda"``:
+      the CPU's tensors are the device's here (nothing else changed: parameters and fake tensors stay out);
+    - ``bulk_offload_group`` calls ``Tensor.record_stream`` (``:1039``) with the offload stream: nothing to
+      record on one stream;
+    - the host pool (``OffloadTensorPool``) allocates with ``pin_memory=True`` (tracking.pinned_as_host) and
+      reuses its tensors from step to step: here every copy is allocated anew (the pool's ``free`` drops it),
+      so the traced step's host copies are its own allocations, as many at once as the pool would hold."""
+    global _OFFLOAD_SHIMMED
+    if _OFFLOAD_SHIMMED:
+        return
+    import contextlib
+    import types
+
+    import torch
+    import megatron.core.extensions.transformer_engine as te_ext
+    from megatron.core.pipeline_parallel import fine_grained_activation_offload as fgo
+
+    class _Stream:
+        def __init__(self, *a, **k):  # noqa: ANN002, ANN003
+            pass
+
+        def wait_stream(self, stream):  # noqa: ANN001, ANN202
+            return None
+
+        def wait_event(self, event):  # noqa: ANN001, ANN202
+            return None
+
+        def record_event(self, event=None):  # noqa: ANN001, ANN202
+            return event
+
+    class _Event:
+        def __init__(self, *a, **k):  # noqa: ANN002, ANN003
+            pass
+
+        def record(self, stream=None):  # noqa: ANN001, ANN202
+            return None
+
+        def wait(self, stream=None):  # noqa: ANN001, ANN202
+            return None
+
+    torch.cuda.Stream, torch.cuda.Event = _Stream, _Event
+    torch.cuda.stream = lambda stream=None: contextlib.nullcontext()
+    current = torch.cuda.current_stream
+    torch.cuda.current_stream = lambda device=None: _Stream() if current is None else _CurrentStream(current())
+    te_ext.cpu_offload = types.SimpleNamespace(CPUOffloadEnabled=False)
+
+    def can_manage(tensor):  # noqa: ANN001, ANN202 - :961-966 with the CPU as the device
+        stray = isinstance(tensor, (torch._subclasses.fake_tensor.FakeTensor,
+                                    torch._subclasses.functional_tensor.FunctionalTensor))
+        return not isinstance(tensor, torch.nn.Parameter) and not stray and tensor.device.type == "cpu"
+
+    fgo.ChunkOffloadHandler._can_manage_tensor_for_offload = staticmethod(can_manage)
+    torch.Tensor.record_stream = lambda self, stream: None
+    pool_allocate = fgo.OffloadTensorPool.allocate
+
+    def allocate(self, shape, dtype=torch.float32):  # noqa: ANN001, ANN202 - a new tensor every time
+        self._pools.pop(self._get_pool_key(shape, dtype), None)
+        return pool_allocate(self, shape, dtype)
+
+    fgo.OffloadTensorPool.allocate = allocate
+    fgo.OffloadTensorPool.free = lambda self, tensor: None
+    _OFFLOAD_SHIMMED = True
+
+
+class _CurrentStream:
+    """_shim's current stream, with what the offload handler asks of it besides (record_event)."""
+
+    def __init__(self, inner):  # noqa: ANN001
+        self.inner = inner
+
+    def wait_event(self, event):  # noqa: ANN001, ANN202
+        return None
+
+    def wait_stream(self, stream):  # noqa: ANN001, ANN202
+        return None
+
+    def record_event(self, event=None):  # noqa: ANN001, ANN202
+        return event
+
+
 _FAKE_SHIMMED = False
 
 
@@ -569,6 +682,16 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
 
             fake_mode.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         dtype = torch.bfloat16 if case.bf16 else torch.float32
+        offload_config = {} if not case.offload else {
+            "fine_grained_activation_offloading": True, "offload_modules": list(case.offload),
+            "min_offloaded_tensor_size": case.offload_min}
+        if case.offload:
+            _offload_shim()
+            # the handler is a process-wide singleton (PipelineOffloadManager.OFFLOAD_MGR) that learns its groups
+            # in the first step: a job of its own per process in Megatron, a fresh one for each job here
+            from megatron.core.pipeline_parallel.fine_grained_activation_offload import PipelineOffloadManager
+
+            PipelineOffloadManager.reset_instance()
         rc = {} if case.recompute == "none" else {"recompute_granularity": case.recompute}
         if case.recompute == "full":
             rc.update(recompute_method="uniform", recompute_num_layers=1)
@@ -593,7 +716,7 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
             # what Megatron-LM's arguments give where the dataclass defaults differ (arguments.py: "incompatible
             # defaults in dataclass"; --attention-softmax-in-fp32 is store_true) and what
             # core_transformer_config_from_args sets (deallocate_pipeline_outputs)
-            attention_softmax_in_fp32=False, deallocate_pipeline_outputs=True, **rc)
+            attention_softmax_in_fp32=False, deallocate_pipeline_outputs=True, **rc, **offload_config)
         pp_rank = ps.get_pipeline_model_parallel_rank()
         chunks = []
         for i in range(vpp or 1):
@@ -658,6 +781,33 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
                              seq_length=case.s, micro_batch_size=case.b, decoder_seq_length=case.s,
                              forward_only=False)
 
+        # fine-grained offloading's host copies (the handler's pool allocates them with pin_memory=True:
+        # tracking.pinned_as_host makes them plain CPU tensors and names them), by serial in the traced step
+        # The handler's pinned pool keeps its tensors from step to step and never shrinks: the host memory it
+        # holds is the most copies live at once in the first step, when every group is offloaded (after it,
+        # post_warmup_callback keeps some on the device) -- counted by weak references during the warm-up step
+        host: set[int] = set()
+        tracing: list[Any] = []
+        pool = {"live": 0, "peak": 0}
+        if case.offload:
+            import weakref
+
+            from .tracking import pinned_as_host
+
+            def on_host(t) -> None:  # noqa: ANN001
+                if tracing:
+                    host.update(tracing[0].serials([t]))
+                    return
+                pool["live"] += t.untyped_storage().nbytes()
+                pool["peak"] = max(pool["peak"], pool["live"])
+                weakref.finalize(t, lambda n=t.untyped_storage().nbytes(): pool.update(live=pool["live"] - n))
+
+            step_once = train_step
+
+            def train_step(m: int = case.m) -> None:  # noqa: F811 - the same step, its host copies named
+                with pinned_as_host(on_host):
+                    step_once(m)
+
         # the warm-up step (the optimizer's states); a fake trace warms up on one micro-batch (the states are
         # the same, and each fake micro-batch costs seconds at a published size)
         train_step(1 if case.fake and not vpp else case.m)
@@ -683,11 +833,13 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
                     "optimizer": sum(st.nbytes() for st in opt_storages)}
 
         trace = StepSamples(ignore=static)
+        tracing.append(trace)
         # without --recompute-modules megatron resizes no storage of the step in place (its buffers are made
         # whole, deallocate_output_tensor swaps .data): the tracer keeps a running live set
         # (samples.StorageSamples.fixed_sizes). The modules' CheckpointWithoutOutput frees its output with
         # untyped_storage().resize_(0) (tensor_parallel/random.py:848): those traces re-read every storage
-        trace.fixed_sizes = not case.modules and os.environ.get("MEMFORM_TRACE_RESCAN") != "1"
+        # (fine-grained offloading frees what it offloaded the same way: forced_released_tensors)
+        trace.fixed_sizes = not case.modules and not case.offload and os.environ.get("MEMFORM_TRACE_RESCAN") != "1"
         orig_backward = schedules.backward_step
         orig_comm = p2p_communication.P2PCommunicator._communicate
 
@@ -725,7 +877,7 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
         # millions of tests on a whole published stage, most of its trace's time when decided per test)
         comm_set = {s for s, op in trace.op_of.items()
                     if trace.tags.get(s) == "gmb" or any(k in op for k in COLLECTIVES)}
-        act_set = {s for s in trace.op_of if s not in comm_set and trace.tags.get(s) != "backend"}
+        act_set = {s for s in trace.op_of if s not in comm_set and trace.tags.get(s) != "backend" and s not in host}
         is_comm, act = comm_set.__contains__, act_set.__contains__
         # what the forward passes left saved: without the output gradient the stage has just received
         saved = {s for s in act_set if trace.tags.get(s) != "p2p"}.__contains__
@@ -735,12 +887,16 @@ def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], d
         step_peak, step_at = _peak(trace, act, fb + 1, len(trace.samples))
         comm_peak, comm_at = trace.peak(is_comm)
         measured.update(activations=trace.at(warm, saved), activations_peak=peak, comm=comm_peak)
+        if case.offload:
+            # the pool's pinned host memory (above); the traced step's copies at the first backward in the notes
+            measured["host"] = pool["peak"]
         # the allocator's reserve: the traced step replayed through memform's caching-allocator model,
         # megatron's own tensors (parameters, their buffers, the grad buffers) first
-        measured.update(replayed_figures(replay_reserved(trace, model_static, opt_storages)))
+        measured.update(replayed_figures(replay_reserved(trace, model_static, opt_storages, host=host)))
         notes = {"peak_by_op": trace.by_op(at, act, 12), "warmup_by_op": trace.by_op(warm, saved, 12),
                  "step_peak": step_peak, "step_by_op": trace.by_op(step_at, act, 8),
-                 "comm_by_op": trace.by_op(comm_at, is_comm, 8), "rank": rank}
+                 "comm_by_op": trace.by_op(comm_at, is_comm, 8), "rank": rank,
+                 "host_at_warmup": trace.at(warm, host.__contains__) if case.offload else 0}
         return measured, notes
     finally:
         fake_mode.close()
@@ -804,6 +960,7 @@ def sweep() -> list[McoreCase]:
     sel = replace(tp, recompute="selective", bf16=True)
     cases += [replace(sel, modules=("core_attn", "layernorm")), replace(sel, modules=("mlp",)),
               replace(sel, modules=("core_attn", "layernorm", "mlp"))]
+    cases += offload_sweep()
     # MoE (SequentialMLP, 4 experts top-2; one rank: MoE with TP needs sequence parallelism, blocked here)
     moe = replace(BASE, bf16=True, experts=4, topk=2)
     cases += [moe, replace(moe, pp=2), replace(moe, pp=2, stage=1)]
@@ -813,6 +970,16 @@ def sweep() -> list[McoreCase]:
     # whole stages: fake_sweep())
     return (cases + fake_quick_sweep() + [c for c in fake_sweep() if c.stage == c.pp - 1]
             + [replace(LLAMA2_70B, stage=0)])
+
+
+def offload_sweep() -> list[McoreCase]:
+    """Fine-grained activation offloading (megatron-core's handler on the CPU, :func:`_offload_shim`): the core
+    alone and every dense module without a pipeline, core + projection with 1F1B (both stages), every module
+    interleaved (vpp 2, both stages)."""
+    every = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm")
+    return ([replace(BASE, offload=("core_attn",)), replace(BASE, offload=every)]
+            + _stages(replace(BASE, pp=2, offload=("core_attn", "attn_proj")))
+            + _stages(replace(BASE, pp=2, vpp=2, L=8, offload=every)))
 
 
 def quick_sweep() -> list[McoreCase]:
