@@ -131,3 +131,29 @@ def test_heldout_megatron_open_sci_ref_1_7b():
     allocated, reserved = stage.peak_bytes / 2 ** 20 / 50277.15625 - 1, stage.reserved_bytes / 2 ** 20 / 53386.0 - 1
     assert allocated == pytest.approx(-0.003, abs=0.005) and reserved == pytest.approx(-0.033, abs=0.005)
     assert abs(allocated) <= 0.05 and abs(reserved) <= 0.05
+
+
+# memform import torchtitan: which job configs compile the loss (src/memform/importers/torchtitan.py, cited there)
+COMPILE_TOMLS = [
+    ("[compile]\nenable = true\n", "compiled"),                                  # components default model + loss
+    ("[compile]\nenable = true\ncomponents = [\"model\"]\n", "eager"),
+    ("[compile]\nenable = false\n", "eager"),
+    ("[training]\nlocal_batch_size = 2\ncompile = true\n", "compiled"),          # 2025 releases
+    ("[training]\nbatch_size = 2\ncompile = true\n", "eager"),                   # the 2024 shape: loss left eager
+]
+
+
+@pytest.mark.parametrize("text, expected", COMPILE_TOMLS, ids=[str(i) for i in range(len(COMPILE_TOMLS))])
+def test_import_torchtitan_compiled_loss(tmp_path, text, expected):
+    path = tmp_path / "job.toml"
+    path.write_text("[model]\nname = \"llama3\"\nflavor = \"8B\"\n" + text)
+    draft = import_config("torchtitan", path, Options(devices=8))
+    assert draft.get("model.cross_entropy") == expected
+
+
+def test_import_torchtitan_compile_components_refused(tmp_path):
+    from memform.errors import MemformError
+    path = tmp_path / "job.toml"
+    path.write_text("[model]\nname = \"llama3\"\nflavor = \"8B\"\n[compile]\nenable = true\ncomponents = [\"optimizer\"]\n")
+    with pytest.raises(MemformError, match="components"):
+        import_config("torchtitan", path, Options(devices=8))
