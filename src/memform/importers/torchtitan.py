@@ -342,8 +342,7 @@ NEUTRAL = {
                               "determinism_check": "compares recomputed metadata",
                               "debug": "checkpoint debug logging",
                               "early_stop": "stops recomputation early: recomputed tensors only, none kept"},
-    "compile": {"components": "which parts torch.compile wraps (compile itself is warned)",
-                "backend": "the compiler backend (compile itself is warned)"},
+    "compile": {"backend": "the compiler backend (compile itself is warned)"},
     "debug": {"seed": "RNG seed", "deterministic": "deterministic kernels", "deterministic_warn_only": "a flag",
               "moe_force_load_balance": "round-robin routing; memform sizes experts for balanced routing"},
     "fault_tolerance": {"process_group": "torchft's replica process group",
@@ -909,6 +908,19 @@ def _refusals(s: _Sections, draft: Draft) -> None:
     if any(compiled):
         draft.warn("torch.compile is enabled: its fusions keep fewer activations than the eager model memform "
                    "counts (the estimate is an upper bound)")
+    # the loss is compiled with the model: [compile] enable with "loss" in components (08b8b24, 2025-08, default
+    # ["model", "loss"]); before, [training] compile since bbb1b61 (2025-04: components/loss.py
+    # build_cross_entropy_loss, loss_fn = torch.compile(loss_fn)), told apart from the 2024 releases (train.py
+    # leaves it commented out) by [training] local_batch_size (8570415, 2025-06). Measured: bench/compiled_ce.py
+    components = s.compile.raw("components", ["model", "loss"])
+    if not isinstance(components, list) or not all(c in ("model", "loss") for c in components):
+        raise s.compile.error("components", f"must be a list of \"model\" and \"loss\", got {components!r}")
+    if s.compile.boolean("enable", False) and "loss" in components:
+        draft.set("model.cross_entropy", "compiled", "[compile] enable with \"loss\" in components: "
+                                                     "torch.compile(F.cross_entropy) (components/loss.py)")
+    elif s.training.boolean("compile", False) and s.training.has("local_batch_size"):
+        draft.set("model.cross_entropy", "compiled", "[training] compile (2025 releases compile the loss: "
+                                                     "components/loss.py build_cross_entropy_loss)")
     if s.where("disable_loss_parallel").boolean("disable_loss_parallel", False) and draft.get("parallel.tp", 1) > 1:
         raise s.where("disable_loss_parallel").error(
             "disable_loss_parallel", "is true with tensor parallelism: the output's logits are gathered to every "

@@ -1,0 +1,8 @@
+#!/bin/bash
+# The open-sci-ref 1.7B reference run on Leonardo (63 nodes x 4 A100 64 GB, Megatron-LM, March 2025), its
+# pretrain_gpt.py arguments as its log prints them (quoted in the docstring of a public log-parsing script,
+# together with the log's rank-0 line '(after 50 iterations) memory (MB) | allocated: 9909.08 | max allocated:
+# 50277.16 | reserved: 53386.0 | max reserved: 53386.0'); --data-path, --save/--load, --tensorboard-dir,
+# --data-cache-path and --tokenizer-model paths removed (the tokenizer is EleutherAI/gpt-neox-20b's: 50,277
+# tokens, padded by Megatron to 50,304; the log's 0.10 B embedding parameters). tests/test_heldout_measured.py
+torchrun --nnodes 63 --nproc_per_node 4 pretrain_gpt.py --num-layers 24 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 32 --seq-length 4096 --max-position-embeddings 4096 --micro-batch-size 4 --global-batch-size 1008 --train-iters 242204 --weight-decay 0.05 --adam-beta1 0.9 --adam-beta2 0.95 --init-method-std 0.02 --clip-grad 1.0 --lr-decay-style WSD --lr-warmup-iters 25000 --lr-decay-iters 242204 --lr 4e-3 --min-lr 0 --lr-wsd-decay-style linear --lr-wsd-decay-iters 48440 --use-flash-attn --bf16 --qk-layernorm --ckpt-format torch_dist --position-embedding-type rope --rotary-base 100000 --rotary-percent 1.0 --normalization RMSNorm --norm-epsilon 1e-5 --init-method-std 0.02 --swiglu --distributed-backend nccl --use-distributed-optimizer --overlap-param-gather --overlap-grad-reduce --recompute-activations --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --sequence-parallel --tokenizer-type HuggingFaceTokenizer --split 989,10,1 --num-workers 4 --log-interval 50 --save-interval 2000 --eval-interval 242204 --log-throughput --eval-iters 1

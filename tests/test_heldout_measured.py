@@ -1,0 +1,159 @@
+"""Measured jobs memform's other tests do not use (issue 30: "tried on published runs and measured jobs that
+are not named here"). Each row is a real job's published per-GPU memory, the job written as its source states
+it, and memform's reserved peak (the measured figure is torchtitan's ``max_reserved``: the caching allocator's
+reserved_bytes.all.peak, without the CUDA context, so device.context_mib 0). Each case's bound is set from its
+own recorded agreement (README "Measured jobs it had not seen"); misses are strict xfails with the reason.
+
+Sources (pytorch/torchtitan):
+- benchmarks/llama3_h100_202412_torchtitan.md (torchtitan 9dec370, torch 1963fc8, Dec 2024; H100 96 GB): Table 1
+  and 3 rows other than the plain "FSDP" ones (those are tests/test_framework_fsdp2.py's), Table 2 (FSDP + CP,
+  full AC, 32K-256K tokens) and Table 4 (Llama 3.1 70B, FSDP 32 x TP 8).
+- benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md (added in cbccb38; torchtitan e7c0cae, torch 2.8.0a0,
+  torchao 0afa4c1; H200 141 GB; Trainy on WhiteFiber): Llama 3.1 8B, FSDP over 4 / 8 nodes, local batch 2,
+  torch.compile, Float8 with the fp8 all-gather, the llama3_8b.toml of e7c0cae (seq 8192, selective op AC).
+- The open-sci-ref 1.7B reference run (Megatron-LM, 252 A100 64 GB on Leonardo, March 2025): its pretrain_gpt.py
+  arguments and its log's rank-0 memory line, both quoted in the docstring of a public log-parsing script
+  (tests/data/importers/megatron/open-sci-ref_1.7b_leonardo.sh, header comment). Megatron's report_memory prints
+  torch.cuda.max_memory_allocated and max_memory_reserved, so both figures are compared.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from memform.importers import Options, import_config
+
+from cli_helpers import ROOT
+from estimate_helpers import numbers
+
+GIB = 2 ** 30
+LLAMA3_8B_2024 = ROOT / "tests" / "fixtures" / "torchtitan" / "llama3_8b_2024.toml"
+TRAINY = ROOT / "tests" / "data" / "importers" / "torchtitan" / "e7c0cae_llama3_8b_trainy_h200.toml"
+LLAMA3_70B = ROOT / "tests" / "data" / "importers" / "torchtitan" / "llama3_70b.toml"
+# torchao Float8Linear, tensorwise scaling; all-gather in bf16 unless the job passed
+# --float8.enable_fsdp_float8_all_gather (store_true, default false: torchtitan 9dec370 config_manager.py:542)
+F8 = {"fsdp2.float8": "tensorwise", "fsdp2.float8_all_gather": False}
+
+
+def _reserved_gib(fixture, devices, imported, overrides):
+    draft = import_config("torchtitan", fixture, Options(devices=devices, overrides=imported))
+    est = numbers(draft.config(), {"device.context_mib": 0, "device.fragmentation": 0, **overrides})
+    return max(st.reserved_bytes for st in est.stages) / GIB
+
+
+def _table2(dp, cp, seq):
+    # Table 2: 8 GPUs, FSDP dp x CP cp, local batch 1, full AC, torch.compile + Float8
+    return (LLAMA3_8B_2024, None, {"parallel.dp": 8, "training.micro_batch_size": 1},
+            {"parallel.dp": dp, "parallel.cp": cp, "model.seq_length": seq, "training.recompute": "full",
+             "training.global_batch_size": dp, "device.capacity_gib": 96, **F8})
+
+
+def _trainy(nodes):
+    # e7c0cae llama3_8b.toml with the benchmark's command line applied (local batch 2, compile, float8 with the
+    # fp8 all-gather); FSDP over every GPU of 4 / 8 nodes of 8. memform import torchtitan reads [training]
+    # compile with local_batch_size as the compiled loss of 2025 releases (e7c0cae components/loss.py
+    # build_cross_entropy_loss: loss_fn = torch.compile(loss_fn)): model.cross_entropy compiled
+    return (TRAINY, 8 * nodes, {}, {"device.capacity_gib": 141})
+
+
+# (case, job, measured GiB, recorded error of memform's reserved peak, bound)
+CASES = [
+    ("titan Table 2 FSDP 8 CP 1 32K", _table2(8, 1, 32768), 83.9, +0.087, 0.10),
+    ("titan Table 2 FSDP 4 CP 2 64K", _table2(4, 2, 65536), 84.2, +0.083, 0.10),
+    ("titan Table 2 FSDP 2 CP 4 128K", _table2(2, 4, 131072), 84.0, +0.085, 0.10),
+    ("titan Table 2 FSDP 1 CP 8 256K", _table2(1, 8, 262144), 84.5, +0.079, 0.10),
+    # Table 4: FSDP 32 x TP 8 (SP), local batch 16, full AC, Float8 (bf16 all-gather: the 9dec370 default; with
+    # the fp8 all-gather memform reads 59.7 GiB, -17 %), 2D (not AsyncTP: 67.6 GiB, its symmetric memory
+    # buffers not modelled)
+    ("titan Table 4 70B 2D", (LLAMA3_70B, 256, {"parallel.dp": 32, "parallel.tp": 8, "training.micro_batch_size": 16},
+                              {"training.recompute": "full", "model.seq_length": 8192, "device.capacity_gib": 96,
+                               **F8}), 71.9, -0.044, 0.08),
+    ("Trainy H200 4 nodes (FSDP 32)", _trainy(4), 47.96, +0.061, 0.08),
+    ("Trainy H200 8 nodes (FSDP 64)", _trainy(8), 46.97, +0.064, 0.08),
+]
+
+
+@pytest.mark.parametrize("case, job, measured, recorded, bound", CASES, ids=[c[0] for c in CASES])
+def test_heldout_measured_reserved(case, job, measured, recorded, bound):
+    error = _reserved_gib(*job) / measured - 1
+    assert error == pytest.approx(recorded, abs=0.005), f"{case}: {error:+.1%}, recorded {recorded:+.1%}"
+    assert abs(error) <= bound
+
+
+def test_compiled_loss_is_what_makes_the_trainy_job_fit_the_measurement():
+    # without the compiled loss (eager F.cross_entropy: fp32 logits, fp32 log-probs saved, an fp32 gradient
+    # beside them) memform reads the Trainy job at 72.2 GiB, +50.5 %
+    fixture, devices, imported, overrides = _trainy(4)
+    draft = import_config("torchtitan", fixture, Options(devices=devices))
+    assert draft.get("model.cross_entropy") == "compiled"
+    assert (draft.get("parallel.dp"), draft.get("training.micro_batch_size")) == (32, 2)
+    assert (draft.get("fsdp2.float8"), draft.get("fsdp2.float8_all_gather")) == ("tensorwise", True)
+    eager = _reserved_gib(fixture, devices, imported, {**overrides, "model.cross_entropy": "eager"})
+    assert eager / 47.96 - 1 == pytest.approx(0.505, abs=0.005)
+
+
+# torch.compile of the transformer blocks (9dec370 compiles each block, not the loss: train.py:137 comments
+# it out) lowers the measured reserve by 5.4 GiB (8 GPUs) / 5.0 GiB (128 GPUs) against the eager "FSDP" rows
+# that tests/test_framework_fsdp2.py holds to 10 %; memform does not model Inductor's fusions (which
+# intermediates a compiled block saves or frees), so it reads these rows as the eager ones: +10.7 % ... +14.4 %.
+COMPILE_ROWS = [
+    ("titan Table 1 FSDP + compile", 8, {}, 77.0),
+    ("titan Table 1 FSDP + compile + Float8", 8, F8, 76.8),
+    ("titan Table 3 FSDP + compile", 128, {}, 62.0),
+    ("titan Table 3 FSDP + compile + Float8", 128, F8, 61.8),
+]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "torch.compile'd transformer blocks (Inductor's fusions: which intermediates a compiled block saves) are not "
+    "modelled; memform reads these rows as the eager ones, +10.7 % (Table 1) to +14.4 % (Table 3)"))
+@pytest.mark.parametrize("case, gpus, overrides, measured", COMPILE_ROWS, ids=[c[0] for c in COMPILE_ROWS])
+def test_heldout_compiled_blocks(case, gpus, overrides, measured):
+    reserved = _reserved_gib(LLAMA3_8B_2024, None, {"parallel.dp": gpus, "training.micro_batch_size": 2},
+                             {"device.capacity_gib": 96, **overrides})
+    assert abs(reserved / measured - 1) <= 0.10, f"{case}: {reserved:.1f} GiB vs {measured}"
+
+
+# open-sci-ref 1.7B (Megatron-LM, TP 1 PP 1 DP 252, distributed optimizer, micro-batch 4 x 1, seq 4096, selective
+# recompute, flash attention, QK-norm, tied embeddings, biases and dropout at Megatron's defaults): the log's rank 0
+# after 50 iterations, "max allocated: 50277.15625 | ... | max reserved: 53386.0" (MB = MiB: report_memory divides
+# by 1024 * 1024). memform's parameter count equals the log's ("Total number of parameters in billions: 1.71",
+# "most loaded shard ... 1.7138"). Recorded: allocated -0.3 %, reserved -3.3 %; held to 5 %.
+OPENSCI = ROOT / "tests" / "data" / "importers" / "megatron" / "open-sci-ref_1.7b_leonardo.sh"
+
+
+def test_heldout_megatron_open_sci_ref_1_7b():
+    draft = import_config("megatron", OPENSCI, Options(devices=252, overrides={"model.vocab_size": 50277}))
+    assert draft.get("model.vocab_size") == 50304 and draft.get("training.recompute") == "selective"
+    est = numbers(draft.config(), {"device.capacity_gib": 64, "device.context_mib": 0, "device.fragmentation": 0})
+    assert est.parameters["total"] == 1_714_377_728   # the log: 1.71 B in total, 1.7138 B on the most loaded shard
+    stage = est.stages[0]
+    allocated, reserved = stage.peak_bytes / 2 ** 20 / 50277.15625 - 1, stage.reserved_bytes / 2 ** 20 / 53386.0 - 1
+    assert allocated == pytest.approx(-0.003, abs=0.005) and reserved == pytest.approx(-0.033, abs=0.005)
+    assert abs(allocated) <= 0.05 and abs(reserved) <= 0.05
+
+
+# memform import torchtitan: which job configs compile the loss (src/memform/importers/torchtitan.py, cited there)
+COMPILE_TOMLS = [
+    ("[compile]\nenable = true\n", "compiled"),                                  # components default model + loss
+    ("[compile]\nenable = true\ncomponents = [\"model\"]\n", "eager"),
+    ("[compile]\nenable = false\n", "eager"),
+    ("[training]\nlocal_batch_size = 2\ncompile = true\n", "compiled"),          # 2025 releases
+    ("[training]\nbatch_size = 2\ncompile = true\n", "eager"),                   # the 2024 shape: loss left eager
+]
+
+
+@pytest.mark.parametrize("text, expected", COMPILE_TOMLS, ids=[str(i) for i in range(len(COMPILE_TOMLS))])
+def test_import_torchtitan_compiled_loss(tmp_path, text, expected):
+    path = tmp_path / "job.toml"
+    path.write_text("[model]\nname = \"llama3\"\nflavor = \"8B\"\n" + text)
+    draft = import_config("torchtitan", path, Options(devices=8))
+    assert draft.get("model.cross_entropy") == expected
+
+
+def test_import_torchtitan_compile_components_refused(tmp_path):
+    from memform.errors import MemformError
+    path = tmp_path / "job.toml"
+    path.write_text("[model]\nname = \"llama3\"\nflavor = \"8B\"\n[compile]\nenable = true\ncomponents = [\"optimizer\"]\n")
+    with pytest.raises(MemformError, match="components"):
+        import_config("torchtitan", path, Options(devices=8))
