@@ -9,6 +9,7 @@ read +17.7 % of the reserved bytes before these (gradients freed and allocated a
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -139,6 +140,10 @@ def test_running_live_set_gives_the_samples_of_the_rescan():
 
 
 # ---- --overlap-grad-reduce: buckets on the first pipeline stage only (a let that reads `stage`) -------------
+LLAMA2_7B = Path(__file__).resolve().parents[1] / "configs" / "llama2-7b.yaml"   # PP 2, DP 2, distributed optimizer
+OVERLAP = {"training.framework": "megatron", "parallel.overlap_grad_reduce": True}
+
+
 def test_megatron_buckets_the_first_pipeline_stage_only():
     """megatron-core 0.19.2 distributed_data_parallel.py:68-72 (bucket_size max(4e7, 1e6·dp) parameters with
     --overlap-grad-reduce) and :104-106 (None on pipeline ranks > 0): frameworks/megatron/megatron-core.mf's
@@ -147,25 +152,28 @@ def test_megatron_buckets_the_first_pipeline_stage_only():
     every stage of a pipeline) the reserves were 418,906,112 and 282,542,080 bytes (`memform estimate
     configs/llama2-7b.yaml --set training.framework=megatron --set parallel.overlap_grad_reduce=true --json` at
     8deb83c); stage 1's stays."""
-    from pathlib import Path
-
     from memform.engine.model import load_model
-    from memform.fastpath.fastcache import fast_estimate
 
-    config = Path(__file__).resolve().parents[1] / "configs" / "llama2-7b.yaml"   # PP 2, DP 2, distributed optimizer
-    over = {"training.framework": "megatron", "parallel.overlap_grad_reduce": True}
-    _, kept = alloc_estimate.settings(load_model(config, over))
+    config, over = LLAMA2_7B, OVERLAP
+    _, kept = alloc_estimate.settings(load_model(config, over, numeric=True))
     # an fp32 main copy and two fp32 moments: 12 bytes per parameter over 3 state tensors, 4 bytes each
     assert kept.at(0).sharded == ShardedStates(shards=2, masters=1, moments=2, bucket=40_000_000 * 4)
     assert kept.at(1).sharded == ShardedStates(shards=2, masters=1, moments=2, bucket=0)
     # without a pipeline the one stage is stage 0, bucketed as before
-    _, alone = alloc_estimate.settings(load_model(config, {**over, "parallel.pp": 1}))
+    _, alone = alloc_estimate.settings(load_model(config, {**over, "parallel.pp": 1}, numeric=True))
     assert alone.at(0).sharded.bucket == 40_000_000 * 4
-    est = interpreted(config, over)
-    fast = fast_estimate(config, over, compile=True)
-    assert [s.reserve for s in fast.stages] == [s.reserve for s in est.stages]
+    est = interpreted(config, over, numeric=True)
     assert est.stages[1].reserve == 282_542_080 and est.stages[0].reserve != 418_906_112
     one_bucket = alloc_estimate.stage_reserve(est.stages[0], alloc_estimate.layer_blocks(est.stages[0], est.model,
                                                                                          est.model.evaluator()),
                                               alloc_estimate.settings(est.model)[0], kept.at(1))
     assert one_bucket.reserve == 418_906_112
+
+
+@pytest.mark.slow
+def test_the_compiled_fast_path_replays_each_stage_s_buckets():
+    """The compiled structure carries the opt_flat_* values per stage (fastcompile.py ``staged``): its reserves are
+    the interpreter's (a sympy compile: ~10 s)."""
+    from memform.fastpath.fastcache import fast_estimate
+    fast = fast_estimate(LLAMA2_7B, OVERLAP, compile=True)
+    assert [s.reserve for s in fast.stages] == [s.reserve for s in interpreted(LLAMA2_7B, OVERLAP).stages]
