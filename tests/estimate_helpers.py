@@ -42,7 +42,8 @@ def bundled(config: Path) -> Any:
     whose closed forms, ``.full``, are the symbolic interpreter's, built on first use), once per process: the
     every-bundled-config loops of tests/test_reports.py, test_fastpath.py, test_table_width.py and
     test_fuzz_formulas.py read the same object, so each config's symbolic estimate (0.1-2 CPU-s) is built
-    once, not once per loop. Read-only: a test must not change it."""
+    once, not once per loop. Read-only: a test must not change it. bench/mutate.py clears it before each test it
+    runs (a mutant is served in the same process)."""
     from memform.fastpath.fastcache import numeric_estimate
     est = numeric_estimate(config)
     assert est is not None, f"{config}: the bundled config is refused"
