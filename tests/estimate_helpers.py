@@ -12,6 +12,8 @@ public ``memform.estimate`` object or of its fast path keep calling those.
 
 from __future__ import annotations
 
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 
@@ -31,3 +33,18 @@ def numeric_model(config: Any, overrides: Any = None) -> Any:
     """``memform.engine.model.load_model(..., numeric=True)``: a model whose evaluator gives plain numbers."""
     from memform.engine.model import load_model
     return load_model(config, overrides, numeric=True)
+
+
+@lru_cache(maxsize=None)
+def bundled(config: Path) -> Any:
+    """``memform.estimate(config)`` of a bundled config file as a process's first call answers it
+    (:func:`memform.fastpath.fastcache.numeric_estimate`: a ``FastEstimate`` with the numeric path's numbers
+    whose closed forms, ``.full``, are the symbolic interpreter's, built on first use), once per process: the
+    every-bundled-config loops of tests/test_reports.py, test_fastpath.py, test_table_width.py and
+    test_fuzz_formulas.py read the same object, so each config's symbolic estimate (0.1-2 CPU-s) is built
+    once, not once per loop. Read-only: a test must not change it. bench/mutate.py clears it before each test it
+    runs (a mutant is served in the same process)."""
+    from memform.fastpath.fastcache import numeric_estimate
+    est = numeric_estimate(config)
+    assert est is not None, f"{config}: the bundled config is refused"
+    return est

@@ -1,9 +1,11 @@
-"""Every bundled config under every framework profile and the profiles' main switches: one table.
+"""Every bundled config under the framework profiles' main switches: one table.
 
-This file merges four loops over ``configs/*.yaml`` that lived in four files and estimated several of the same
-(config, overrides) pairs each (issue 35): test_frameworks.py's "loads under every profile",
-test_framework_deepspeed.py's "ZeRO-3 with offload", test_framework_hf_trainer.py's "estimates under the
-profile" (four AMP / optimizer settings) and test_framework_megatron.py's "knobs on". Each row asserts what its
+This file merges loops over ``configs/*.yaml`` that lived in four files and estimated several of the same
+(config, overrides) pairs each (issue 35): test_framework_deepspeed.py's "ZeRO-3 with offload",
+test_framework_hf_trainer.py's "estimates under the profile" (four AMP / optimizer settings) and
+test_framework_megatron.py's "knobs on". The fourth, test_frameworks.py's "loads under every profile" (each
+profile takes the config or refuses it in its own words), is asserted by tests/test_numeric.py's
+every-config x every-profile loop on the estimate it already makes of each pair. Each row asserts what its
 old loop asserted; each (config, overrides) pair is estimated once per config (``_estimate``), and a config is
 one test, so the table spreads over the workers. The rows read an estimate's numbers and its ``framework`` and
 ``pp`` (what the numeric path reports: ``model.structure``'s, without building the symbolic estimate that
@@ -56,22 +58,6 @@ def estimate(cfg, overrides=None):
     return _estimate(cfg, tuple(sorted((overrides or {}).items())))
 
 
-def every_profile(cfg) -> None:
-    """Every profile takes the config, except under another profile than the one whose own keys it sets
-    (configs/deepseek-v3-report.yaml's megatron: section); a profile may refuse a strategy its framework
-    cannot run, in its own words (DeepSpeed: ZeRO-3 with pipeline parallelism, llama3-405b-8k)."""
-    for name in frameworks():
-        if sets_keys_of_another_profile(cfg, name):
-            continue
-        try:
-            est = estimate(cfg, {"training.framework": name})
-        except MemformError as exc:
-            assert f"formulas/frameworks/{name}" in str(exc), f"{cfg.name} under {name}: {exc}"
-            continue
-        assert est.framework == name
-        assert all(s.peak_bytes > 0 for s in est.stages), (cfg.name, name)
-
-
 def deepspeed_zero3_offload(cfg) -> None:
     """A Megatron-style config runs under DeepSpeed: ZeRO-3 with both offloads without pipeline parallelism,
     ZeRO-1 with it."""
@@ -111,7 +97,7 @@ def megatron_knobs(cfg) -> None:
     assert all(0 < e.peak_bytes <= p.peak_bytes for e, p in zip(est.stages, plain.stages))
 
 
-ROWS = (every_profile, deepspeed_zero3_offload, hf_trainer_settings, megatron_knobs)
+ROWS = (deepspeed_zero3_offload, hf_trainer_settings, megatron_knobs)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda p: p.stem)

@@ -19,6 +19,7 @@ import sys
 import pytest
 
 from cli_helpers import ROOT
+from estimate_helpers import numbers
 
 _spec = importlib.util.spec_from_file_location("memform_bench_throughput", ROOT / "bench" / "throughput.py")
 throughput = importlib.util.module_from_spec(_spec)
@@ -70,8 +71,11 @@ DOES_NOT_FIT: dict[str, str] = {
 def test_every_published_run_fits_on_its_devices(run):
     # each run trained on its devices: with its recipe's stated precision (FP8 runs: the precision config's
     # fp8_param_gather, Megatron-Bridge / NeMo mixed_precision.py) memform must say it fits; numeric path
-    import memform
-    assert memform.estimate(throughput.config_of(run)).fits, run["id"]
+    # (tests/estimate_helpers.py): memform.estimate would answer from the structure compiled by the MFU test's
+    # two estimates of the same run, whose deferred allocator replay then builds the symbolic estimate (39 of
+    # this loop's 40 CPU-s after those tests in one process); the same verdict, byte for byte
+    # (tests/test_fastpath.py, tests/test_numeric.py)
+    assert numbers(throughput.config_of(run)).fits, run["id"]
 
 
 def test_every_run_is_rebuilt_with_its_stated_strategy():

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import run_memform as run
+from estimate_helpers import bundled
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -42,14 +43,13 @@ CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
 MATH_NS = "{http://www.w3.org/1998/Math/MathML}"
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
-_estimates: dict[str, memform.Estimate] = {}
 
 
 def est_of(name: str) -> memform.Estimate:
-    if name not in _estimates:
-        _estimates[name] = memform.estimate(ROOT / "configs" / name)
-    return _estimates[name]
-
+    """``memform.estimate`` of a bundled config, once per process and shared with the other every-bundled-config
+    loops (tests/estimate_helpers.py ``bundled``: the numeric path's numbers, the symbolic estimate's closed
+    forms)."""
+    return bundled(ROOT / "configs" / name)
 
 
 class StrictHTML(HTMLParser):
@@ -102,9 +102,7 @@ def expected_rows(d: dict) -> dict[int, dict[str, int]]:
 
 
 # ------------------------------------------------------------------ every format, every config
-@pytest.mark.parametrize("config", CONFIGS)
-def test_html_report_parses_and_numbers_equal_json(config):
-    est = est_of(config)
+def html_report_parses_and_numbers_equal_json(est):
     d = est.to_dict()
     root = parse_html(render_report(est, "html"))
     body = root.find("body")
@@ -132,9 +130,7 @@ def test_html_report_parses_and_numbers_equal_json(config):
             assert attr not in el.attrib, (el.tag, el.attrib)
 
 
-@pytest.mark.parametrize("config", CONFIGS)
-def test_markdown_report_numbers_equal_json(config):
-    est = est_of(config)
+def markdown_report_numbers_equal_json(est):
     d = est.to_dict()
     text = render_report(est, "md")
     assert text.startswith(f"# {d['model']}: memory per pipeline stage")
@@ -166,9 +162,7 @@ def test_markdown_report_numbers_equal_json(config):
         assert len(said[0]) <= SHOWN_ASSUMPTIONS * (READABLE_MAX + 4) + 200
 
 
-@pytest.mark.parametrize("config", CONFIGS)
-def test_tex_report_is_a_balanced_document_with_the_json_numbers(config):
-    est = est_of(config)
+def tex_report_is_a_balanced_document_with_the_json_numbers(est):
     d = est.to_dict()
     text = render_report(est, "tex")
     assert text.lstrip().startswith("\\documentclass") and text.rstrip().endswith("\\end{document}")
@@ -185,10 +179,8 @@ def test_tex_report_is_a_balanced_document_with_the_json_numbers(config):
     assert re.search(r"(?<![\\$\w])_", text.split("\\section*{Model and strategy}")[1].split("\\section*")[0]) is None
 
 
-@pytest.mark.parametrize("config", CONFIGS)
-def test_text_templates_and_layer_contributions(config):
+def text_templates_and_layer_contributions(est):
     """estimate/symbolic/explain render, and each stage's layer groups add up to its breakdown."""
-    est = est_of(config)
     assert render("estimate.txt.j2", est).count("\n") >= len(est.stages) + 2
     assert "stage 0 =" in render("symbolic.txt.j2", est)
     from memform.report.render import context
@@ -212,6 +204,18 @@ def test_text_templates_and_layer_contributions(config):
             for c in l.sources.values():
                 assert f"@ {c}" in text
         assert f"stage {view.stage} total: {human_bytes(view.peak_bytes)} ({view.peak_bytes} bytes" in text
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_format_of_every_bundled_config(config):
+    """Each bundled config's HTML, Markdown, LaTeX and text renderings from one estimate: the four were separate
+    tests per config, each of which could build the config's symbolic estimate again on another worker
+    (issue 35: one estimate feeding several assertions)."""
+    est = est_of(config)
+    html_report_parses_and_numbers_equal_json(est)
+    markdown_report_numbers_equal_json(est)
+    tex_report_is_a_balanced_document_with_the_json_numbers(est)
+    text_templates_and_layer_contributions(est)
 
 
 # ------------------------------------------------------------------ comparison

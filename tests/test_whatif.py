@@ -1,8 +1,9 @@
 """The interactive what-if page (``memform whatif``): its numbers are ``memform estimate``'s.
 
-The expected numbers always come from the engine itself (``memform.estimate`` in-process or
-``memform estimate --json`` through the console script) for the same config and ``--set``
-values; the page must reproduce them byte for byte. Three layers are checked:
+The expected numbers always come from the engine itself (in-process from the numeric path,
+tests/estimate_helpers.py, whose numbers are ``memform.estimate``'s byte for byte -- tests/test_fastpath.py
+-- without compiling a structure the second time a test asks for it; or ``memform estimate --json`` through
+the console script) for the same config and ``--set`` values; the page must reproduce them byte for byte. Three layers are checked:
 
 * the JavaScript backend of the exact compiler (:func:`memform.fastpath.exact.compile_js`)
   against the numpy one on synthetic expressions (every kind of node it compiles), run with
@@ -29,6 +30,7 @@ import numpy as np
 import pytest
 import sympy
 from cli_helpers import ROOT, run_memform
+from estimate_helpers import bundled, numbers
 
 import memform
 from memform.fastpath.compiled import CompiledModel
@@ -276,7 +278,7 @@ def test_page_script_gives_the_estimates_numbers(name, options, changes):
             assert f"{key}={value}" in sets
         for key, value in change.get("axes", {}).items():
             assert f"{key}={value}" in sets
-        est = memform.estimate(config(name), sets)
+        est = numbers(config(name), sets)
         assert r["values"] == breakdown(est), change
         assert r["fits"] == [s.fits for s in est.stages]
         assert_same_time(r["time"], est, change)
@@ -359,7 +361,7 @@ def test_devices_check_follows_the_pipeline_size():
     assert base["valid"]
     assert not more_tp["valid"] and any(e.startswith("parallel.devices is 16384 but") for e in more_tp["errors"])
     assert balanced["valid"]
-    est = memform.estimate(config("llama3-405b.yaml"), sets_of(balanced["command"]))
+    est = numbers(config("llama3-405b.yaml"), sets_of(balanced["command"]))
     assert balanced["values"] == breakdown(est)
 
 
@@ -371,7 +373,7 @@ def test_deepseek_page_variants(deepseek):
     r = evaluate_in_node(deepseek, changes)
     for change, x in zip(changes[:3], r[:3]):
         assert x["valid"], x["errors"]
-        assert x["values"] == breakdown(memform.estimate(config("deepseek-v3.yaml"), sets_of(x["command"])))
+        assert x["values"] == breakdown(numbers(config("deepseek-v3.yaml"), sets_of(x["command"])))
     assert "parallel.stage_layers=[7,7,7,8,8,8,8,8]" in sets_of(r[2]["command"])
     assert "parallel.ep must divide model.num_experts" in r[3]["errors"]
 
@@ -531,9 +533,9 @@ def test_every_bundled_config_page_starts_at_the_estimate(path):
     mbs = int(model.data["training"].get("micro_batch_size", 1))
     base, doubled = evaluate_in_node(html, [{}, {"inputs": {"training.micro_batch_size": str(2 * mbs)}, "gbs": ""}])
     assert base["valid"], base["errors"]
-    assert base["values"] == breakdown(memform.estimate(path))
+    assert base["values"] == breakdown(bundled(path))
     assert doubled["valid"], doubled["errors"]
-    assert doubled["values"] == breakdown(memform.estimate(path, sets_of(doubled["command"])))
+    assert doubled["values"] == breakdown(numbers(path, sets_of(doubled["command"])))
 
 
 # ---------------------------------------------------------------- the on-disk store
