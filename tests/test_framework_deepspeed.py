@@ -437,3 +437,19 @@ def test_runtime_blocks_reduce_over_the_stage_layers(tmp_path):
     assert [s.runtime["count"] for s in est.stages] == [s.param_count for s in est.stages]
     assert [s.runtime["biggest"] for s in est.stages] == [decoder, decoder]   # > the head's v·h/2 + h
     assert est.stages[0].param_count == v * h // 2 + 16 * decoder
+
+
+@pytest.mark.parametrize("modeling, largest", [("plain", 2 * 14336 * 4096), ("transformers", 14336 * 4096)])
+def test_offload_stages_gradients_in_a_buffer_of_the_stages_largest_parameter(modeling, largest):
+    # ZeRO-1/2 with offload_optimizer: DeepSpeedZeroOptimizer.__init__ allocates temp_grad_buffer_for_gpu_offload,
+    # torch.zeros(largest_param_numel, dtype=the model's) over the rank's parameters (deepspeed 0.19.8
+    # runtime/zero/stage_1_and_2.py). Llama-3-8B at pp 4, tp 1: a middle stage has no embedding, and its largest
+    # parameter is the MLP's input weight -- one fused gate+up matrix 2·f×h with the plain (Megatron-style) modeling,
+    # transformers' separate gate_proj / up_proj f×h each -- in bf16. (issue 35: seed 404's deepspeed.mf
+    # decoder ds_module `(1 + gated)` with its 1 dropped, live only where no embedding is on the stage)
+    cfg = ROOT / "configs" / "llama3-8b.yaml"
+    over = {"training.framework": "deepspeed", "deepspeed.modeling": modeling, "parallel.zero": 1, "parallel.dp": 2,
+            "parallel.pp": 4, "parallel.tp": 1, "training.num_micro_batches": 16}
+    from estimate_helpers import numbers
+    off, on = (numbers(cfg, {**over, "deepspeed.offload_optimizer": o}).stages[1].values["comm"] for o in ("cpu", "none"))
+    assert off - on == 2 * largest

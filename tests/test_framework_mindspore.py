@@ -331,6 +331,20 @@ def test_default_threshold_is_64_kb(tiny, width, lower, upper):
     assert default == (above if upper == 64 else below)
     assert above - below == pytest.approx(2 * 2 * width * 8 * 7 / 8, rel=1e-12)
 
+# Under a 0 KB threshold every weight and bias is sharded (k = 4 over the dp ranks for TP-split slices, 8 for
+# the replicated wo and w2 biases; their first dimensions divide), and level1 keeps each one's forward all-gather,
+# cast to the bf16 compute dtype, until backward (optimizer_parallel.md optimizer_level): a decoder holds
+# 4 B x its shards + 2 B x every gathered slice + its two fp32 norms, never sharded (LlamaRMSNorm
+# parallel_optimizer=False). (issue 35: seed 404's mindspore.mf:112 `+ -> -` in the MLP's gathered biases, live
+# only on a biased model with a replicated bias over the threshold)
+def test_biases_are_gathered_like_the_weights_under_a_zero_threshold(tiny):
+    est = numbers(tiny(), {"model.bias": True, "mindspore.parallel_optimizer_threshold": 0})
+    (dec,) = [g for g in est.stages[0].layers if g.block == "decoder"]
+    slices = [(h * h // tp, 4)] * 4 + [(3 * h // tp, 4), (h, 8)] + [(f * h // tp, 4)] * 3 + [(f // tp, 4)] * 2 + [(h, 8)]
+    want = 4 * sum(n / k for n, k in slices) + 2 * sum(n for n, _ in slices) + 4 * 2 * h
+    assert dec.per_layer_values["params"] == pytest.approx(want, rel=1e-12)
+
+
 # the parallel optimizer all-gathers a sharded parameter's slice before use: the embedding's buffer is
 # the table's whole slice in its stored dtype (fp32 here), v x h per rank with vocab_emb_dp, v x h / tp
 # without; under a threshold above the table's size nothing of it is gathered
