@@ -119,7 +119,7 @@ def predict(run: dict[str, Any], overrides: dict[str, Any] | None = None) -> dic
             "unquantized_error": (flat.mfu - published_mfu(run, flat)) / published_mfu(run, flat)
             if want and flat.mfu is not None else None,
             "pad_share": est.time_dict()["parts"]["compute"] / flat.time_dict()["parts"]["compute"] - 1,
-            "step_seconds": est.step_seconds, "fits": est.fits,
+            "step_seconds": est.step_seconds, "parts": est.time_dict()["parts"], "fits": est.fits,
             "published_seconds": (run.get("published", {}).get("iteration_seconds")
                                   or (run.get("derived") or {}).get("iteration_seconds"))}
 

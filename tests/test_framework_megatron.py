@@ -462,6 +462,17 @@ def test_import_maps_the_profile_flags(tmp_path: Path):
     assert [s.peak_bytes for s in numbers(c).stages] == [s.peak_bytes for s in expected.stages]
 
 
+def test_import_maps_no_overlap_p2p_communication(tmp_path: Path):
+    # arguments.py's --no-overlap-p2p-communication (store_false: Megatron-LM overlaps by default) turns the
+    # interleaved schedule's overlapped pipeline sends off (time.mf cost pp, schedules.mf p2p_async)
+    path = tmp_path / "args.txt"
+    path.write_text(ARGS + "--num-layers-per-virtual-pipeline-stage 4 --no-overlap-p2p-communication")
+    c = import_config("megatron", path, Options(devices=8)).config()
+    assert c["megatron"]["overlap_p2p_comm"] is False
+    path.write_text(ARGS + "--num-layers-per-virtual-pipeline-stage 4")
+    assert "overlap_p2p_comm" not in import_config("megatron", path, Options(devices=8)).config().get("megatron", {})
+
+
 # ---- the default profile over any formula files: include "..." if "dense.mf" ---------------------------
 
 def test_profile_physics_loads_only_over_dense_mf(tmp_path: Path):

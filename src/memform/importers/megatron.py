@@ -143,7 +143,7 @@ NEUTRAL: dict[str, str] = {
              "ddp-num-buckets ddp-pad-buckets-for-high-nccl-busbw ddp-reduce-scatter-with-fp32-accumulation "
              "no-gradient-reduce-div-fusion gradient-reduce-div-fusion async-tensor-model-parallel-allreduce "
              "no-async-tensor-model-parallel-allreduce distributed-optimizer-no-overlap "
-             "no-overlap-p2p-communication overlap-p2p-communication overlap-p2p-communication-warmup-flush "
+             "overlap-p2p-communication overlap-p2p-communication-warmup-flush "
              "no-delay-grad-reduce delay-grad-reduce no-scatter-gather-tensors-in-pipeline "
              "scatter-gather-tensors-in-pipeline use-ring-exchange-p2p batch-p2p-comm no-batch-p2p-comm "
              "use-cp-send-recv-overlap "
@@ -310,7 +310,8 @@ FLAGS = {"bf16", "fp16", "swiglu", "group-query-attention", "disable-bias-linear
          "no-gradient-accumulation-fusion", "optimizer-cpu-offload", "fine-grained-activation-offloading",
          "activation-func-fp8-input-store", "account-for-embedding-in-pipeline-split",
          "account-for-loss-in-pipeline-split", "use-megatron-fsdp", "use-custom-fsdp", "use-torch-fsdp2",
-         "reuse-fp32-param", "shared-expert-gate", "no-position-embedding", "tp-comm-overlap"}
+         "reuse-fp32-param", "shared-expert-gate", "no-position-embedding", "tp-comm-overlap",
+         "no-overlap-p2p-communication"}
 
 #: the memform key an argument decides, for the ``--set`` a message suggests
 ARG_KEYS = {
@@ -1626,6 +1627,9 @@ def _overlap(f: Fields, draft: Draft) -> None:
         draft.set("parallel.overlap_grad_reduce", True, "--overlap-grad-reduce (in place in the grad buffer)")
     if f.boolean("overlap-param-gather", False):
         draft.set("megatron.overlap_param_gather", True, "--overlap-param-gather (in place in the param buffer)")
+    if f.boolean("no-overlap-p2p-communication", False):   # arguments.py store_false: on by default
+        draft.set("megatron.overlap_p2p_comm", False, "--no-overlap-p2p-communication (the interleaved "
+                  "schedule's pipeline sends block: time.mf cost pp)")
     bucket = f.integer("ddp-bucket-size", None)
     if bucket is not None:
         draft.set("megatron.ddp_bucket_size", bucket, "--ddp-bucket-size")
