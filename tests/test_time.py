@@ -570,6 +570,23 @@ def test_stages_with_the_same_layers_share_costs_unless_a_cost_reads_the_stage(t
     assert got[1] == pytest.approx(2 * est.stages[1].time_ps["compute"], abs=3) and got[1] != got[2]
 
 
+@pytest.mark.parametrize("text", [
+    # through a let that reads the stage, and through a let that reads such a let
+    "let sf = stage + 1\nlet sf2 = sf\ncost extra { seconds = sf2 * compute.seconds }\n",
+    # through a function whose body reads the stage (not a parameter of that name)
+    "def sf(x) = x * (stage + 1)\ncost extra { seconds = sf(compute.seconds) }\n",
+])
+def test_a_cost_reading_the_stage_through_a_let_or_function_gets_each_stages_value(tmp_path, text):
+    """Lets may read ``stage`` (megatron-core.mf's opt_flat_bucket): a cost that reads one must not share
+    one value among alike stages (the interpreter's per-stage cost cache, _costs_read_position)."""
+    cfg = gpt(L=4, pp=4)
+    _, ov = _profile(tmp_path, text)
+    est = numbers(cfg, ov)
+    got = [st.time_ps["extra"] for st in est.stages]
+    assert got[2] == pytest.approx(3 * est.stages[2].time_ps["compute"], abs=3)
+    assert got[1] == pytest.approx(2 * est.stages[1].time_ps["compute"], abs=3) and got[1] != got[2]
+
+
 @pytest.mark.parametrize("text,message", [
     ("cost nothing { flops = 1 }\n", "cost 'nothing' must define seconds"),
     ("let x = overlap\n", "'overlap' is only defined inside cost blocks"),

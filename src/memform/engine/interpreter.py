@@ -337,10 +337,31 @@ def _max_everywhere(terms: list[Expr]) -> Expr:
 
 
 def _costs_read_position(program: Program) -> bool:
-    """Whether a cost block or a function names ``stage`` or ``chunk`` itself (not only through
-    ``layers_*``, ``bubble`` and ``overlap``): then every stage's costs are evaluated on their own.
-    Layer quantities and ``let``s are evaluated without a stage, so they cannot read it."""
+    """Whether a cost block names ``stage`` or ``chunk`` (not only through ``layers_*``, ``bubble`` and
+    ``overlap``), itself or through a ``let`` or function that reads it (at any depth): then every
+    stage's costs are evaluated on their own. Lets may read ``stage`` (megatron-core.mf's
+    ``opt_flat_bucket``); a cost that reads such a let would otherwise share one value among alike stages."""
+    position = {"stage", "chunk"}
+
+    def reads(expr: ast.Expr) -> set[str]:
+        out: set[str] = set()
+        for n in walk(expr):
+            if isinstance(n, ast.Ref) and n.attr is None:
+                out.add(n.name)
+            elif isinstance(n, ast.Call):
+                out.add(n.func)
+        return out
+
+    # the names whose value depends on the position: stage/chunk, then every let or function reading one
+    deps = {name: reads(let.expr) for name, let in program.lets.items()}
+    deps.update({name: reads(d.expr) - set(d.params) for name, d in program.defs.items()})
+    tainted = set(position)
+    grew = True
+    while grew:
+        grew = False
+        for name, used in deps.items():
+            if name not in tainted and used & tainted:
+                tainted.add(name)
+                grew = True
     exprs = [q.expr for b in program.costs().values() for qd in b.quantities.values() for q in qd.all()]
-    exprs += [d.expr for d in program.defs.values() if not {"stage", "chunk"} & set(d.params)]
-    return any(isinstance(n, ast.Ref) and n.attr is None and n.name in ("stage", "chunk")
-               for e in exprs for n in walk(e))
+    return any(reads(e) & tainted for e in exprs)
