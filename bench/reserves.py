@@ -65,8 +65,9 @@ def offload_cases() -> list[tuple[str, list[str]]]:
 
 
 def cases(root: Path) -> list[tuple[str, list[str]]]:
-    out = [(c.name, [f"training.framework={f}", f"training.recompute={r}"])
-           for c in sorted((root / "configs").glob("*.yaml")) for f in PROFILES for r in RECOMPUTE]
+    configs = sorted((root / "configs").glob("*.yaml")) + sorted((root / "configs" / "published").glob("*.yaml"))
+    out = [(c.relative_to(root / "configs").as_posix(), [f"training.framework={f}", f"training.recompute={r}"])
+           for c in configs for f in PROFILES for r in RECOMPUTE]
     return out + [(name, ov) for name, sets in EXTRA.items() for ov in sets]
 
 

@@ -111,7 +111,7 @@ def test_bundled_stage_sequences_replay_as_the_reference_model(monkeypatch):
     monkeypatch.setattr(alloc_estimate, "replay", record)
     alloc_estimate._unbounded.cache_clear()
     # the 405B at V = 2 (98 GiB: stages replayed against the device's capacity too)
-    for name, overrides in (("llama3-405b-8k.yaml", {"parallel.vpp": 2, "parallel.stage_layers": [7] + [8] * 14 + [7]}),
+    for name, overrides in (("published/llama3-405b-8k.yaml", {"parallel.vpp": 2, "parallel.stage_layers": [7] + [8] * 14 + [7]}),
                             ("nemotron-h-8b.yaml", None)):
         est = memform.estimate(ROOT / "configs" / name, overrides)
         assert all(s.reserved_bytes >= s.peak_bytes for s in est.stages)

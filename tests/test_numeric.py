@@ -102,9 +102,9 @@ def test_every_bundled_config_under_every_profile(config, framework):
     elif not sets_keys_of_another_profile(config, framework):
         # every profile takes the config (what tests/test_bundled_configs.py's every_profile row asserted on its
         # own estimate of the same pair, issue 35's merged loops), except under another profile than the one
-        # whose own keys it sets (configs/deepseek-v3-report.yaml's megatron: section); a profile may refuse a
+        # whose own keys it sets (configs/published/deepseek-v3-report.yaml's megatron: section); a profile may refuse a
         # strategy its framework cannot run, in its own words (DeepSpeed: ZeRO-3 with pipeline parallelism,
-        # llama3-405b-8k)
+        # llama3-405b-8k before it moved to configs/published/)
         (est,) = seen
         if isinstance(est, MemformError):
             assert f"formulas/frameworks/{framework}" in str(est), f"{config.name} under {framework}: {est}"

@@ -8,7 +8,7 @@ files, and the published runs that must fit on the devices they trained on.
   bench/validate.py --frameworks (the rc=selective[...] rows).
 - DualPipe (DeepSeek-AI 2024 §3.2.1): every piece held twice ("two copies of the model parameters"), PP + 1
   micro-batches of activations in flight (deepseek-ai/DualPipe README, memory table).
-- configs/deepseek-v3-report.yaml (2048 H800, PP16 DualPipe, EP64, ZeRO-1, no TP) fits on 80 GB, and does
+- configs/published/deepseek-v3-report.yaml (2048 H800, PP16 DualPipe, EP64, ZeRO-1, no TP) fits on 80 GB, and does
   not without each mechanism its report states; configs/llama3-405b.yaml (128K) fits, and so does the 8K row
   of the Llama 3 paper with its pipeline layout (one layer per chunk, the embedding and the output alone).
 """
@@ -102,7 +102,7 @@ def test_recompute_modules_from_a_megatron_command_line(tmp_path):
 
 # ---- DualPipe -------------------------------------------------------------------------------------
 def test_dualpipe_holds_every_piece_twice():
-    model = load_model(CONFIGS / "deepseek-v3-report.yaml")
+    model = load_model(CONFIGS / "published" / "deepseek-v3-report.yaml")
     part = partition_of(model, model.evaluator())
     p = part.pp
     for k in range(p):
@@ -116,7 +116,7 @@ def test_dualpipe_holds_every_piece_twice():
 def test_dualpipe_keeps_pp_plus_one_micro_batches():
     # deepseek-ai/DualPipe README memory table: activations PP + 1 (in micro-batches of one piece), on
     # every rank: chunk inflight counts sum to PP at the end of warm-up, + 1 forward in the main step
-    model = load_model(CONFIGS / "deepseek-v3-report.yaml")
+    model = load_model(CONFIGS / "published" / "deepseek-v3-report.yaml")
     ev = model.evaluator()
     p = 16
     for stage in range(p):
@@ -127,7 +127,7 @@ def test_dualpipe_keeps_pp_plus_one_micro_batches():
 
 # ---- the published runs ---------------------------------------------------------------------------
 def test_deepseek_v3_as_its_report_states_fits_on_h800():
-    est = numbers(CONFIGS / "deepseek-v3-report.yaml")
+    est = numbers(CONFIGS / "published" / "deepseek-v3-report.yaml")
     assert est.fits and all(st.fits for st in est.stages)
     assert est.peak_bytes < 80 * GIB and max(st.reserved_bytes for st in est.stages) < 80 * GIB
 
@@ -141,7 +141,7 @@ def test_deepseek_v3_as_its_report_states_fits_on_h800():
     ("FP8 GEMMs and cached inputs (§3.3)", {"megatron.fp8": "none", "megatron.activation_func_fp8_input_store": False}),
 ])
 def test_deepseek_v3_needs_each_mechanism_of_its_report(without, overrides):
-    est = numbers(CONFIGS / "deepseek-v3-report.yaml", overrides=overrides)
+    est = numbers(CONFIGS / "published" / "deepseek-v3-report.yaml", overrides=overrides)
     assert not est.fits, f"fits without {without}"
 
 
@@ -150,11 +150,11 @@ def test_deepseek_v3_bf16_moments_and_shared_mtp_embedding_are_margin():
     # fit: fp32 moments add 2.7 GiB to the peak stage (79.0 GiB allocated, 79.5 GiB reserved with Megatron's
     # gradient buffers kept across steps: still fits; 84.6 GiB and three cache releases while the replay freed
     # them), a private MTP embedding copy adds to stage 0 only
-    base = numbers(CONFIGS / "deepseek-v3-report.yaml")
-    fp32 = numbers(CONFIGS / "deepseek-v3-report.yaml", overrides={"training.precision.optimizer": "fp32"})
+    base = numbers(CONFIGS / "published" / "deepseek-v3-report.yaml")
+    fp32 = numbers(CONFIGS / "published" / "deepseek-v3-report.yaml", overrides={"training.precision.optimizer": "fp32"})
     assert fp32.peak_bytes > base.peak_bytes and fp32.fits
     assert max(st.reserved_bytes for st in fp32.stages) > max(st.reserved_bytes for st in base.stages)
-    copy = numbers(CONFIGS / "deepseek-v3-report.yaml", overrides={"parallel.mtp_embedding_shared": False})
+    copy = numbers(CONFIGS / "published" / "deepseek-v3-report.yaml", overrides={"parallel.mtp_embedding_shared": False})
     assert copy.stages[0].peak_bytes > base.stages[0].peak_bytes and copy.peak_bytes == base.peak_bytes
 
 
@@ -163,7 +163,7 @@ def test_llama3_405b_long_context_fits_on_h100():
     assert est.fits and all(st.fits for st in est.stages)
 
 
-# configs/llama3-405b-8k.yaml lays the pipeline out as Llama 3 §3.3.2 states it: "the first model chunk on the
+# configs/published/llama3-405b-8k.yaml lays the pipeline out as Llama 3 §3.3.2 states it: "the first model chunk on the
 # first stage has only the embedding, and the last model chunk on the last stage has only output projection and
 # loss calculation", V chunks per rank. 126 layers over the 16·V - 2 other chunks split evenly only at V = 8 (one
 # layer each; V = 1 is no interleave): Megatron-Core's --account-for-embedding/loss-in-pipeline-split at V = 8
@@ -177,16 +177,16 @@ def test_llama3_405b_8k_as_its_paper_states_fits_on_h100():
     # (N = PP is DFS), and 32 micro-batches per DP rank (2,048 sequences / DP 64) leave no N < PP to run
     # ("fewer micro-batches than the number of stages" is a batch below 16). Stage 1 holds 141 one-layer
     # chunk passes (2(p - 2) + (V - 1)N + 1) against 1F1B's 15 x 8 = 120: 78.6 GiB of 80
-    paper = numbers(CONFIGS / "llama3-405b-8k.yaml")
+    paper = numbers(CONFIGS / "published" / "llama3-405b-8k.yaml")
     assert paper.fits and all(st.fits for st in paper.stages)
     assert paper.peak_stage == 1 and sum(int(l.inflight_value) for l in paper.stages[1].layers) == 141
     # the embedding-only first chunk holds 2p - 1 = 31 passes of no decoder: stage 0 is not the peak
     assert [l.block for l in paper.stages[0].layers if l.chunk == 0] == ["embedding"]
-    assert numbers(CONFIGS / "llama3-405b-8k.yaml", {"parallel.vpp_microbatch_group": 16}).peak_bytes == paper.peak_bytes
+    assert numbers(CONFIGS / "published" / "llama3-405b-8k.yaml", {"parallel.vpp_microbatch_group": 16}).peak_bytes == paper.peak_bytes
     # at V = 2 (the smallest interleave, 7 + 14 x 8 + 7: 98.0 GiB) it does not fit -- stage 1's chunk 0 holds
     # 2p - 3 = 29 passes of 4 layers --, nor breadth-first (N = m = 32: every micro-batch of every chunk)
-    assert not numbers(CONFIGS / "llama3-405b-8k.yaml", V2_LAYOUT).fits
-    assert not numbers(CONFIGS / "llama3-405b-8k.yaml", {"parallel.vpp_microbatch_group": 32}).fits
+    assert not numbers(CONFIGS / "published" / "llama3-405b-8k.yaml", V2_LAYOUT).fits
+    assert not numbers(CONFIGS / "published" / "llama3-405b-8k.yaml", {"parallel.vpp_microbatch_group": 32}).fits
 
 
 @pytest.mark.parametrize("flags, split", [

@@ -55,7 +55,7 @@ def test_predicted_mfu_is_within_a_quarter_of_the_published(run):
 #: run id -> why memform says a run that trained on its devices does not fit there (strict xfails)
 DOES_NOT_FIT: dict[str, str] = {
     # rebuilt for its step time only: Table 4 gives TP/CP/PP/DP, not §3.3.2's memory mechanisms (FSDP without
-    # resharding, SP); configs/llama3-405b-8k.yaml is the memory rebuild (tests/test_published_runs.py)
+    # resharding, SP); configs/published/llama3-405b-8k.yaml is the memory rebuild (tests/test_published_runs.py)
     "dubey2024-table4-row1": "rebuilt without §3.3.2's sharding: 302 GiB",
     "dubey2024-table4-row2": "rebuilt without §3.3.2's sharding: 231 GiB",
     "dubey2024-table4-row3": "rebuilt without §3.3.2's sharding: 231 GiB",

@@ -24,7 +24,7 @@ from estimate_helpers import numbers  # numbers only: the numeric path (tests/te
 UNIT_DEVICE = {"peak_flops_bf16": 10 ** 12, "efficiency": 1, "intra_node_bandwidth": 10 ** 12,
                "inter_node_bandwidth": 10 ** 12, "devices_per_node": 8, "capacity_gib": 80}
 H100 = parse_yaml((ROOT / "configs" / "devices" / "h100-sxm.yaml").read_text())
-DSV3 = ROOT / "configs" / "deepseek-v3-report.yaml"
+DSV3 = ROOT / "configs" / "published" / "deepseek-v3-report.yaml"
 
 
 # ------------------------------------------------------------- the H100 preset against DeepGEMM's table

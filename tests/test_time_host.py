@@ -65,7 +65,7 @@ def test_which_dispatchers_wait(overrides, expected):
 def test_dense_layers_and_other_frameworks_do_not_wait():
     run = RUNS["megatron-bridge-25.11-b200-llama3-8b"]
     assert _host(throughput.config_of(run)) == 0
-    # DeepSeek-V3 as its report trains it: its own all-to-all kernels (configs/deepseek-v3-report.yaml: flex)
+    # DeepSeek-V3 as its report trains it: its own all-to-all kernels (configs/published/deepseek-v3-report.yaml: flex)
     assert _host(throughput.config_of(RUNS["deepseek2024-v3-report-pretraining"])) == 0
 
 
