@@ -121,7 +121,7 @@ class Interpreter:
         self._host_cache: dict[tuple[str, str, tuple, str], tuple[Expr, Expr]] = {}
         #: cost results by stage signature (see :meth:`costs`); None where the cost blocks read
         #: ``stage`` or ``chunk`` themselves, so that no two stages may share them
-        self._cost_cache: dict[tuple, _StageTime] | None = None if _costs_read_position(program) else {}
+        self._cost_cache: dict[tuple, _StageTime] | None = None if costs_read_position(program) else {}
 
     def layer(self, block: str, mode: str,
               bindings: tuple = ()) -> tuple[dict[str, Expr], dict[str, Expr], dict[str, str]]:
@@ -334,6 +334,19 @@ def _max_everywhere(terms: list[Expr]) -> Expr:
 
     from .evaluator import lattice
     return lattice(sympy.Max, terms)
+
+
+#: :func:`costs_read_position`'s answers, by program (a program is not changed once built; rebind builds a new one)
+_POSITION: dict[int, tuple[Program, bool]] = {}
+
+
+def costs_read_position(program: Program) -> bool:
+    """:func:`_costs_read_position`, once per program (an interpreter is made per estimate, and the answer
+    walks every let: 1.6 CPU-s of tests/test_models.py when asked each time)."""
+    hit = _POSITION.get(id(program))
+    if hit is None or hit[0] is not program:
+        hit = _POSITION[id(program)] = (program, _costs_read_position(program))
+    return hit[1]
 
 
 def _costs_read_position(program: Program) -> bool:

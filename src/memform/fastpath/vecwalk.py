@@ -404,16 +404,10 @@ def _make(model: Model, values: dict[Any, Any], n: int) -> VecEvaluator:
     return ev
 
 
-_POSITION: dict[int, tuple[Any, bool]] = {}
-
-
 def _reads_position(prog: Any) -> bool:
-    """:func:`memform.engine.interpreter._costs_read_position`, once per program."""
-    from ..engine.interpreter import _costs_read_position
-    hit = _POSITION.get(id(prog))
-    if hit is None or hit[0] is not prog:
-        hit = _POSITION[id(prog)] = (prog, _costs_read_position(prog))
-    return hit[1]
+    """:func:`memform.engine.interpreter.costs_read_position` (once per program)."""
+    from ..engine.interpreter import costs_read_position
+    return costs_read_position(prog)
 
 
 class VecStructure:
