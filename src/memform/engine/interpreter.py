@@ -351,30 +351,13 @@ def costs_read_position(program: Program) -> bool:
 
 def _costs_read_position(program: Program) -> bool:
     """Whether a cost block names ``stage`` or ``chunk`` (not only through ``layers_*``, ``bubble`` and
-    ``overlap``), itself or through a ``let`` or function that reads it (at any depth): then every
-    stage's costs are evaluated on their own. Lets may read ``stage`` (megatron-core.mf's
-    ``opt_flat_bucket``); a cost that reads such a let would otherwise share one value among alike stages."""
-    position = {"stage", "chunk"}
-
-    def reads(expr: ast.Expr) -> set[str]:
-        out: set[str] = set()
-        for n in walk(expr):
-            if isinstance(n, ast.Ref) and n.attr is None:
-                out.add(n.name)
-            elif isinstance(n, ast.Call):
-                out.add(n.func)
-        return out
-
-    # the names whose value depends on the position: stage/chunk, then every let or function reading one
-    deps = {name: reads(let.expr) for name, let in program.lets.items()}
-    deps.update({name: reads(d.expr) - set(d.params) for name, d in program.defs.items()})
-    tainted = set(position)
-    grew = True
-    while grew:
-        grew = False
-        for name, used in deps.items():
-            if name not in tainted and used & tainted:
-                tainted.add(name)
-                grew = True
+    ``overlap``), itself or through a ``let`` or function that reads ``stage`` at any depth
+    (:meth:`Program.stage_readers`; megatron-core.mf's ``opt_flat_bucket`` is one): then every stage's costs
+    are evaluated on their own, where alike stages would otherwise share one value."""
+    lets, defs = program.stage_readers()
+    # a function may read ``chunk`` in its body too (bound where a schedule or cost block calls it)
+    defs = defs | {name for name, d in program.defs.items() if "chunk" not in d.params and any(
+        isinstance(n, ast.Ref) and n.attr is None and n.name == "chunk" for n in walk(d.expr))}
     exprs = [q.expr for b in program.costs().values() for qd in b.quantities.values() for q in qd.all()]
-    return any(reads(e) & tainted for e in exprs)
+    return any((isinstance(n, ast.Ref) and n.attr is None and (n.name in ("stage", "chunk") or n.name in lets))
+               or (isinstance(n, ast.Call) and n.func in defs) for e in exprs for n in walk(e))
