@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import MemformError
-from ..lang import ast
-from ..lang.checker import walk
 from ..lang.program import (COST_OPTIONAL, COST_QUANTITIES, HOST_ACT_QUANTITY, HOST_QUANTITY, SCHEDULE_TIME_OPTIONAL,
                             SCHEDULE_TIME_QUANTITIES, Program)
 from .walker import LayerSlot, Walker, to_bytes  # noqa: F401 (to_bytes re-exported)
@@ -121,7 +119,7 @@ class Interpreter:
         self._host_cache: dict[tuple[str, str, tuple, str], tuple[Expr, Expr]] = {}
         #: cost results by stage signature (see :meth:`costs`); None where the cost blocks read
         #: ``stage`` or ``chunk`` themselves, so that no two stages may share them
-        self._cost_cache: dict[tuple, _StageTime] | None = None if costs_read_position(program) else {}
+        self._cost_cache: dict[tuple, _StageTime] | None = None if program.costs_read_position() else {}
 
     def layer(self, block: str, mode: str,
               bindings: tuple = ()) -> tuple[dict[str, Expr], dict[str, Expr], dict[str, str]]:
@@ -267,7 +265,7 @@ class Interpreter:
             extra += ((qname, e),)
         # Stages with the same layer groups (in the same order) and the same bubble and overlap get
         # the same cost closed forms: the cost blocks see a stage only through those (checked once
-        # per program, _costs_read_position). A pipeline's middle stages are usually alike, so
+        # per program, Program.costs_read_position). A pipeline's middle stages are usually alike, so
         # this evaluates the cost blocks for a few stages instead of every one.
         key = None
         if self._cost_cache is not None:
@@ -335,29 +333,3 @@ def _max_everywhere(terms: list[Expr]) -> Expr:
     from .evaluator import lattice
     return lattice(sympy.Max, terms)
 
-
-#: :func:`costs_read_position`'s answers, by program (a program is not changed once built; rebind builds a new one)
-_POSITION: dict[int, tuple[Program, bool]] = {}
-
-
-def costs_read_position(program: Program) -> bool:
-    """:func:`_costs_read_position`, once per program (an interpreter is made per estimate, and the answer
-    walks every let: 1.6 CPU-s of tests/test_models.py when asked each time)."""
-    hit = _POSITION.get(id(program))
-    if hit is None or hit[0] is not program:
-        hit = _POSITION[id(program)] = (program, _costs_read_position(program))
-    return hit[1]
-
-
-def _costs_read_position(program: Program) -> bool:
-    """Whether a cost block names ``stage`` or ``chunk`` (not only through ``layers_*``, ``bubble`` and
-    ``overlap``), itself or through a ``let`` or function that reads ``stage`` at any depth
-    (:meth:`Program.stage_readers`; megatron-core.mf's ``opt_flat_bucket`` is one): then every stage's costs
-    are evaluated on their own, where alike stages would otherwise share one value."""
-    lets, defs = program.stage_readers()
-    # a function may read ``chunk`` in its body too (bound where a schedule or cost block calls it)
-    defs = defs | {name for name, d in program.defs.items() if "chunk" not in d.params and any(
-        isinstance(n, ast.Ref) and n.attr is None and n.name == "chunk" for n in walk(d.expr))}
-    exprs = [q.expr for b in program.costs().values() for qd in b.quantities.values() for q in qd.all()]
-    return any((isinstance(n, ast.Ref) and n.attr is None and (n.name in ("stage", "chunk") or n.name in lets))
-               or (isinstance(n, ast.Call) and n.func in defs) for e in exprs for n in walk(e))

@@ -404,12 +404,6 @@ def _make(model: Model, values: dict[Any, Any], n: int) -> VecEvaluator:
     return ev
 
 
-def _reads_position(prog: Any) -> bool:
-    """:func:`memform.engine.interpreter.costs_read_position` (once per program)."""
-    from ..engine.interpreter import costs_read_position
-    return costs_read_position(prog)
-
-
 class VecStructure:
     """One structural combination evaluated by the walk over candidate columns: what
     :class:`memform.fastpath.compiled.CompiledModel` gives a search (``stages``, ``timed``, a call
@@ -489,7 +483,7 @@ def _evaluate(model: Model, columns: Mapping[str, np.ndarray], keys: Sequence[st
     tokens: Any = 0
     timed = False
     cost_cache: dict[tuple, tuple[dict, Any, Any]] = {}
-    share_costs = not _reads_position(prog)
+    share_costs = not prog.costs_read_position()
     for index in range(model.structure.pp):
         sums: dict[str, Any] = {c: 0 for c in STATIC + ("activations",)}
         comm_terms: list[Any] = []

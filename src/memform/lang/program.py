@@ -125,6 +125,7 @@ class Program:
     conditions: list[tuple[ast.Include, bool]] = field(default_factory=list)
     _origin: dict[tuple[str, str], str] = field(default_factory=dict)  # (namespace, name) -> file
     _stage_readers: tuple[frozenset[str], frozenset[str]] | None = field(default=None, repr=False, compare=False)
+    _costs_read_position: bool | None = field(default=None, repr=False, compare=False)
 
     # ---------------------------------------------------------------- lookups
     def chain(self, block: str) -> list[BlockDef]:
@@ -227,6 +228,23 @@ class Program:
         """Runtime blocks, in declaration order: their ``bytes`` make up the ``runtime`` category."""
         return {n: b for n, b in self.blocks.items() if b.kind == "runtime"}
 
+    def costs_read_position(self) -> bool:
+        """Whether a cost block names ``stage`` or ``chunk`` (not only through ``layers_*``, ``bubble`` and
+        ``overlap``), itself or through a ``let`` or function that reads ``stage`` at any depth
+        (:meth:`stage_readers`; megatron-core.mf's ``opt_flat_bucket`` is one): then the interpreter evaluates
+        every stage's costs on their own, where alike stages would otherwise share one value. Answered once
+        per program (an interpreter is made per estimate)."""
+        if self._costs_read_position is None:
+            lets, defs = self.stage_readers()
+            # a function may read ``chunk`` in its body too (bound where a schedule or cost block calls it)
+            defs = defs | {name for name, d in self.defs.items() if "chunk" not in d.params and any(
+                isinstance(n, ast.Ref) and n.attr is None and n.name == "chunk" for n in ast.walk(d.expr))}
+            exprs = [q.expr for b in self.costs().values() for qd in b.quantities.values() for q in qd.all()]
+            self._costs_read_position = any(
+                (isinstance(n, ast.Ref) and n.attr is None and (n.name in SCHEDULE_NAMES or n.name in lets))
+                or (isinstance(n, ast.Call) and n.func in defs) for e in exprs for n in ast.walk(e))
+        return self._costs_read_position
+
     def costs(self) -> dict[str, BlockDef]:
         """Cost blocks, in declaration order: their ``seconds`` make up each stage's step time."""
         return {n: b for n, b in self.blocks.items() if b.kind == "cost"}
@@ -240,6 +258,7 @@ class Program:
 
     def add(self, decl: ast.Decl) -> None:
         self._stage_readers = None
+        self._costs_read_position = None
         if isinstance(decl, (ast.Binding, ast.Let)):
             prev = self.bindings.get(decl.name) or self.lets.get(decl.name)
             self._claim("global", decl.name, decl.loc, prev.loc if prev else None)
