@@ -25,8 +25,8 @@ def main() -> int:
 
     for persist in (10 * ds.BASE.h, 10 ** 9):
         job = replace(ds.BASE, zero=3, persist=persist)
-        ds.run(ds._ranks(job))
-        for case in ds._ranks(job):
+        ds.run(job.ranks())
+        for case in job.ranks():
             step = ds.measure(case)
             runtime = memform.estimate(case.memform_config()).stages[0].runtime
             blocks = {k: int(runtime.get(k, 0)) for k in ds.ZERO3_BLOCKS}

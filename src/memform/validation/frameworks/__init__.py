@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,6 +47,41 @@ def llama_hf_config(case: Any) -> Any:
                                 num_hidden_layers=case.L, num_attention_heads=case.heads,
                                 num_key_value_heads=case.kv_heads, vocab_size=case.vocab,
                                 max_position_embeddings=case.s, tie_word_embeddings=False)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The shape fields of a multi-rank harness's small model (DeepSpeed, the Trainer's FSDP1 / FSDP2,
+    megatron-core): hidden size, layers, attention heads, FFN width, vocabulary, micro-batch, sequence."""
+
+    h: int = 128
+    L: int = 4
+    heads: int = 8
+    ffn: int = 352
+    vocab: int = 1024
+    b: int = 2
+    s: int = 256
+
+
+@dataclass(frozen=True)
+class LlamaRankCase(ModelShape):
+    """A job over transformers' Llama (:func:`llama_hf_config`) on ``world`` gloo ranks, and which rank's row
+    (the job runs once for all of them): the DeepSpeed and Trainer-FSDP harnesses' cases."""
+
+    kv_heads: int = 4
+    world: int = 2
+    rank: int = 0
+
+    def job(self) -> Any:
+        """The case without its row (the same job for every rank)."""
+        return replace(self, rank=0)
+
+    def ranks(self) -> list[Any]:
+        """The job's row on every rank."""
+        return [replace(self, rank=r) for r in range(self.world)]
+
+    def hf_config(self) -> Any:
+        return llama_hf_config(self)
 
 
 #: framework name -> (module of this package, the package it needs)

@@ -76,7 +76,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import RankJobs, RankStep, imported_config, llama_hf_config
+from . import LlamaRankCase, RankJobs, RankStep, imported_config
 from .tracking import StepSamples, replay_reserved, replayed_figures
 
 #: the DeepSpeed version the harness was checked against
@@ -85,23 +85,15 @@ INSTALL = "pip install deepspeed==0.19.8"
 
 
 @dataclass(frozen=True)
-class DSCase:
+class DSCase(LlamaRankCase):
     """One DeepSpeed job on ``world`` gloo ranks, and which rank's row (the job runs once for all)."""
 
     zero: int = 2             # zero_optimization.stage (named so: a case's `stage` is a pipeline stage)
     bf16: bool = False
-    world: int = 2
-    h: int = 128
     #: 8 layers: each rank's ZeRO partition holds 4 of them, as in a real job (a 7B model over 8 ranks),
     #: so the one parameter a partition boundary cuts -- held whole by both ranks' grads_in_partition
     #: (stage_1_and_2.py copy_grads_in_partition) -- is a small part of a partition, as it is there
     L: int = 8
-    heads: int = 8
-    kv_heads: int = 4
-    ffn: int = 352
-    vocab: int = 1024
-    b: int = 2
-    s: int = 256
     gc: bool = False
     attn: str = "sdpa"        # transformers' attn_implementation: sdpa (the CPU flash kernel) or eager
     #: zero_optimization.reduce_bucket_size / allgather_bucket_size (and ZeRO-3's prefetch bucket): DeepSpeed's
@@ -114,11 +106,6 @@ class DSCase:
     #: bf16.bf16_master_weights_and_grads and bf16_optimizer_states (DeepSpeedExamples training/
     #: bf16_master_weight's bf16_full.json, without its torch_autocast): 16-bit master, gradients, moments
     master16: bool = False
-    rank: int = 0
-
-    def job(self) -> "DSCase":
-        """The case without its row (the same job for every rank)."""
-        return replace(self, rank=0)
 
     def label(self) -> str:
         extra = f" persist{self.persist}" if self.persist is not None else ""
@@ -128,10 +115,7 @@ class DSCase:
                 f"{'bf16' if self.bf16 else 'fp32'}{' gc' if self.gc else ''} bucket{self.bucket:g}{extra} "
                 f"dp{self.world} rank{self.rank}")
 
-    # ---- the two files of the job ------------------------------------------------------------------
-    def hf_config(self) -> Any:
-        return llama_hf_config(self)
-
+    # ---- the two files of the job (hf_config: LlamaRankCase's) ----------------------------------------
     def ds_config(self) -> dict[str, Any]:
         """The ds_config.json of the job, as a DeepSpeed user writes it."""
         zero: dict[str, Any] = {"stage": self.zero, "reduce_bucket_size": self.bucket,
@@ -564,10 +548,6 @@ def _static_category(path: str, stage: int) -> str:
 BASE = DSCase()
 
 
-def _ranks(case: DSCase) -> list[DSCase]:
-    return [replace(case, rank=r) for r in range(case.world)]
-
-
 def sweep() -> list[DSCase]:
     """Every DeepSpeed case of ``bench/validate.py --frameworks``: ZeRO 0-3 in fp32 and bf16; ZeRO-3 also
     with the HF Trainer's "auto" persistence threshold (10 × hidden: the decoder's matrices are fetched) and
@@ -575,13 +555,13 @@ def sweep() -> list[DSCase]:
     cases: list[DSCase] = []
     for stage in (0, 1, 2, 3):
         for bf16 in (False, True):
-            cases += _ranks(replace(BASE, zero=stage, bf16=bf16))
+            cases += replace(BASE, zero=stage, bf16=bf16).ranks()
     z3 = replace(BASE, zero=3, persist=10 * BASE.h)
-    cases += _ranks(z3) + _ranks(replace(z3, bf16=True)) + _ranks(replace(z3, gc=True))
-    cases += _ranks(replace(BASE, zero=2, overlap=True)) + _ranks(replace(BASE, zero=2, attn="eager", bf16=True))
+    cases += z3.ranks() + replace(z3, bf16=True).ranks() + replace(z3, gc=True).ranks()
+    cases += replace(BASE, zero=2, overlap=True).ranks() + replace(BASE, zero=2, attn="eager", bf16=True).ranks()
     return cases
 
 
 def quick_sweep() -> list[DSCase]:
     """The tests' subset: ZeRO-2 and ZeRO-3 (the HF Trainer's persistence threshold) in fp32, both ranks."""
-    return _ranks(replace(BASE, zero=2)) + _ranks(replace(BASE, zero=3, persist=10 * BASE.h))
+    return replace(BASE, zero=2).ranks() + replace(BASE, zero=3, persist=10 * BASE.h).ranks()

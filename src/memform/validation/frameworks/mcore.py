@@ -96,7 +96,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import RankJobs, RankStep, imported_config
+from . import ModelShape, RankJobs, RankStep, imported_config
 
 #: the megatron-core version the shims' line numbers and this harness were checked against
 VERSION = "0.19.2"
@@ -105,7 +105,7 @@ INSTALL = ("pip install numpy packaging triton && "
 
 
 @dataclass(frozen=True)
-class McoreCase:
+class McoreCase(ModelShape):
     """One megatron-core job on ``tp · pp · dp`` gloo ranks; ``stage``: which pipeline stage's rank the
     row shows (the job itself runs once for all its stages)."""
 
@@ -121,14 +121,9 @@ class McoreCase:
     topk: int = 2
     ep: int = 1                 # --expert-model-parallel-size (fake traces: see _fake_shim's MoE dispatch)
     m: int = 4                  # micro-batches per step
-    L: int = 4
-    h: int = 128
-    ffn: int = 512
+    ffn: int = 512              # (the other shape fields: ModelShape's)
     heads: int = 4
     groups: int = 2
-    vocab: int = 1024
-    s: int = 256
-    b: int = 2
     stage: int = 0
     # a published shape (:data:`PUBLISHED`): traced under FakeTensorMode on a ``fake`` process group
     fake: bool = False
