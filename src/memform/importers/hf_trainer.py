@@ -570,14 +570,16 @@ def _fsdp1_words(conf: Fields, draft: Draft, items: list[str]) -> None:
         draft.warn(f"{where} is {name}: accelerate 1.16 does not apply it under the Trainer (the plugin's "
                    f"sharding_strategy, from the launcher's FSDP_SHARDING_STRATEGY, default FULL_SHARD, wins in "
                    f"prepare_model): sized as full_shard -- if your launcher sets FSDP_SHARDING_STRATEGY, set "
-                   f"fsdp1.sharding_strategy to it (full_shard, shard_grad_op, no_shard)")
+                   f"fsdp1.sharding_strategy to it (--set fsdp1.sharding_strategy=NAME: full_shard, shard_grad_op, "
+                   f"no_shard, hybrid_shard, hybrid_shard_zero2; HSDP shards within a node's "
+                   f"device.devices_per_node ranks)")
 
 
 def _fsdp1(conf: Fields, draft: Draft, offload: bool) -> None:
     """fsdp_config version 1 -> training.framework: hf-fsdp1 (formulas/frameworks/hf-fsdp1.mf): the keyword
     arguments transformers 5.25's _process_fsdp_args gives accelerate's plugin for FSDP1, with their defaults
     there (backward_prefetch NO_PREFETCH, use_orig_params true, forward_prefetch false; limit_all_gathers: the
-    plugin's default true)."""
+    plugin's default true). The sharding strategy is the launcher's (_fsdp1_words)."""
     prefetch = conf.string("backward_prefetch", "NO_PREFETCH").upper()
     if prefetch not in FSDP1_PREFETCH:
         raise conf.error("backward_prefetch", f"is {prefetch!r}: accelerate takes {', '.join(FSDP1_PREFETCH)}")
@@ -591,10 +593,8 @@ def _fsdp1(conf: Fields, draft: Draft, offload: bool) -> None:
     draft.set("fsdp1.sharding_strategy", "full_shard", "accelerate's plugin sharding_strategy (FSDP_SHARDING_STRATEGY, "
                                                        "default FULL_SHARD) wins over fsdp_config reshard_after_forward")
     draft.set("fsdp1.backward_prefetch", FSDP1_PREFETCH[prefetch], f"fsdp_config backward_prefetch {prefetch}")
-    if conf.boolean("forward_prefetch", False):
-        raise conf.error("forward_prefetch", "is true: measured, FSDP1's backward then holds two more units' parameters "
-                                             "or gradients than memform's formulas count (not modelled); set it false")
-    draft.set("fsdp1.forward_prefetch", False, "fsdp_config forward_prefetch (false: the Trainer's default)")
+    draft.set("fsdp1.forward_prefetch", conf.boolean("forward_prefetch", False),
+              "fsdp_config forward_prefetch (the Trainer's default false)")
     draft.set("fsdp1.use_orig_params", conf.boolean("use_orig_params", True), "fsdp_config use_orig_params "
                                                                                "(transformers' default true)")
     draft.set("fsdp1.limit_all_gathers", True, "fsdp_config limit_all_gathers (accelerate's default true)")

@@ -17,7 +17,10 @@ activation_checkpointing is on. Under bf16 mixed precision ``set_mixed_precision
 Accelerate enables FSDP only on an accelerator, so the harness builds the plugin from the Trainer's own
 ``fsdp_plugin_args`` and makes that same ``FullyShardedDataParallel`` call itself, with ``device_id`` the
 CPU; ``sync_module_states`` (transformers' default true) is passed false, because accelerate refuses it on
-the CPU -- it only broadcasts rank 0's weights at wrap time (the ranks build the same weights here).
+the CPU -- it only broadcasts rank 0's weights at wrap time (the ranks build the same weights here). HSDP
+(HYBRID_SHARD, _HYBRID_SHARD_ZERO2, set as the launcher's FSDP_SHARDING_STRATEGY): accelerate passes no device
+mesh, so torch shards within ``dist.new_subgroups(device_count())``; ``FSDP1Case.node`` runs the ranks as nodes
+of that many devices (``torch.cpu.device_count`` patched while wrapping; the CPU's own count is 1).
 
 The measurement follows :func:`memform.validation.fsdp2.trace_step` (its sampler and categories), for
 FSDP1's objects: params = the sharded flat parameters plus the unsharded flat parameters still allocated
@@ -33,29 +36,19 @@ hooks on the views FSDP hands the modules and on the flat parameter tag them).
 
 from __future__ import annotations
 
-import json
-import tempfile
 import traceback
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
-from . import RankJobs, RankStep, imported_config, llama_hf_config
+from . import RankJobs, RankStep
+from .trainer_fsdp import TrainerFSDPCase, model, plugin, warmed_up
 
 
 @dataclass(frozen=True)
-class FSDP1Case:
-    """One Trainer FSDP1 job on ``world`` gloo ranks (a transformers Llama), and which rank's row."""
+class FSDP1Case(TrainerFSDPCase):
+    """One Trainer FSDP1 job on ``world`` gloo ranks (a transformers Llama), and which rank's row (the shape,
+    ``ac``, ``bf16`` and ``gas``: :class:`.trainer_fsdp.TrainerFSDPCase`'s)."""
 
-    h: int = 128
-    L: int = 4
-    heads: int = 8
-    kv_heads: int = 4
-    ffn: int = 352
-    vocab: int = 1024
-    b: int = 2
-    s: int = 256
-    world: int = 2
     #: the ShardingStrategy run: the plugin's sharding_strategy, which accelerate takes from the launcher's
     #: FSDP_SHARDING_STRATEGY (``accelerate launch --fsdp_sharding_strategy``; default FULL_SHARD) and prefers
     #: to fsdp_config reshard_after_forward, so a case other than full_shard sets it as the launcher does and
@@ -67,48 +60,27 @@ class FSDP1Case:
     orig: bool = True
     #: fsdp_config forward_prefetch (the Trainer's default: false)
     fwd_prefetch: bool = False
-    #: fsdp_config activation_checkpointing
-    ac: bool = False
-    #: TrainingArguments bf16 (FSDP1 MixedPrecision(bf16, bf16, bf16) over fp32 flat parameters, autocast)
-    bf16: bool = False
-    #: TrainingArguments gradient_accumulation_steps (all but the last micro-batch under FSDP's no_sync())
-    gas: int = 1
-    rank: int = 0
-
-    def job(self) -> "FSDP1Case":
-        return replace(self, rank=0)
+    #: devices per node (0: torch's device_count(), 1 on the CPU): HYBRID_SHARD's shard group without a mesh is
+    #: one node's ranks (_init_utils.py _init_intra_and_inter_node_groups(device_count())); the ranks run as
+    #: if each node held this many (torch.cpu.device_count patched), and the config says device.devices_per_node
+    node: int = 0
 
     def label(self) -> str:
         return (f"hf-fsdp1 llama L{self.L} h{self.h}{f' v{self.vocab}' if self.vocab != 1024 else ''} b{self.b} s{self.s} sdpa {'bf16' if self.bf16 else 'fp32'}"
                 f"{' ac' if self.ac else ''}{f' gas{self.gas}' if self.gas > 1 else ''} {self.strategy} "
-                f"{self.prefetch}{' fwd' if self.fwd_prefetch else ''}{'' if self.orig else ' flat'} dp{self.world} "
-                f"rank{self.rank}")
+                f"{self.prefetch}{' fwd' if self.fwd_prefetch else ''}{'' if self.orig else ' flat'} dp{self.world}"
+                f"{f' node{self.node}' if self.node else ''} rank{self.rank}")
 
-    # ---- the job's two files --------------------------------------------------------------------------
-    def hf_config(self) -> Any:
-        return llama_hf_config(self)
-
-    def training_args(self) -> dict[str, Any]:
-        """training_args.json of the job, as a Trainer user writes it."""
-        return {"output_dir": "out", "per_device_train_batch_size": self.b, "gradient_accumulation_steps": self.gas,
-                "bf16": self.bf16, "dtype": "float32", "optim": "adamw_torch", "attn_implementation": "sdpa",
-                "fsdp": True, "fsdp_config": {"version": 1, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-                                              "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
-                                              "backward_prefetch": self.prefetch,
-                                              "use_orig_params": self.orig,
-                                              "forward_prefetch": self.fwd_prefetch,
-                                              "activation_checkpointing": self.ac},
-                "max_length": self.s}
+    def fsdp_options(self) -> dict[str, Any]:
+        return {"version": 1, "backward_prefetch": self.prefetch, "use_orig_params": self.orig,
+                "forward_prefetch": self.fwd_prefetch}
 
     def memform_config(self) -> dict[str, Any]:
-        with tempfile.TemporaryDirectory() as tmp:
-            self.hf_config().save_pretrained(tmp)
-            args = Path(tmp) / "training_args.json"
-            args.write_text(json.dumps(self.training_args(), indent=1))
-            cfg = imported_config("hf", Path(tmp) / "config.json", self.label(), trainer=str(args),
-                                  devices=self.world)
+        cfg = super().memform_config()
         if self.strategy != "full_shard":
             cfg.setdefault("fsdp1", {})["sharding_strategy"] = self.strategy
+        if self.node or self.strategy.startswith("hybrid"):     # (the CPU's device_count() is 1)
+            cfg.setdefault("device", {})["devices_per_node"] = self.node or 1
         return cfg
 
 
@@ -137,29 +109,16 @@ def _measure_item(d: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
 
 
 def _plugin(case: FSDP1Case) -> Any:
-    """accelerate's FullyShardedDataParallelPlugin from the Trainer's own fsdp_plugin_args
-    (TrainingArguments._process_fsdp_args of the case's training arguments), sync_module_states off."""
-    import logging
-    import warnings
-
-    from accelerate.utils import FullyShardedDataParallelPlugin
-    from transformers import TrainingArguments
-
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        given = case.training_args()
-        args = TrainingArguments(output_dir=tmp, use_cpu=True, report_to=[], save_strategy="no",
-                                 per_device_train_batch_size=case.b, fsdp=given["fsdp"],
-                                 fsdp_config=dict(given["fsdp_config"]))
-        plugin_args = dict(args.fsdp_plugin_args)
-    plugin_args["sync_module_states"] = False      # accelerate: "not supported on cpu" (a wrap-time broadcast)
-    if case.strategy != "full_shard":     # what FSDP_SHARDING_STRATEGY gives __post_init__ (default FULL_SHARD)
-        plugin_args["sharding_strategy"] = case.strategy.upper()
-    return FullyShardedDataParallelPlugin(**plugin_args)
+    """accelerate's plugin from the Trainer's fsdp_plugin_args (:func:`.trainer_fsdp.plugin`), sync_module_states
+    off (accelerate: "not supported on cpu"; a wrap-time broadcast) and a strategy other than full_shard as
+    FSDP_SHARDING_STRATEGY gives it to __post_init__ (default FULL_SHARD)."""
+    changes: dict[str, Any] = {"sync_module_states": False}
+    if case.strategy != "full_shard":
+        changes["sharding_strategy"] = case.strategy.upper()
+    return plugin(case, **changes)
 
 
-def _wrap(case: FSDP1Case, model: Any) -> Any:
+def _wrap(case: FSDP1Case, module: Any) -> Any:
     """accelerate 1.16 Accelerator.prepare_model's FSDP1 branch: FullyShardedDataParallel with the plugin's
     arguments, then apply_activation_checkpointing (non-reentrant checkpoint_wrapper) per decoder layer."""
     import functools
@@ -167,25 +126,31 @@ def _wrap(case: FSDP1Case, model: Any) -> Any:
     import torch
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    plugin = _plugin(case)
+    fsdp = _plugin(case)
     if case.bf16:
-        plugin.set_mixed_precision("bf16")      # AcceleratorState does this for an FSDP job
-    plugin.set_auto_wrap_policy(model)
-    kwargs = {"sharding_strategy": plugin.sharding_strategy or plugin.reshard_after_forward,
-              "cpu_offload": plugin.cpu_offload, "auto_wrap_policy": plugin.auto_wrap_policy,
-              "mixed_precision": plugin.mixed_precision_policy, "sync_module_states": plugin.sync_module_states,
-              "backward_prefetch": plugin.backward_prefetch, "forward_prefetch": plugin.forward_prefetch,
-              "use_orig_params": plugin.use_orig_params, "param_init_fn": plugin.param_init_fn,
-              "ignored_modules": plugin.ignored_modules, "limit_all_gathers": plugin.limit_all_gathers,
+        fsdp.set_mixed_precision("bf16")      # AcceleratorState does this for an FSDP job
+    fsdp.set_auto_wrap_policy(module)
+    kwargs = {"sharding_strategy": fsdp.sharding_strategy or fsdp.reshard_after_forward,
+              "cpu_offload": fsdp.cpu_offload, "auto_wrap_policy": fsdp.auto_wrap_policy,
+              "mixed_precision": fsdp.mixed_precision_policy, "sync_module_states": fsdp.sync_module_states,
+              "backward_prefetch": fsdp.backward_prefetch, "forward_prefetch": fsdp.forward_prefetch,
+              "use_orig_params": fsdp.use_orig_params, "param_init_fn": fsdp.param_init_fn,
+              "ignored_modules": fsdp.ignored_modules, "limit_all_gathers": fsdp.limit_all_gathers,
               "device_id": torch.device("cpu")}
-    model = FSDP(model, **kwargs)
-    if plugin.activation_checkpointing:
+    count = torch.cpu.device_count
+    if case.node:      # HYBRID_SHARD's shard group: dist.new_subgroups(device_count()) ranks, as on a node of that many
+        torch.cpu.device_count = lambda: case.node
+    try:
+        module = FSDP(module, **kwargs)
+    finally:
+        torch.cpu.device_count = count
+    if fsdp.activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
             CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
 
-        apply_activation_checkpointing(model, checkpoint_wrapper_fn=functools.partial(
-            checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT), auto_wrap_policy=plugin.auto_wrap_policy)
-    return model
+        apply_activation_checkpointing(module, checkpoint_wrapper_fn=functools.partial(
+            checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT), auto_wrap_policy=fsdp.auto_wrap_policy)
+    return module
 
 
 class _Tagger:
@@ -242,45 +207,22 @@ def _stream_of(sampler: Any):  # noqa: ANN202
 
 
 def _run_rank(case: FSDP1Case, rank: int, world: int) -> tuple[dict[str, int], dict[str, Any]]:
-    import contextlib
-
-    import torch
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from transformers import AutoModelForCausalLM
 
     from ..fsdp2 import _Samples
     from ..tracker import storage_bytes, storages_of
     from .tracking import replay_reserved, replayed_figures
 
-    torch.manual_seed(0)     # the same weights on every rank, as from_pretrained loads them
-    model = AutoModelForCausalLM.from_config(case.hf_config(), attn_implementation="sdpa", dtype=torch.float32)
-    model.train()
-    model.config.use_cache = False   # the Trainer's last init step: config.use_cache = args.use_cache (False)
-    model = _wrap(case, model)
-    handles = [m._handle for m in FSDP.fsdp_modules(model) if m._handle is not None]
-    params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=1e-4, foreach=False)
-    gen = torch.Generator().manual_seed(1 + rank)
-    ids = torch.randint(0, case.vocab, (case.b, case.s), generator=gen)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if case.bf16 else contextlib.nullcontext()
-
-    def forward():  # noqa: ANN202 - the loss
-        with autocast:
-            return model(input_ids=ids, labels=ids).loss
-
-    def states() -> list[Any]:
-        return [t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
-
-    # warm-up step: the optimizer creates its states
-    forward().backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    wrapped = _wrap(case, model(case))
+    handles = [m._handle for m in FSDP.fsdp_modules(wrapped) if m._handle is not None]
+    step = warmed_up(case, wrapped, rank)
+    forward, states, params, opt = step.forward, step.states, step.params, step.opt
     # gradient accumulation (trainer.py _inner_training_loop: every micro-batch but the last under
     # accelerator.no_sync, FSDP1's FullyShardedDataParallel.no_sync()): the flat parameters keep their
     # unsharded gradients (in the parameters' compute dtype) until the last micro-batch's reduce-scatter
     held: list[Any] = []
     if case.gas > 1:
-        with model.no_sync():
+        with wrapped.no_sync():
             for _ in range(case.gas - 1):
                 forward().backward()
         held = [h.flat_param.grad for h in handles if h.flat_param.grad is not None]
@@ -289,7 +231,7 @@ def _run_rank(case: FSDP1Case, rank: int, world: int) -> tuple[dict[str, int], d
     # what SHARD_GRAD_OP under no_sync keeps gathered between the micro-batches (_should_free_in_backward)
     kept_before = storages_of(h._get_padded_unsharded_flat_param() for h in handles
                               if h.uses_sharded_strategy and h._get_padded_unsharded_flat_param().untyped_storage().nbytes())
-    static = storages_of([*shards, *params, *model.buffers(), ids, *states(), *held, *kept_before])
+    static = storages_of([*shards, *params, *wrapped.buffers(), step.ids, *states(), *held, *kept_before])
     kept_static = sum(st.nbytes() for st in kept_before)
 
     sampler = _Samples(static)
@@ -334,10 +276,6 @@ def _run_rank(case: FSDP1Case, rank: int, world: int) -> tuple[dict[str, int], d
     return {k: int(v) for k, v in measured.items()}, by_op
 
 
-def _ranks(case: FSDP1Case) -> list[FSDP1Case]:
-    return [replace(case, rank=r) for r in range(case.world)]
-
-
 BASE = FSDP1Case()
 
 
@@ -345,9 +283,13 @@ def sweep() -> list[FSDP1Case]:
     """Every Trainer FSDP1 case of ``bench/validate.py --frameworks``: the sharding strategies, the backward
     prefetch modes, flat parameters (use_orig_params false), bf16 mixed precision, fsdp_config
     activation_checkpointing, gradient accumulation under no_sync, a vocabulary large enough that the root
-    unit's backward sets the FSDP peak; 2 ranks (one job on 4), every rank shown. (forward_prefetch is refused
-    by the importer: ``FSDP1Case(fwd_prefetch=True)`` measures what it adds, not modelled.)"""
+    unit's backward sets the FSDP peak; forward_prefetch with each backward prefetch, bf16, shard_grad_op and
+    the large vocabulary (the first unit's concatenation after the embedding's gradient); HSDP (hybrid_shard,
+    hybrid_shard_zero2) on 4 ranks as 2 nodes of 2, and on 2 ranks of one-device nodes (torch clamps a shard
+    group of one to NO_SHARD); 2 ranks (4 for some jobs), every rank shown."""
     cases: list[FSDP1Case] = []
+    fwd = replace(BASE, fwd_prefetch=True)
+    hsdp = replace(BASE, world=4, node=2, strategy="hybrid_shard")
     for c in (BASE, replace(BASE, prefetch="backward_pre"), replace(BASE, prefetch="backward_post"),
               replace(BASE, strategy="shard_grad_op"), replace(BASE, strategy="no_shard"),
               replace(BASE, orig=False), replace(BASE, bf16=True), replace(BASE, bf16=True, prefetch="backward_pre"),
@@ -355,11 +297,15 @@ def sweep() -> list[FSDP1Case]:
               replace(BASE, bf16=True, gas=2), replace(BASE, strategy="shard_grad_op", gas=2),
               replace(BASE, strategy="no_shard", bf16=True), replace(BASE, vocab=4096),
               replace(BASE, vocab=4096, bf16=True, prefetch="backward_pre"),
-              replace(BASE, world=4, bf16=True)):
-        cases += _ranks(c)
+              replace(BASE, world=4, bf16=True),
+              fwd, replace(fwd, prefetch="backward_pre"), replace(fwd, prefetch="backward_post"),
+              replace(fwd, bf16=True), replace(fwd, strategy="shard_grad_op"), replace(fwd, vocab=4096),
+              hsdp, replace(hsdp, bf16=True, prefetch="backward_pre"), replace(hsdp, strategy="hybrid_shard_zero2"),
+              replace(BASE, strategy="hybrid_shard")):
+        cases += c.ranks()
     return cases
 
 
 def quick_sweep() -> list[FSDP1Case]:
     """The tests' subset: full_shard in fp32 (the Trainer's defaults), both ranks."""
-    return _ranks(BASE)
+    return BASE.ranks()
