@@ -145,6 +145,20 @@ class RankJobs:
         return RankStep(result["measured"], result["notes"].get("peak_by_op", {}), result["notes"])
 
 
+def rank_result(run_rank: Any, case_type: Any, d: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    """A rank's result of one job, as :class:`RankJobs` collects it: ``run_rank(case_type(**d), rank, world)``'s
+    ``(measured, notes)``, or the error's first line and its traceback (:meth:`RankJobs.step` raises them with
+    the case's label)."""
+    import traceback
+
+    try:
+        measured, notes = run_rank(case_type(**d), rank, world)
+        return {"measured": measured, "notes": notes}
+    except Exception as exc:  # noqa: BLE001 - reported with the case
+        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
+                "trace": traceback.format_exc()[-3000:]}
+
+
 def imported_config(importer: str, path: Path, label: str, **options: Any) -> dict[str, Any]:
     """The config ``memform import <importer>`` makes of a case's own files (``path``): how a user would
     describe the same job. A draft that does not load is a fault of the harness, raised as such."""

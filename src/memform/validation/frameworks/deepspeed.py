@@ -71,12 +71,11 @@ import gc
 import json
 import os
 import tempfile
-import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import LlamaRankCase, RankJobs, RankStep, imported_config
+from . import LlamaRankCase, RankJobs, RankStep, imported_config, rank_result
 from .tracking import StepSamples, replay_reserved, replayed_figures
 
 #: the DeepSpeed version the harness was checked against
@@ -183,12 +182,7 @@ def run(cases: list[DSCase]) -> None:
 # ---- one rank ----------------------------------------------------------------------------------------
 def _measure_item(d: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     """One job on this rank (:func:`..ranks.spawn` runs it in each rank's process)."""
-    try:
-        measured, notes = _run_rank(DSCase(**d), rank, world)
-        return {"measured": measured, "notes": notes}
-    except Exception as exc:  # noqa: BLE001 - reported with the case
-        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
-                "trace": traceback.format_exc()[-3000:]}
+    return rank_result(_run_rank, DSCase, d, rank, world)
 
 
 def _deepspeed():  # noqa: ANN202 - the deepspeed module, imported on the CPU accelerator, quietly

@@ -24,11 +24,10 @@ buffers as comm); memform's side is ``memform import hf config.json --trainer tr
 
 from __future__ import annotations
 
-import traceback
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import RankJobs, RankStep
+from . import RankJobs, RankStep, rank_result
 from .trainer_fsdp import TrainerFSDPCase, model, plugin, warmed_up
 
 
@@ -63,12 +62,7 @@ def run(cases: list[FSDPCase]) -> None:
 
 
 def _measure_item(d: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
-    try:
-        measured, by_op = _run_rank(FSDPCase(**d), rank, world)
-        return {"measured": measured, "notes": {"peak_by_op": by_op}}
-    except Exception as exc:  # noqa: BLE001 - reported with the case
-        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
-                "trace": traceback.format_exc()[-3000:]}
+    return rank_result(_run_rank, FSDPCase, d, rank, world)
 
 
 def _run_rank(case: FSDPCase, rank: int, world: int) -> tuple[dict[str, int], dict[str, Any]]:
@@ -115,7 +109,7 @@ def _run_rank(case: FSDPCase, rank: int, world: int) -> tuple[dict[str, int], di
     measured, by_op = trace_step(wrapped, static, forward, opt.step, states, copy_out_is_fsdp=True)
     measured["grads"] += accumulated
     opt.zero_grad(set_to_none=True)
-    return {k: int(v) for k, v in measured.items()}, by_op.get("activations_peak", {})
+    return {k: int(v) for k, v in measured.items()}, {"peak_by_op": by_op.get("activations_peak", {})}
 
 
 BASE = FSDPCase()

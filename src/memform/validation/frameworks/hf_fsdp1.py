@@ -36,11 +36,10 @@ hooks on the views FSDP hands the modules and on the flat parameter tag them).
 
 from __future__ import annotations
 
-import traceback
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import RankJobs, RankStep
+from . import RankJobs, RankStep, rank_result
 from .trainer_fsdp import TrainerFSDPCase, model, plugin, warmed_up
 
 
@@ -98,14 +97,7 @@ def run(cases: list[FSDP1Case]) -> None:
 
 
 def _measure_item(d: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
-    try:
-        measured, by_op = _run_rank(FSDP1Case(**d), rank, world)
-        return {"measured": measured, "notes": {"peak_by_op": by_op.get("activations_peak", {}),
-                                                "comm_by_op": by_op.get("comm", {}),
-                                                "by_op_peak": by_op.get("peak", {})}}
-    except Exception as exc:  # noqa: BLE001 - reported with the case
-        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
-                "trace": traceback.format_exc()[-3000:]}
+    return rank_result(_run_rank, FSDP1Case, d, rank, world)
 
 
 def _plugin(case: FSDP1Case) -> Any:
@@ -273,7 +265,8 @@ def _run_rank(case: FSDP1Case, rank: int, world: int) -> tuple[dict[str, int], d
                 "comm": fsdp_peak, "peak": peak}
     measured.update(replayed_figures(replay_reserved(sampler, static, states(), _stream_of(sampler))))
     opt.zero_grad(set_to_none=True)
-    return {k: int(v) for k, v in measured.items()}, by_op
+    return {k: int(v) for k, v in measured.items()}, {"peak_by_op": by_op["activations_peak"], "comm_by_op": by_op["comm"],
+                                                       "by_op_peak": by_op["peak"]}
 
 
 BASE = FSDP1Case()

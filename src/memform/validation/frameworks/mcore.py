@@ -91,12 +91,11 @@ from __future__ import annotations
 import gc
 import os
 import tempfile
-import traceback
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import ModelShape, RankJobs, RankStep, imported_config
+from . import ModelShape, RankJobs, RankStep, imported_config, rank_result
 
 #: the megatron-core version the shims' line numbers and this harness were checked against
 VERSION = "0.19.2"
@@ -629,12 +628,7 @@ def _shim_moe_dispatch() -> None:
 # ---- one rank ----------------------------------------------------------------------------------------
 def _measure_item(d: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     """One job on this rank (:func:`..ranks.spawn` runs it in each rank's process)."""
-    try:
-        measured, notes = _run_rank(McoreCase(**d), rank, world)
-        return {"measured": measured, "notes": notes}
-    except Exception as exc:  # noqa: BLE001 - reported with the case
-        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
-                "trace": traceback.format_exc()[-3000:]}
+    return rank_result(_run_rank, McoreCase, d, rank, world)
 
 
 def _run_rank(case: McoreCase, rank: int, world: int) -> tuple[dict[str, int], dict[str, Any]]:
