@@ -509,3 +509,18 @@ def test_pipeline_engine_runs_1f1b_only(sets):
     args = ["--set", "parallel.zero=1", "--set", "parallel.pp=2"] + [a for s in sets for a in ("--set", s)]
     r = memform_in_process("estimate", GPT, *args)
     assert r.returncode == 2 and "TrainSchedule" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_import_maps_the_pipeline_section(tmp_path):
+    # ds_config "pipeline" (runtime/config.py get_pipeline_config): pipe_partitioned / grad_partitioned are the
+    # profile's deepspeed.pipe_partitioned / grad_partitioned; the stage layout is the PipelineModule's (neutral);
+    # the PipelineModule's own checkpoint interval is not mapped: refused unless 0
+    src = tmp_path / "ds.json"
+    src.write_text(json.dumps({"zero_optimization": {"stage": 1}, "pipeline": {
+        "pipe_partitioned": False, "grad_partitioned": True, "partition": "parameters", "seed_layers": False,
+        "activation_checkpoint_interval": 0}}))
+    draft = import_config("deepspeed", src, Options(model=str(GPT)))
+    assert (draft.get("deepspeed.pipe_partitioned"), draft.get("deepspeed.grad_partitioned")) == (False, True)
+    src.write_text(json.dumps({"zero_optimization": {"stage": 1}, "pipeline": {"activation_checkpoint_interval": 1}}))
+    r = memform_in_process("import", "deepspeed", src, "--model", GPT)
+    assert r.returncode == 2 and "'pipeline.activation_checkpoint_interval'" in r.stderr and "Traceback" not in r.stderr
