@@ -176,7 +176,6 @@ REFUSED = {
     "weight_quantization": "quantised weights", "quantize_training": "quantised weights (MoQ)",
     "hybrid_engine": "the RLHF hybrid engine keeps inference containers and a KV cache beside training",
     "amp": "NVIDIA Apex AMP (removed from DeepSpeed: runtime/config.py)",
-    "pipeline": "DeepSpeed's PipelineEngine (a PipelineModule: the pipeline degree is in the model code)",
     "eigenvalue": "Hessian eigenvalue estimation keeps extra gradient graphs",
     "compile": "DeepCompile passes (offload, prefetch scheduling) change ZeRO's allocations",
     "sparse_gradients": "sparse embedding gradients",
@@ -216,6 +215,7 @@ def convert(path: Path, draft: Draft, given, model: Path | None = None,  # noqa:
     _batch(top, draft)
     _optimizer(top, draft)
     _checkpointing(top, draft)
+    _pipeline(top, draft)
     _parallel(top, draft)
     for key, why in REFUSED.items():
         if top.has(key):
@@ -707,6 +707,29 @@ def _checkpointing(top: Fields, draft: Draft) -> None:
         return     # the Trainer's gradient_checkpointing said it (--trainer)
     draft.warn("activation_checkpointing configures deepspeed.checkpointing, which the model code has to call; "
                "the recompute mode is not in a ds_config: set training.recompute (full for checkpointed layers)")
+
+
+def _pipeline(top: Fields, draft: Draft) -> None:
+    """The ``pipeline`` section configures DeepSpeed's PipelineEngine (runtime/config.py get_pipeline_config; the
+    pipeline degree and the layers of each stage are the PipelineModule's, in the model code: parallel.pp,
+    parallel.stage_layers). pipe_partitioned / grad_partitioned (default true) split what the stages keep and
+    exchange over the TP ranks (pipe/engine.py: frameworks/deepspeed.mf ds_pipe_part, ds_grad_part)."""
+    if not top.has("pipeline"):
+        top.used.add("pipeline")
+        return
+    section = top.section("pipeline")
+    for key in ("pipe_partitioned", "grad_partitioned"):
+        if section.has(key):
+            draft.set(f"deepspeed.{key}", section.boolean(key), f"{section.name(key)} (PipelineEngine)")
+    neutral = {"stages": "the PipelineModule's num_stages decides the stages (parallel.pp)",
+               "partition": "how the PipelineModule assigns layers to stages (parallel.stage_layers says the result)",
+               "seed_layers": "RNG seeding of each layer's initialisation"}
+    # activation_checkpoint_interval > 0: the PipelineModule checkpoints groups of that many layers
+    # (pipe/module.py), a recompute pattern the import does not map: refused unless 0
+    if section.data.get("activation_checkpoint_interval") == 0:   # (read without marking it read)
+        neutral["activation_checkpoint_interval"] = "0: the PipelineModule checkpoints nothing"
+        neutral["use_reentrant"] = "the checkpoint function, unused without checkpointing"
+    draft.refuse_unused(section, neutral)
 
 
 def _parallel(top: Fields, draft: Draft) -> None:

@@ -1,0 +1,196 @@
+"""DeepSpeed's PipelineEngine: what a pipeline stage keeps per in-flight micro-batch (2 CPU gloo ranks).
+
+    python bench/ds_pipe_buffers.py --m 1 2 4 [--json tests/data/ds-pipe-buffers.json]
+
+Trains the distributed harness's model (``memform.validation.distributed.BASE``: Llama-style, L2 h64 s32
+b2, vocabulary 256, fp32; here with the fused SwiGLU stand-in, the Megatron-style kernel the profile's
+``deepspeed.modeling: plain`` assumes) as a DeepSpeed ``PipelineModule`` of two pieces
+(:class:`memform.validation.dist_models.Piece`: embedding + block 0; block 1 + final norm + head) on 2 gloo
+ranks: ``deepspeed.initialize`` and ``engine.train_batch`` with ``m`` micro-batches (TrainSchedule, ZeRO 0,
+the client torch AdamW). Two steps are traced from before the first, as the distributed harness traces
+torch's schedules (``Trace``: every storage the steps create, less the parameters' gradients, the
+optimizer's states and the persistent receive buffers); per rank it prints the activation bytes live
+when the second step's first ``BackwardPass`` starts (the end of warm-up) and their peak over that step,
+next to memform's estimate of the same job under ``training.framework: deepspeed``
+(``deepspeed.modeling: plain``, ``parallel.pp: 2``: :func:`job_config`), what ``engine.pipe_buffers`` holds
+at that moment, the receive buffers and what stays alive between the steps.
+
+What DeepSpeed 0.19.8 keeps (``deepspeed/runtime/pipe/engine.py``): ``_exec_recv_activations`` stores the
+received activation (``pipe_recv_buf.clone()``, a leaf requiring grad) in ``pipe_buffers['inputs']`` and
+``_exec_forward_pass`` runs the stage on a further ``clone()`` of it; the stage output stays in
+``pipe_buffers['outputs']`` until ``_exec_backward_pass`` sets it to None; the input (and the gradient
+backward writes into it) until ``_exec_send_grads``. On the last stage ``_exec_backward_pass`` returns
+after ``backward(self.loss)`` without clearing ``pipe_buffers['outputs']``: the logits, and through their
+graph the micro-batch's input and input gradient, stay in their buffer slot until a later micro-batch's
+forward overwrites it (``TrainSchedule.num_pipe_buffers``: ``max(2, min(stages - stage_id,
+micro_batches))`` slots). Recorded in ``formulas/frameworks/deepspeed.mf`` (``ds_pipe_kept``,
+``ds_pipe_stale``, runtime ``ds_pipe_p2p``); ``tests/test_framework_deepspeed.py`` holds memform to the
+recorded rows. ``MEMFORM_DS_DEBUG=1`` also prints each rank's live bytes by op and per instruction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+def POINT():  # noqa: ANN201, N802 - the harness's model point, with the fused SwiGLU (Megatron-style kernels)
+    from memform.validation.distributed import BASE
+
+    return replace(BASE, swiglu_impl="fused")
+
+
+def job_config(m: int, world: int = 2) -> dict:
+    """memform's config of the job the ranks run."""
+    cfg = POINT().config()
+    cfg["name"] = f"ds-pipe-p{world}-m{m}"
+    cfg["training"].update(framework="deepspeed", num_micro_batches=m)
+    cfg["parallel"].update(pp=world, zero=0)
+    cfg["deepspeed"] = {"modeling": "plain"}
+    return cfg
+
+
+def _measure(item: dict, rank: int, world: int) -> dict:
+    os.environ.update(DS_ACCELERATOR="cpu", RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import importlib
+
+    import deepspeed
+    import torch
+    from deepspeed.pipe import PipelineModule
+    from deepspeed.utils import logger
+
+    from memform.validation.dist_models import pieces, pipeline_loss
+    from memform.validation.distributed import Case, Trace, _model, _nbytes, _opt_states, _storages
+
+    logger.setLevel(logging.ERROR)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    deepspeed.init_distributed("gloo")
+    m = item["m"]
+    point = POINT()
+    case = Case("1f1b", world=world, point=point, m=m)
+    parts = pieces(_model(case), world)
+    module = PipelineModule(layers=parts, num_stages=world, loss_fn=pipeline_loss, partition_method="uniform")
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-3, foreach=False)
+    b = point.b
+    cfg = {"train_micro_batch_size_per_gpu": b, "gradient_accumulation_steps": m, "train_batch_size": b * m,
+           "zero_optimization": {"stage": 0}, "steps_per_print": 10 ** 9, "zero_allow_untested_optimizer": True}
+    engine, _, _, _ = deepspeed.initialize(model=module, optimizer=opt, config=cfg)
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randint(0, point.vocab, (b, point.s), generator=gen),
+                torch.randint(0, point.vocab, (b, point.s), generator=gen)) for _ in range(m)]
+    params = list(engine.module.parameters())
+    ids = [t for pair in batches for t in pair]
+    # two steps traced from before the first: what the second step holds includes what the first left in
+    # the engine's buffers (the last stage's stale slot); the optimizer's states and the persistent receive
+    # buffers, made in the first step, are tagged after it
+    trace = Trace(_storages([*params, *engine.module.buffers(), *ids]))
+    held: dict[str, int] = {}
+    from deepspeed.runtime.pipe import schedule
+
+    timeline: list[tuple[str, int]] = []
+
+    def instr(name, orig):  # noqa: ANN001, ANN202 - each instruction, sampled after it (the timeline)
+        def run(self, *a, **k):  # noqa: ANN001, ANN202
+            if name == "OptimizerStep":   # the accumulated gradients, before the step frees them (zero_grad)
+                trace.tag([q.grad for q in params], "grad")
+            out = orig(self, *a, **k)
+            trace.sample()
+            timeline.append((f"{name}{k.get('buffer_id', '')}", len(trace.samples) - 1))
+            return out
+        return run
+
+    imap = {cls: instr(cls.__name__, fn) for cls, fn in type(engine)._INSTRUCTION_MAP.items()}
+    orig = imap[schedule.BackwardPass]
+
+    def backward(self, buffer_id, _orig=orig):  # noqa: ANN001, ANN202
+        if "step2" in trace.marks and "warmup" not in trace.marks:
+            trace.sample()
+            trace.mark("warmup")
+            for key, slots in engine.pipe_buffers.items():
+                held[key] = _nbytes(t for s in slots if s is not None
+                                    for t in (s if isinstance(s, (tuple, list)) else (s,))
+                                    if isinstance(t, torch.Tensor) and t.is_floating_point())
+        return _orig(self, buffer_id=buffer_id)
+
+    # (_exec_schedule binds the class's _INSTRUCTION_MAP entry to the engine: an instance map overrides it)
+    engine._INSTRUCTION_MAP = {**imap, schedule.BackwardPass: backward}
+    with trace.mode:
+        engine.train_batch(iter(batches))      # the first step: the optimizer's states, receive buffers
+        gc.collect()
+        trace.sample()
+        first = len(timeline)
+        trace.mark("step2")
+        engine.train_batch(iter(batches))
+        trace.sample()
+    persistent = [t for t in (engine.pipe_recv_buf, engine.grad_layer, engine.meta_buffer,
+                              *engine._grad_layer_buf) if isinstance(t, torch.Tensor)]
+    trace.tag(_opt_states(opt), "optimizer")
+    trace.tag(persistent, "comm")
+    act = lambda s: s not in trace.tags  # noqa: E731
+    last = trace.samples[-1]
+    alive_end = sorted(((trace.op_of.get(sr), n) for sr, n in last if act(sr)), key=lambda x: -x[1])[:8]
+    warm = trace.marks["warmup"]
+    peak, at = trace.peak(act, start=trace.marks["step2"])
+    timeline = timeline[first:]
+    return {"activations": trace.at(warm, act), "activations_peak": peak, "between_steps": trace.at(
+                trace.marks["step2"], act),
+            "pipe_buffers": held, "persistent": _nbytes(persistent), "slots": engine.num_pipe_buffers,
+            "warmup_by_op": trace.by_op(warm, act), "peak_by_op": trace.by_op(at, act),
+            "timeline": [(a, trace.at(i, act)) for a, i in timeline],
+            "peak_after": next((a for a, i in timeline if i >= at), "end"), "alive_end": alive_end}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--m", type=int, nargs="*", default=[4], help="micro-batches per step (one job each)")
+    ap.add_argument("--json", type=Path, help="also write the rows to PATH")
+    args = ap.parse_args()
+    import memform
+    from memform.validation import ranks
+
+    results = ranks.spawn(2, _measure, [{"m": m} for m in args.m], prefix="memform-dspipe-")
+    rows = []
+    for m, per_rank in zip(args.m, results):
+        est = memform.estimate(job_config(m))
+        for rank, r in enumerate(per_rank):
+            st = est.stages[rank]
+            row = {"m": m, "rank": rank, **{k: r[k] for k in ("activations", "activations_peak", "pipe_buffers",
+                                                             "persistent", "slots", "between_steps")},
+                   "est_activations": int(st.moments.get("warmup", st.values["activations"])),
+                   "est_activations_peak": int(st.values["activations"]),
+                   "est_persistent": int(st.runtime.get("ds_pipe_p2p", 0))}
+            rows.append(row)
+            err = lambda k: (row[f"est_{k}"] - row[k]) / row[k] * 100  # noqa: E731
+            print(f"m{m} rank {rank}: activations {row['activations'] / 1024:.1f} / {row['est_activations'] / 1024:.1f}"
+                  f" KiB ({err('activations'):+.2f} %), peak {row['activations_peak'] / 1024:.1f} / "
+                  f"{row['est_activations_peak'] / 1024:.1f} KiB ({err('activations_peak'):+.2f} %); at warm-up's "
+                  f"end pipe_buffers hold {', '.join(f'{k} {v / 1024:.1f}' for k, v in r['pipe_buffers'].items())}"
+                  f" KiB ({r['slots']} slots); persistent receive buffers {r['persistent'] / 1024:.1f} KiB; held between "
+                  f"steps {r['between_steps'] / 1024:.1f} KiB")
+            if os.environ.get("MEMFORM_DS_DEBUG"):
+                print("   warmup_by_op", r["warmup_by_op"], "\n   peak_by_op", r["peak_by_op"], "\n   timeline",
+                      r["timeline"], "peak after", r["peak_after"], "\n   alive at the end", r["alive_end"])
+    if args.json:   # (tests/data/ds-pipe-buffers.json: the measured columns are what the tests hold memform to)
+        import deepspeed
+        import torch
+
+        args.json.write_text(json.dumps({
+            "command": "python bench/ds_pipe_buffers.py " + " ".join(sys.argv[1:]),
+            "deepspeed": deepspeed.__version__, "torch": torch.__version__.split("+")[0],
+            "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
