@@ -80,3 +80,13 @@ def test_bench_compiled_block_measures_the_base_shape():
     from dataclasses import replace
     assert bench.saved_bytes(replace(bench.BASE, ac="none"), True) == MEASURED[0][1]
     assert bench.saved_bytes(replace(bench.BASE, ac="op"), True) == MEASURED[1][1]
+
+
+def test_import_torchtitan_compiled_moe_blocks_warn(tmp_path):
+    # an MoE / MLA model's compiled blocks: model.compile blocks (its dense blocks), the MoE and MLA ones counted eager
+    from memform.importers import Options, import_config
+    path = tmp_path / "job.toml"
+    path.write_text("[model]\nname = \"deepseek_v3\"\nflavor = \"16B\"\n[compile]\nenable = true\n")
+    draft = import_config("torchtitan", path, Options(devices=8))
+    assert draft.get("model.compile") == "blocks"
+    assert any("MoE and MLA blocks as eager ones" in w for w in draft.warnings)

@@ -920,6 +920,9 @@ def _refusals(s: _Sections, draft: Draft) -> None:
         if draft.get("model.num_experts", 1) > 1 or draft.get("model.attention") == "mla":
             draft.warn("torch.compile is enabled: memform counts what a compiled dense block saves, but its MoE and "
                        "MLA blocks as eager ones (an upper bound for them)")
+        if draft.get("fsdp2.float8", "none") != "none":
+            draft.warn("torch.compile with Float8: memform counts torchao's eager casts in backward (fsdp2.mf "
+                       "f8_bwd), which Inductor fuses (an upper bound for that transient)")
     if s.where("enable_compiled_autograd").boolean("enable_compiled_autograd", False):
         draft.warn("enable_compiled_autograd: the compiled backward may free activations sooner than the eager one "
                    "memform counts (the estimate is an upper bound)")
