@@ -320,15 +320,17 @@ TITAN_405B = [
     ("Table 6 CP 4", 2, 4, 131072, 1, 1, 77.1),
     ("Table 6 CP 8", 1, 8, 262144, 1, 1, 84.9),
 ]
-# memform's recorded error per row: 1F1B -13.2 %, interleaved -15.9 %, CP 1/2/4/8 -4.9 / -2.6 / -4.2 / -13.0 %.
-# Before the fp8 kept weights at 1 byte (below) -6.6 / -7.6 / +2.3 / +4.4 / +2.8 / -6.6 %; before the compiled
-# blocks too (model.compile blocks: the full-AC block's rebuild in backward without silu's output) -6.3 / -7.2 /
-# +2.7 / +4.8 / +3.2 / -6.3 %. With the fp8 all-gather the blocks' weights kept unsharded from forward to backward
-# (PP: reshard_after_forward false) are the gathered fp8 buffers, 1 byte per weight (torchao 0.18
-# float8/fsdp_utils.py fsdp_post_all_gather; measured: bench/validate.py --frameworks --only fp8-ag, the PP 2
-# case), not bf16's 2: 5.4 GiB less on every row. Three rows agreed within 8 % only with that overcount.
-TITAN_405B_RECORDED = {"Table 5 1F1B": -0.132, "Table 5 Interleaved 1F1B": -0.159, "Table 6 CP 1": -0.049,
-                       "Table 6 CP 2": -0.026, "Table 6 CP 4": -0.042, "Table 6 CP 8": -0.130}
+# memform's recorded error per row: 1F1B -13.3 %, interleaved -15.7 %, CP 1/2/4/8 -5.0 / -2.8 / -4.3 / -13.1 %;
+# before the compiled blocks (model.compile blocks: a fully recomputed block's rebuild in backward without silu's
+# output) and the fp8 kept weights at 1 byte -6.3 / -7.2 / +2.7 / +4.8 / +3.2 / -6.3 %. With the fp8 all-gather the
+# blocks' weights kept unsharded from forward to backward (PP: reshard_after_forward false) are the gathered fp8
+# buffers, 1 byte per weight (torchao 0.18 float8/fsdp_utils.py fsdp_post_all_gather; measured: bench/validate.py
+# --frameworks --only fp8-ag, the PP 2 case), not bf16's 2: 5.4 GiB less on every row. Three rows agreed within
+# 8 % only with that overcount.
+TITAN_405B_RECORDED = {"Table 5 1F1B": -0.133, "Table 5 Interleaved 1F1B": -0.157, "Table 6 CP 1": -0.050,
+                       "Table 6 CP 2": -0.028, "Table 6 CP 4": -0.043, "Table 6 CP 8": -0.131}
+
+
 @functools.lru_cache(maxsize=None)
 def titan_405b_reserved_gib(dp: int, cp: int, seq: int, vpp: int, b: int) -> float:
     """memform's largest stage reserve for one row of torchtitan's 405B benchmark, imported as it ran."""
@@ -370,7 +372,7 @@ def test_torchtitan_405b_interleaved_holds_less_than_1f1b_as_measured():
     # Table 5: interleaved 1F1B 9.8 GiB below 1F1B (82.5 -> 72.7). torch's ScheduleInterleaved1F1B with m = p = 8
     # runs all of a chunk's backwards before the next chunk's, so each chunk's unsharded fp32 gradient
     # accumulators live only through its own backwards (one chunk's of a rank's 15-16 layers at the peak,
-    # 11.9 GiB less), while its fwd_cache keeps every chunk's outputs (+1 GiB): memform 10.5 GiB below
+    # 11.9 GiB less), while its fwd_cache keeps every chunk's outputs (+1 GiB): memform 10.2 GiB below
     (_, dp, cp, seq, _, b, one), (_, _, _, _, vpp, _, inter) = TITAN_405B[0], TITAN_405B[1]
     gap = titan_405b_reserved_gib(dp, cp, seq, 1, b) - titan_405b_reserved_gib(dp, cp, seq, vpp, b)
     assert gap == pytest.approx(one - inter, rel=0.10), f"memform {gap:.1f} GiB below"
