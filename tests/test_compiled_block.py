@@ -90,3 +90,12 @@ def test_import_torchtitan_compiled_moe_blocks_warn(tmp_path):
     draft = import_config("torchtitan", path, Options(devices=8))
     assert draft.get("model.compile") == "blocks"
     assert any("MoE and MLA blocks as eager ones" in w for w in draft.warnings)
+
+
+def test_compiled_blocks_refused_under_the_trainers_fsdp2():
+    # the Trainer's torch_compile compiles the whole model (accelerate's TorchDynamoPlugin), not block by block
+    from memform.errors import MemformError
+    with pytest.raises(MemformError, match="per-block torch.compile"):
+        numbers({"name": "x", "model": {"hidden_size": 64, "num_heads": 4, "ffn_hidden_size": 176, "num_layers": 1,
+                                        "vocab_size": 128, "seq_length": 32, "compile": "blocks"},
+                 "parallel": {"dp": 2}, "training": {"framework": "hf-fsdp2", "micro_batch_size": 1}})
