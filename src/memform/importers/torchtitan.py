@@ -903,11 +903,6 @@ def _refusals(s: _Sections, draft: Draft) -> None:
                                                "chosen on the traced graph) is not modelled")
     for key in ("cpu_offload_prefetch_n_layers", "cpu_offload_defer_n_layers", "cpu_offload_budget_gb"):
         s.compile.raw(key)   # graph_trainer's offload tuning: read with memory_policy sac_and_offload only
-    compiled = [s.compile.boolean("enable", False), s.training.boolean("compile", False),   # older: [training]
-                s.where("enable_compiled_autograd").boolean("enable_compiled_autograd", False)]
-    if any(compiled):
-        draft.warn("torch.compile is enabled: its fusions keep fewer activations than the eager model memform "
-                   "counts (the estimate is an upper bound)")
     # the loss is compiled with the model: [compile] enable with "loss" in components (08b8b24, 2025-08, default
     # ["model", "loss"]); before, [training] compile since bbb1b61 (2025-04: components/loss.py
     # build_cross_entropy_loss, loss_fn = torch.compile(loss_fn)), told apart from the 2024 releases (train.py
@@ -915,6 +910,22 @@ def _refusals(s: _Sections, draft: Draft) -> None:
     components = s.compile.raw("components", ["model", "loss"])
     if not isinstance(components, list) or not all(c in ("model", "loss") for c in components):
         raise s.compile.error("components", f"must be a list of \"model\" and \"loss\", got {components!r}")
+    # the transformer blocks: apply_compile compiles each one (torch.compile(block, fullgraph=True):
+    # models/llama3/parallelize.py at 9dec370, distributed/compile.py in 0.3) under [compile] enable with
+    # "model" in components, and under [training] compile in every release before [compile]. What Inductor's
+    # partitioner saves is fsdp2.mf's compile_mode (measured: bench/compiled_block.py)
+    blocks = (s.compile.boolean("enable", False) and "model" in components) or s.training.boolean("compile", False)
+    if blocks:
+        draft.set("model.compile", "blocks", "torch.compile of each transformer block (apply_compile)")
+        if draft.get("model.num_experts", 1) > 1 or draft.get("model.attention") == "mla":
+            draft.warn("torch.compile is enabled: memform counts what a compiled dense block saves, but its MoE and "
+                       "MLA blocks as eager ones (an upper bound for them)")
+        if draft.get("fsdp2.float8", "none") != "none":
+            draft.warn("torch.compile with Float8: memform counts torchao's eager casts in backward (fsdp2.mf "
+                       "f8_bwd), which Inductor fuses (an upper bound for that transient)")
+    if s.where("enable_compiled_autograd").boolean("enable_compiled_autograd", False):
+        draft.warn("enable_compiled_autograd: the compiled backward may free activations sooner than the eager one "
+                   "memform counts (the estimate is an upper bound)")
     if s.compile.boolean("enable", False) and "loss" in components:
         draft.set("model.cross_entropy", "compiled", "[compile] enable with \"loss\" in components: "
                                                      "torch.compile(F.cross_entropy) (components/loss.py)")
