@@ -236,6 +236,15 @@ HELDOUT_RUNS = [
     # MT-NLG 530B in Korthikanti et al. 2022 Table 3 / 5 (280 A100 80GB), and §6.3's 2,240 GPUs (DP 8)
     ("published/mt-nlg-530b.yaml", {}),
     ("published/mt-nlg-530b.yaml", {"parallel.dp": 8, "parallel.devices": 2240, "training.global_batch_size": 2240}),
+    # GPT-NeoX-20B: 96 A100 40GB, TP 2 PP 4 DP 12, ZeRO-1, fp16, micro-batch 4, every layer checkpointed (configs/20B.yml)
+    ("published/gpt-neox-20b.yaml", {}),
+    # StarCoder 15.5B: 512 A100 80GB, TP 4 PP 4 DP 32, micro-batch 1 at 8K, multi-query attention (paper §5.6); the
+    # recompute the paper leaves open: BigCode's selective one, and none
+    ("published/starcoder-15b.yaml", {}),
+    ("published/starcoder-15b.yaml", {"training.recompute": "none"}),
+    # OLMo-7B: FSDP (FULL_SHARD, bf16 compute, fp32 reduce) over MosaicML's 216 A100 40GB, micro-batch 2 x 2048,
+    # no activation checkpointing (configs/official/OLMo-7B.yaml)
+    ("published/olmo-7b.yaml", {}),
 ]
 
 
@@ -250,6 +259,21 @@ def test_published_run_fits_on_its_device(config, overrides):
     for st in est.stages:
         # every stage inside the device, without the allocator having to release its cache
         assert st.fits and st.device_bytes <= st.capacity_bytes and st.reserve_releases == 0, st.stage
+
+
+def test_multi_query_attention_under_wider_tp_needs_replicated_kv():
+    # StarCoder's one key/value head under TP 4: Megatron-Core refuses (num_query_groups % tp), BigCode's
+    # Megatron-LM keeps the key_value Linear whole on every TP rank (parallel.kv_replicate): each rank then holds
+    # and saves one head's K/V, as four KV heads split four ways would
+    with pytest.raises(MemformError, match="num_kv_heads"):
+        numbers(CONFIGS / "published" / "starcoder-15b.yaml", overrides={"parallel.kv_replicate": False})
+    one = numbers(CONFIGS / "published" / "starcoder-15b.yaml")
+    four = numbers(CONFIGS / "published" / "starcoder-15b.yaml",
+                   overrides={"parallel.kv_replicate": False, "model.num_kv_heads": 4})
+    assert [st.peak_bytes for st in one.stages] == [st.peak_bytes for st in four.stages]
+    # the model's own count keeps one head: 15,517,456,384 at PP 1 (the released GPTBigCode checkpoint's total)
+    assert numbers(CONFIGS / "published" / "starcoder-15b.yaml",
+                   overrides={"parallel.pp": 1, "parallel.dp": 128}).parameters["total"] == 15_517_456_384
 
 
 def test_deepseek_v2_fits_only_with_recomputed_operators():
