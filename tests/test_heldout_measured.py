@@ -157,3 +157,77 @@ def test_import_torchtitan_compile_components_refused(tmp_path):
     path.write_text("[model]\nname = \"llama3\"\nflavor = \"8B\"\n[compile]\nenable = true\ncomponents = [\"optimizer\"]\n")
     with pytest.raises(MemformError, match="components"):
         import_config("torchtitan", path, Options(devices=8))
+
+
+# ---- LitGPT's fine-tuning benchmark table ------------------------------------------------------------------------
+# Lightning-AI/litgpt config_hub/finetune/README.md as added in 43c44323 (April 2024, "Add automated benchmark table"):
+# "Peak memory" of each config_hub/finetune/<model>/<method>.yaml run on one A10G, bf16-true (weights, adapters and
+# AdamW states in bf16, no autocast), Alpaca2k cut at 512 tokens (batches padded to their longest sample), the
+# micro-batch of the file, no activation checkpointing. The figure is litgpt/finetune/{lora,full}.py's
+# "Memory used: {torch.cuda.max_memory_allocated() / 1e9:.02f} GB" (43c44323 lora.py:212): allocated bytes in 1e9,
+# compared with memform's allocated peak. LoRA files (llama-2-7b, llama-3-8b, mistral-7b): r 32, lora_query and
+# lora_value only, lora_dropout 0.05. Written with the hf-trainer profile (transformers-style modules: RMSNorm
+# upcast to fp32, eager SwiGLU, the loss on fp32 logits); LitGPT's own GPT differs in small ways memform does not
+# follow: its chunked loss keeps bf16 logits and bf16 log-probs (less), it expands grouped K/V to every head
+# before SDPA (llama-3-8b, mistral-7b: more), one dropout shared by the q and v adapters (less).
+LLAMA2_7B = {"hidden_size": 4096, "num_heads": 32, "num_layers": 32, "ffn_hidden_size": 11008, "vocab_size": 32000}
+LLAMA3_8B = {"hidden_size": 4096, "num_heads": 32, "num_kv_heads": 8, "num_layers": 32, "ffn_hidden_size": 14336,
+             "vocab_size": 128256}
+MISTRAL_7B = {**LLAMA3_8B, "vocab_size": 32000}
+TINYLLAMA = {"hidden_size": 2048, "num_heads": 32, "num_kv_heads": 4, "num_layers": 22, "ffn_hidden_size": 5632,
+             "vocab_size": 32000}
+
+
+def _litgpt(shape, micro, gbs, lora=None):
+    job = {"name": "litgpt", "model": {**shape, "seq_length": 512, "activation": "swiglu", "norm": "rmsnorm",
+                                       "bias": False, "dropout": False, "flash_attention": True,
+                                       "position_embedding": "rope", "tied_embeddings": False},
+           "parallel": {"dp": 1, "devices": 1},
+           "training": {"framework": "hf-trainer", "micro_batch_size": micro, "global_batch_size": gbs,
+                        "recompute": "none", "precision": {"params": "bf16"}},
+           "device": {"capacity_gib": 22.5, "context_mib": 0, "fragmentation": 0}}
+    if lora is not None:
+        job["lora"] = {"rank": 32, "q_proj": True, "v_proj": True, "dropout": 0.05, "adapter_dtype": "bf16", **lora}
+    return job
+
+
+def _allocated_gb(job):
+    return numbers(job).stages[0].peak_bytes / 1e9
+
+
+# (case, job, measured GB, recorded error of memform's allocated peak, bound)
+LITGPT = [
+    ("litgpt llama-2-7b lora b2", _litgpt(LLAMA2_7B, 2, 8, {}), 19.77, -0.045, 0.08),
+    ("litgpt llama-3-8b lora b1", _litgpt(LLAMA3_8B, 1, 8, {}), 19.73, -0.011, 0.08),
+    ("litgpt mistral-7b lora b2", _litgpt(MISTRAL_7B, 2, 8, {}), 20.66, -0.027, 0.08),
+    ("litgpt tiny-llama full b4", _litgpt(TINYLLAMA, 4, 32), 14.10, -0.039, 0.08),
+]
+
+
+@pytest.mark.parametrize("case, job, measured, recorded, bound", LITGPT, ids=[c[0] for c in LITGPT])
+def test_heldout_litgpt_peak_allocated(case, job, measured, recorded, bound):
+    error = _allocated_gb(job) / measured - 1
+    assert error == pytest.approx(recorded, abs=0.005), f"{case}: {error:+.1%}, recorded {recorded:+.1%}"
+    assert abs(error) <= bound
+
+
+# QLoRA files: the same LoRA with quantize: bnb.nf4 (Lightning's BitsandbytesPrecision: every nn.Linear, the output
+# head too, as bitsandbytes Linear4bit; the adapters' optimizer bnb.optim.PagedAdamW). memform reads them 26-30 %
+# low (9.57 / 12.84 / 10.08 GB). Found so far: LitGPT 43c44323 pins bitsandbytes==0.42.0, whose MatMul4Bit.forward
+# keeps each 4-bit layer's input for backward (ctx.tensors = (A, B) whenever an input needs a gradient; the
+# bitsandbytes installed here, 0.50.2, keeps (None, B)): the inputs of the QKV, output, gate/up and down
+# projections, 2·(3h + f) bytes per token and layer, 1.5 GB of llama-2-7b's 4.1 GB gap. The rest is not found
+# (not measured: no GPU run of bitsandbytes 0.42 here), so neither is modelled.
+QLORA = [
+    ("litgpt llama-2-7b qlora b2", _litgpt(LLAMA2_7B, 2, 8, {"base_quant": "nf4"}), 13.68),
+    ("litgpt llama-3-8b qlora b2", _litgpt(LLAMA3_8B, 2, 8, {"base_quant": "nf4"}), 17.41),
+    ("litgpt mistral-7b qlora b2", _litgpt(MISTRAL_7B, 2, 8, {"base_quant": "nf4"}), 14.29),
+]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "LitGPT QLoRA (bitsandbytes 0.42.0): memform reads 26-30 % low; bitsandbytes 0.42's MatMul4Bit keeps every "
+    "4-bit layer's input (about a third of the gap), the rest not found"))
+@pytest.mark.parametrize("case, job, measured", QLORA, ids=[c[0] for c in QLORA])
+def test_heldout_litgpt_qlora(case, job, measured):
+    assert abs(_allocated_gb(job) / measured - 1) <= 0.10
