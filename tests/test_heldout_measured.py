@@ -170,3 +170,91 @@ def test_import_torchtitan_compile_components_refused(tmp_path):
     path.write_text("[model]\nname = \"llama3\"\nflavor = \"8B\"\n[compile]\nenable = true\ncomponents = [\"optimizer\"]\n")
     with pytest.raises(MemformError, match="components"):
         import_config("torchtitan", path, Options(devices=8))
+
+
+# ---- LitGPT's fine-tuning benchmark table ------------------------------------------------------------------------
+# Lightning-AI/litgpt config_hub/finetune/README.md as added in 43c44323 (April 2024, "Add automated benchmark table"):
+# "Peak memory" of each config_hub/finetune/<model>/<method>.yaml run on one A10G, bf16-true (weights, adapters and
+# AdamW states in bf16, no autocast), Alpaca2k cut at 512 tokens (batches padded to their longest sample), the
+# micro-batch of the file, no activation checkpointing. The figure is litgpt/finetune/{lora,full}.py's
+# "Memory used: {torch.cuda.max_memory_allocated() / 1e9:.02f} GB" (43c44323 lora.py:212): allocated bytes in 1e9,
+# compared with memform's allocated peak. LoRA files (llama-2-7b, llama-3-8b, mistral-7b): r 32, lora_query and
+# lora_value only, lora_dropout 0.05. Written with the hf-trainer profile (transformers-style modules: RMSNorm
+# upcast to fp32, eager SwiGLU, the loss on fp32 logits); LitGPT's own GPT differs in small ways memform does not
+# follow: its chunked loss keeps bf16 logits and bf16 log-probs (less), it expands grouped K/V to every head
+# before SDPA (llama-3-8b, mistral-7b: more), one dropout shared by the q and v adapters (less).
+LLAMA2_7B = {"hidden_size": 4096, "num_heads": 32, "num_layers": 32, "ffn_hidden_size": 11008, "vocab_size": 32000}
+LLAMA3_8B = {"hidden_size": 4096, "num_heads": 32, "num_kv_heads": 8, "num_layers": 32, "ffn_hidden_size": 14336,
+             "vocab_size": 128256}
+MISTRAL_7B = {**LLAMA3_8B, "vocab_size": 32000}
+TINYLLAMA = {"hidden_size": 2048, "num_heads": 32, "num_kv_heads": 4, "num_layers": 22, "ffn_hidden_size": 5632,
+             "vocab_size": 32000}
+
+
+def _litgpt(shape, micro, gbs, lora=None):
+    job = {"name": "litgpt", "model": {**shape, "seq_length": 512, "activation": "swiglu", "norm": "rmsnorm",
+                                       "bias": False, "dropout": False, "flash_attention": True,
+                                       "position_embedding": "rope", "tied_embeddings": False},
+           "parallel": {"dp": 1, "devices": 1},
+           "training": {"framework": "hf-trainer", "micro_batch_size": micro, "global_batch_size": gbs,
+                        "recompute": "none", "precision": {"params": "bf16"}},
+           "device": {"capacity_gib": 22.5, "context_mib": 0, "fragmentation": 0}}
+    if lora is not None:
+        job["lora"] = {"rank": 32, "q_proj": True, "v_proj": True, "dropout": 0.05, "adapter_dtype": "bf16", **lora}
+    return job
+
+
+def _allocated_gb(job):
+    return numbers(job).stages[0].peak_bytes / 1e9
+
+
+# (case, job, measured GB, recorded error of memform's allocated peak, bound)
+LITGPT = [
+    ("litgpt llama-2-7b lora b2", _litgpt(LLAMA2_7B, 2, 8, {}), 19.77, -0.045, 0.08),
+    ("litgpt llama-3-8b lora b1", _litgpt(LLAMA3_8B, 1, 8, {}), 19.73, -0.011, 0.08),
+    ("litgpt mistral-7b lora b2", _litgpt(MISTRAL_7B, 2, 8, {}), 20.66, -0.027, 0.08),
+    ("litgpt tiny-llama full b4", _litgpt(TINYLLAMA, 4, 32), 14.10, -0.039, 0.08),
+]
+
+
+@pytest.mark.parametrize("case, job, measured, recorded, bound", LITGPT, ids=[c[0] for c in LITGPT])
+def test_heldout_litgpt_peak_allocated(case, job, measured, recorded, bound):
+    error = _allocated_gb(job) / measured - 1
+    assert error == pytest.approx(recorded, abs=0.005), f"{case}: {error:+.1%}, recorded {recorded:+.1%}"
+    assert abs(error) <= bound
+
+
+# QLoRA files: the same LoRA with quantize: bnb.nf4 (Lightning's BitsandbytesPrecision: every nn.Linear, the output
+# head too, as bitsandbytes Linear4bit; the adapters' optimizer bnb.optim.PagedAdamW). LitGPT 43c44323 pins
+# bitsandbytes==0.42.0, whose MatMul4Bit.forward keeps each 4-bit layer's input for backward (ctx.tensors = (A, B),
+# bitsandbytes/autograd/_functions.py:523; (None, B) from 0.43.2): lora.bnb_keeps_input (formulas/finetune.mf).
+# With it memform reads 11.10 / 14.58 / 11.82 GB, -18.9 / -16.2 / -17.3 % (without: -30.1 / -26.3 / -29.5 %); the
+# remaining 2.5-2.8 GB, about the same in all three, is not found (no GPU run of bitsandbytes 0.42 here).
+QLORA_Q4 = {"base_quant": "nf4", "bnb_keeps_input": True}
+QLORA = [
+    ("litgpt llama-2-7b qlora b2", _litgpt(LLAMA2_7B, 2, 8, QLORA_Q4), 13.68),
+    ("litgpt llama-3-8b qlora b2", _litgpt(LLAMA3_8B, 2, 8, QLORA_Q4), 17.41),
+    ("litgpt mistral-7b qlora b2", _litgpt(MISTRAL_7B, 2, 8, QLORA_Q4), 14.29),
+]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "LitGPT QLoRA (bitsandbytes 0.42.0): memform reads 16-19 % low with bitsandbytes 0.42's kept 4-bit inputs "
+    "(lora.bnb_keeps_input); a further 2.5-2.8 GB per run is not found"))
+@pytest.mark.parametrize("case, job, measured", QLORA, ids=[c[0] for c in QLORA])
+def test_heldout_litgpt_qlora(case, job, measured):
+    assert abs(_allocated_gb(job) / measured - 1) <= 0.10
+
+
+def test_old_bitsandbytes_keeps_each_4bit_input():
+    # lora.bnb_keeps_input adds exactly the inputs of the frozen 4-bit projections LoRA leaves unkept: the QKV and
+    # attention-output inputs (h, a·d_h), the gate/up input (h, one tensor for both) and the down input (f), bf16,
+    # per token and layer: 2·(3h + f) · (2 x 512 tokens) · 32 layers for llama-2-7b (q and v adapters keep their own
+    # dropout copies either way)
+    base = _litgpt(LLAMA2_7B, 2, 8, {"base_quant": "nf4"})
+    old = _litgpt(LLAMA2_7B, 2, 8, QLORA_Q4)
+    extra = numbers(old).stages[0].peak_bytes - numbers(base).stages[0].peak_bytes
+    assert extra == 2 * (3 * 4096 + 11008) * (2 * 512) * 32
+    # no 4-bit base, no effect: the key reads only under lora.base_quant
+    plain = _litgpt(LLAMA2_7B, 2, 8, {"bnb_keeps_input": True})
+    assert numbers(plain).stages[0].peak_bytes == numbers(_litgpt(LLAMA2_7B, 2, 8, {})).stages[0].peak_bytes

@@ -70,9 +70,9 @@ def test_every_operator_kind_is_generated_and_parses(dense):
         except MemformError as exc:  # pragma: no cover - the assertion message is the point
             pytest.fail(f"{m.label()} does not parse: {exc}")
     # a token mutant changes one token: the rest of the file is untouched, line numbers too
-    m = _find(dense, "symbol", "g -> a", "let kv = g * dh")
+    m = _find(dense, "symbol", "a -> g", "let qw = a * dh")
     changed = [(a, b) for a, b in zip(source.splitlines(), m.text.splitlines()) if a != b]
-    assert len(changed) == 1 and changed[0][1].startswith("let kv = a * dh")
+    assert len(changed) == 1 and changed[0][1].startswith("let qw = g * dh")
 
 
 def test_dropping_a_term_keeps_parentheses_balanced(mutate, tmp_path):

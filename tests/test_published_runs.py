@@ -236,6 +236,21 @@ HELDOUT_RUNS = [
     # MT-NLG 530B in Korthikanti et al. 2022 Table 3 / 5 (280 A100 80GB), and §6.3's 2,240 GPUs (DP 8)
     ("published/mt-nlg-530b.yaml", {}),
     ("published/mt-nlg-530b.yaml", {"parallel.dp": 8, "parallel.devices": 2240, "training.global_batch_size": 2240}),
+    # GPT-NeoX-20B: 96 A100 40GB, TP 2 PP 4 DP 12, ZeRO-1, fp16, micro-batch 4, every layer checkpointed (configs/20B.yml)
+    ("published/gpt-neox-20b.yaml", {}),
+    # StarCoder 15.5B: 512 A100 80GB, TP 4 PP 4 DP 32, micro-batch 1 at 8K, multi-query attention (paper §5.6); the
+    # recompute the paper leaves open: BigCode's selective one, and none
+    ("published/starcoder-15b.yaml", {}),
+    ("published/starcoder-15b.yaml", {"training.recompute": "none"}),
+    # OLMo-7B: FSDP (FULL_SHARD, bf16 compute, fp32 reduce) over MosaicML's 216 A100 40GB, micro-batch 2 x 2048,
+    # no activation checkpointing (configs/official/OLMo-7B.yaml)
+    ("published/olmo-7b.yaml", {}),
+    # OLMoE-1B-7B: 64 experts top-8 under FSDP FULL_SHARD (no EP) on 256 H100, micro-batch 4 x 4096 (OLMoE-1B-7B-0824.yml)
+    ("published/olmoe-1b-7b.yaml", {}),
+    # Megatron-Core MoE team's H100 recipes (Megatron-MoE-ModelZoo): Mixtral 8x22B on 128 GPUs (TP 2 PP 8 EP 8,
+    # dropless) and DeepSeek-V3 on 1,024 (TP 2 PP 8 VPP 4 EP 64, fp8 blockwise, bf16 moments, layout "Et|(tt|)*30mL")
+    ("published/mixtral-8x22b-mcore.yaml", {}),
+    ("published/deepseek-v3-mcore-h100.yaml", {}),
 ]
 
 
@@ -250,6 +265,50 @@ def test_published_run_fits_on_its_device(config, overrides):
     for st in est.stages:
         # every stage inside the device, without the allocator having to release its cache
         assert st.fits and st.device_bytes <= st.capacity_bytes and st.reserve_releases == 0, st.stage
+
+
+def test_multi_query_attention_under_wider_tp_needs_replicated_kv():
+    # StarCoder's one key/value head under TP 4: Megatron-Core refuses (num_query_groups % tp), BigCode's
+    # Megatron-LM keeps the key_value Linear whole on every TP rank (parallel.kv_replicate): each rank then holds
+    # and saves one head's K/V, as four KV heads split four ways would
+    with pytest.raises(MemformError, match="num_kv_heads"):
+        numbers(CONFIGS / "published" / "starcoder-15b.yaml", overrides={"parallel.kv_replicate": False})
+    one = numbers(CONFIGS / "published" / "starcoder-15b.yaml")
+    four = numbers(CONFIGS / "published" / "starcoder-15b.yaml",
+                   overrides={"parallel.kv_replicate": False, "model.num_kv_heads": 4})
+    assert [st.peak_bytes for st in one.stages] == [st.peak_bytes for st in four.stages]
+    # the model's own count keeps one head: 15,517,456,384 at PP 1, the released GPTBigCode config's tensors added up
+    # by hand (40 x (h(h + 2 d_h) + h^2 + 2hf + biases and norms) + (49152 + 8192) h + 2h; the model card: 15.5B)
+    assert numbers(CONFIGS / "published" / "starcoder-15b.yaml",
+                   overrides={"parallel.pp": 1, "parallel.dp": 128}).parameters["total"] == 15_517_456_384
+
+
+def test_modelzoo_mixtral_args_import_as_the_config():
+    # the ModelZoo's Mixtral-8x22B arguments (tests/data/importers/megatron/modelzoo_mixtral_8x22b.args) give the job
+    # configs/published/mixtral-8x22b-mcore.yaml writes: 140.6 B parameters (Mixtral 8x22B's 141 B)
+    from memform.importers import Options, import_config
+    draft = import_config("megatron", ROOT / "tests" / "data" / "importers" / "megatron" / "modelzoo_mixtral_8x22b.args",
+                          Options(devices=128))
+    imported = numbers(draft.config(), {"device.preset": "h100-sxm"})
+    bundled = numbers(CONFIGS / "published" / "mixtral-8x22b-mcore.yaml")
+    assert [st.peak_bytes for st in imported.stages] == [st.peak_bytes for st in bundled.stages]
+    assert bundled.parameters["total"] == 140_620_634_112
+
+
+def test_deepseek_v3_modelzoo_layout_and_what_it_leaves_out():
+    # "Et|(tt|)*30mL": rank s holds virtual stages s, s + 8, s + 16, s + 24; the first is the embedding and one layer,
+    # the last (rank 7's fourth) the MTP module and the loss, every other two layers
+    est = numbers(CONFIGS / "published" / "deepseek-v3-mcore-h100.yaml")
+    assert [l.block for l in est.stages[0].layers if l.chunk == 0] == ["embedding", "decoder"]
+    last = [(l.block, l.first_layer) for l in est.stages[7].layers if l.chunk == 3]
+    # the MTP module (its embedding copy, projection and own MoE block) and the output; none of the 61 body layers
+    assert last == [("mtp_embedding", 62), ("mtp", 63), ("moe_decoder", 64), ("output", 65)]
+    # the peak stage keeps 57.1 GiB reserved: 22.9 GiB of the 80 for what is not modelled (the EP all-to-all overlap's
+    # second micro-batch in flight, DeepEP's buffers); without the recompute of MLA's up-projections the peak stage
+    # allocates 17.5 GiB more (73.9 GiB)
+    assert max(st.reserved_bytes for st in est.stages) / GIB == pytest.approx(57.06, abs=0.01)
+    more = numbers(CONFIGS / "published" / "deepseek-v3-mcore-h100.yaml", {"training.recompute_modules": ["mlp"]})
+    assert (more.peak_bytes - est.peak_bytes) / GIB == pytest.approx(17.5, abs=0.05)
 
 
 def test_deepseek_v2_fits_only_with_recomputed_operators():
