@@ -180,10 +180,12 @@ def test_whole_model_count_matches_transformers(tmp_path, model_type, extra):
 # one Gated DeltaNet layer with its MLP and norms (validation/frameworks/hf_linear.py); memform's difference
 # the same. Held to 0.1 % (measured: to a few bytes per token) across the fallback's regimes: fp32 with GVA
 # (Hv > Hk), fp32 without (views keep silu's output), bf16 (real casts), autocast (16-bit matmuls), s padded
-# to whole chunks or not (100, 200), b = 1, two and four chunks.
+# to whole chunks or not (100, 200), b = 1, two and four chunks. The last case (stop 47): fp32 with GVA, s a
+# whole number of chunks and b = 1, where the fallback keeps one more fp32 q/k copy per token (deltanet.mf
+# torch_qk's b = 1 term; it kills seed 606's surviving mutant `b == 1` -> `b == 0`).
 ONE_LAYER = [dict(), dict(lin_v_heads=2, lin_v_dim=24, s=256), dict(dtype="bf16", lin_k_dim=24), dict(s=100),
              dict(s=200, dtype="amp-bf16"), dict(s=100, lin_v_heads=2, b=1),
-             dict(lin_k_heads=4, lin_v_heads=8, conv=3), dict(dtype="amp-bf16", s=256)]
+             dict(lin_k_heads=4, lin_v_heads=8, conv=3), dict(dtype="amp-bf16", s=256), dict(b=1)]
 
 
 @pytest.mark.parametrize("shape", ONE_LAYER, ids=[str(i) for i in range(len(ONE_LAYER))])
