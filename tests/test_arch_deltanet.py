@@ -308,3 +308,23 @@ def test_hf_trainer_selective_keeps_what_none_keeps_with_flash_attention(dtype):
         for rc in ("none", "selective")}
     assert {b for b, _ in per["none"]} >= {"gdn_moe_decoder", "moe_decoder"}
     assert per["selective"] == per["none"]
+
+
+# A config that leaves out the Gated DeltaNet shape keys reads deltanet.mf's defaults, which are transformers'
+# Qwen3NextConfig defaults (configuration_qwen3_next.py, transformers 5.25: linear_num_key_heads 16,
+# linear_num_value_heads 32, linear_key_head_dim 128, linear_value_head_dim 128, linear_conv_kernel_dim 4) --
+# the released Qwen3-Next-80B-A3B config.json's values, so the bundled config without them is the same model.
+# Both kernels (fla and the torch fallback read the heads differently). (issue 35: seed 606's survivor
+# `deltanet.mf:17:60 32 -> 64`, the value-head default, told apart only by a draw that dropped the key)
+@pytest.mark.parametrize("kernel", ["fla", "torch"])
+def test_omitted_linear_shape_keys_take_transformers_defaults(kernel):
+    import yaml
+
+    from estimate_helpers import numbers
+    raw = yaml.safe_load((ROOT / "configs" / "qwen3-next-80b-a3b.yaml").read_text())
+    defaults = {"linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+                "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}
+    assert {k: raw["model"].pop(k) for k in defaults} == defaults
+    over = {"model.num_layers": 4, "model.mtp_layers": 0, "model.gdn_kernel": kernel}
+    bare, spelled = numbers(raw, over), numbers(ROOT / "configs" / "qwen3-next-80b-a3b.yaml", over)
+    assert [(s.param_count, s.exprs) for s in bare.stages] == [(s.param_count, s.exprs) for s in spelled.stages]
