@@ -153,6 +153,29 @@ def test_mla_kv_cache_is_latent_plus_rope_key():
     assert ev.number(ev.quantity("attention", "kv_cache")) == 2 * 8 * 128
 
 
+# The allocator replay's MLA tensors (mla.mf attn_tensors), DeepSeek-V2-Lite under the torch profile at TP 2 + SP
+# (fp32, the profile's default; s 4096, b 1; no query compression: q_lora_rank 0). DeepSeek-V2 §2.1 / transformers DeepseekV2Attention:
+# the compressed KV latent and rope key (kv_rank + d_rope = 576 per token) and its normed latent (512) are
+# whole on every rank (the down-projection is not split over heads: Megatron-Core MLA's linear_kv_down_proj is
+# duplicated), Q and K are [s, b, a / t, d_nope + d_rope], V and the attention output [s, b, a / t, d_v]:
+# 4·4096·576, 4·4096·512, 4·4096·8·192 (twice), 4·4096·8·128 (twice) bytes. (issue 35: seed 606's survivor
+# mla.mf:32:349, K's `/ cp` -> `/ t`, halved K at TP 2)
+def test_mla_attention_replays_the_latents_whole_and_the_heads_split():
+    from memform.allocator import estimate as alloc_estimate
+
+    est = numbers(CONFIGS / "deepseek-v2-lite.yaml", {"training.framework": "torch", "training.recompute": "none",
+                                                      "parallel.tp": 2, "parallel.sequence_parallel": True})
+    model = est.model
+    ev = model.evaluator()
+    g = next(g for g in est.stages[0].layers if g.block == "decoder")
+    act_tensor = alloc_estimate.granularity_numbers(ev, alloc_estimate.granularity_exprs(model, ev, g.block, g.mode,
+                                                                                        g.bindings))[2]
+    # after the first norm's tensor and the attention's input: q_latent, its normed copy (none), the KV latent
+    # with the rope key, its normed latent, Q, K, V, the attention output
+    assert act_tensor[2:10] == (0, 0, 4 * 4096 * 576, 4 * 4096 * 512, 4 * 4096 * 8 * 192, 4 * 4096 * 8 * 192,
+                                4 * 4096 * 8 * 128, 4 * 4096 * 8 * 128)
+
+
 def test_mtp_module_is_projection_norms_and_a_moe_layer_on_the_last_stage():
     # DeepSeek-V3 §2.2: each MTP module = projection M ∈ R^{d×2d} + RMSNorms of its two inputs
     # (+ the final norm before the shared head) + a Transformer block (MoE, like the last main
