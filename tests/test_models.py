@@ -176,6 +176,20 @@ def test_mla_attention_replays_the_latents_whole_and_the_heads_split():
                                 4 * 4096 * 8 * 128, 4 * 4096 * 8 * 128)
 
 
+# The allocator replay's loss backward (dense.mf output bwd_transient), Llama-3-8B under the torch profile (TP 4,
+# s 8192, b 1, v 128256; eager F.cross_entropy): on top of what the head saved, its backward holds two fp32
+# vocabulary-wide gradients at once -- nll_loss_backward's gradient of the log-probs, live while
+# _log_softmax_backward_data writes the logits' gradient (PyTorch tools/autograd/derivatives.yaml; dense.mf's
+# comment: measured, bench/validate.py) -- so the replayed transient is at least 2·4·s·b·v/t. (issue 35: seed 606's
+# survivor dense.mf:464:19, `drop act[none]`, left one of them: 4·s·b·v/t)
+def test_loss_backward_replays_both_fp32_vocabulary_gradients():
+    from memform.allocator import estimate as alloc_estimate
+
+    est = numbers(CONFIGS / "llama3-8b.yaml", {"training.framework": "torch", "model.cross_entropy": "eager"})
+    head = alloc_estimate.layer_blocks(est.stages[-1], est.model, est.model.evaluator())[-1]
+    assert head.transient >= 2 * 4 * 8192 * 128256 // 4
+
+
 def test_mtp_module_is_projection_norms_and_a_moe_layer_on_the_last_stage():
     # DeepSeek-V3 §2.2: each MTP module = projection M ∈ R^{d×2d} + RMSNorms of its two inputs
     # (+ the final norm before the shared head) + a Transformer block (MoE, like the last main
