@@ -1026,6 +1026,50 @@ MORE_PAIR_DRAWS: tuple[tuple[str, str, dict], ...] = (
      {"training.framework": "megatron", "megatron.transformer_impl": "local", "training.recompute": "selective"}),
 )
 
+#: stop 47: seed 202's and 101's equivalents of the stop-46 space (bench/results/mutate-equivalent.md, "Stop 47"), each a
+#: term two or three settings gate together, or an option value no targeted draw reached (the Gated DeltaNet torch
+#: kernel, Megatron's fine-grained activation offload: its modules need the mode with them). After MORE_PAIR_DRAWS, so
+#: every earlier ``P<k>`` keeps its number
+_FG = {"training.framework": "megatron", "training.activation_offload": "modules",
+       "training.activation_offload_min_elements": 0}
+STOP47_PAIR_DRAWS: tuple[tuple[str, str, dict], ...] = (
+    ("deltanet torch kernel x hf-trainer amp", "configs/qwen3-next-80b-a3b.yaml",
+     {**_HF, "parallel.ep": 1, "hf_trainer.amp": "bf16", "training.precision.activations": "bf16",
+      "model.gdn_kernel": "torch"}),
+    ("deltanet torch kernel x fp32", "configs/qwen3-next-80b-a3b.yaml",
+     {**_HF, "parallel.ep": 1, "training.precision.activations": "fp32", "model.gdn_kernel": "torch"}),
+    ("deepspeed ZeRO-0 x bf16 gradients", "configs/llama3-8b.yaml",
+     {**_DS3, "parallel.zero": 0, "parallel.distributed_optimizer": False, "training.precision.grads": "bf16"}),
+    ("ZeRO-3 small tensors x transformers modeling x tp 2 x qkv bias", "configs/llama3-8b.yaml",
+     {**_DS3, **_TOY_WIDTH, "deepspeed.modeling": "transformers", "parallel.tp": 2, "model.qkv_bias": True}),
+    ("fsdp2 float8 rowwise_with_gw_hp x wide MLP", "configs/llama3-8b.yaml",
+     {"training.framework": "fsdp2", "fsdp2.float8": "rowwise_with_gw_hp", "model.ffn_hidden_size": 20480}),
+    ("megatron fp8 x Mamba", "configs/nemotron-h-8b.yaml", {"training.framework": "megatron", "megatron.fp8": "hybrid"}),
+    ("megatron NAS x selective x local core x unfused rope", "configs/llama-3.3-nemotron-super-49b.yaml",
+     {"training.framework": "megatron", "training.recompute": "selective", "megatron.transformer_impl": "local",
+      "megatron.rope_fusion": False, "model.flash_attention": False}),
+    ("torch zero-bubble-v x fewer micro-batches than stages", "configs/llama3-8b.yaml",
+     {"training.framework": "torch", "parallel.pp": 4, "parallel.vpp": 2, "training.num_micro_batches": 2,
+      "parallel.pp_schedule": "torch-zbv"}),
+    ("torch zero-bubble-v x MoE x expert tp 2", "configs/mixtral-8x7b.yaml",
+     {"training.framework": "torch", **_PP_V, "parallel.pp_schedule": "torch-zbv", "parallel.tp": 2,
+      "parallel.sequence_parallel": True, "parallel.expert_tp": 2, "parallel.ep": 1}),
+    ("hybrid toy x full recompute x tp 2 x device", "toy-hybrid",
+     {"training.recompute": "full", "parallel.tp": 2, "parallel.sequence_parallel": True, "device.preset": "h100-sxm"}),
+    ("activation offload layers x megatron x eager SwiGLU x dropout", "configs/llama3-8b.yaml",
+     {"training.framework": "megatron", "parallel.pp": 1, "training.activation_offload": "layers",
+      "training.activation_offload_layers": 8, "model.swiglu_impl": "eager", "model.dropout": True}),
+    ("activation offload modules x attention", "configs/llama3-8b.yaml",
+     {**_FG, "training.activation_offload_modules": ["attn_norm", "qkv_linear", "core_attn", "attn_proj"]}),
+    ("activation offload modules x MLP norm x selective", "configs/llama3-8b.yaml",
+     {**_FG, "training.recompute": "selective", "training.activation_offload_modules": ["mlp_norm", "core_attn"]}),
+    ("activation offload modules x MoE", "configs/mixtral-8x7b.yaml",
+     {**_FG, "training.activation_offload_modules": ["expert_fc1", "moe_act", "mlp_norm"]}),
+    ("activation offload modules x MoE x eager SwiGLU x dropout", "configs/mixtral-8x7b.yaml",
+     {**_FG, "training.activation_offload_modules": ["attn_norm", "qkv_linear", "expert_fc1", "moe_act"],
+      "model.swiglu_impl": "eager", "model.dropout": True}),
+)
+
 #: recompute x profile x schedule: each profile under selective and full recompute with a pipeline, its
 #: schedules in turn (the first its loader accepts)
 PAIR_RECOMPUTE_BASES = ("configs/llama3-8b.yaml", "toy-hybrid", "configs/mixtral-8x7b.yaml")
@@ -1054,7 +1098,7 @@ def pair_draws(seed: int) -> list[Draw]:
                 if sched in V_SCHEDULES:
                     over["parallel.vpp"] = 2
                 items.append((f"{prof} x {rc} x {sched}", base, over))
-    items += [(why, base, dict(over)) for why, base, over in MORE_PAIR_DRAWS]
+    items += [(why, base, dict(over)) for why, base, over in MORE_PAIR_DRAWS + STOP47_PAIR_DRAWS]
     last_group = ""
     for i, (why, base, over) in enumerate(items):
         group = why.rsplit(" x ", 1)[0] if " x selective x " in why or " x full x " in why else why
