@@ -33,7 +33,7 @@ for a sibling (h<->f, t<->cp, g<->a). Each mutant is then classified, in this or
                  and one or two of the base's keys that a formula declares with a default DROPPED (the
                  default is read). Each config is estimated by the numeric path
                  (``memform.estimate(numeric=True)``: categories, moments, peak moment, parameters, host and
-                 runtime bytes, the allocator's reserve); a live mutant names the draw that told it apart.
+                 runtime bytes, the allocator's reserve, the active parameters of MoE layers); a live mutant names the draw that told it apart.
                  ``--space variants`` is the space before issue 35 (the bundled configs and :data:`VARIANTS`),
                  under which a mutant no bundled set-up tells apart was "equivalent";
 * step-time   -- only the step-time model's numbers change (the ``time`` keys of ``--json``, issue 14):
@@ -540,6 +540,16 @@ def _draw_numbers(raw: dict, overrides: dict) -> dict | str:
         out[f"{p}.param_count"] = s.param_count
         out[f"{p}.host_bytes"] = s.host_bytes
         out[f"{p}.reserve"] = (s.reserve, s.reserve_oom, s.reserve_releases)
+    # (stop 47) the parameters a token passes through (moe.mf / mamba.mf ``active_params``: tests/test_models.py holds
+    # them to the published activated counts), which no category reads: a mutant of them was "equivalent"
+    ev = None
+    for s in est.stages:
+        act = 0
+        for g in s.layers:
+            if est.model.program.pick(g.block, "active_params", g.mode) is not None:
+                ev = ev or est.model.evaluator()
+                act += g.count_value * ev.number(ev.quantity(g.block, "active_params", g.mode, overrides=g.bindings))
+        out[f".stages[{s.stage}].active_params"] = act
     return out
 
 
