@@ -1078,6 +1078,9 @@ STOP47_PAIR_DRAWS: tuple[tuple[str, str, dict], ...] = (
     ("activation offload modules x MoE x eager SwiGLU x dropout", "configs/mixtral-8x7b.yaml",
      {**_FG, "training.activation_offload_modules": ["attn_norm", "qkv_linear", "expert_fc1", "moe_act"],
       "model.swiglu_impl": "eager", "model.dropout": True}),
+    ("MTP x full recompute x CP 2 x device", "configs/deepseek-v2-lite.yaml",
+     {"training.framework": "megatron", "model.mtp_layers": 1, "training.recompute": "full", "parallel.cp": 2,
+      "parallel.tp": 1, "device.preset": "h100-sxm"}),
     # (seed 101's equivalents of the same space)
     ("deltanet MoE x dropout", "configs/qwen3-next-80b-a3b.yaml", {"model.dropout": True}),
     ("deepspeed ZeRO-1 offload x pp 2 x tied embeddings", "configs/llama3-8b.yaml",
