@@ -640,7 +640,7 @@ def classify(m: Mutant, time_model: bool = False) -> tuple[str, str]:
                     return "live", (f"{where} raises {type(exc).__name__}: {str(exc)[:80]} "
                                     f"({Path(last.filename).name}:{last.lineno})")
                 if got != nums:
-                    if time_model or isinstance(got, str) or _memory(got) != _memory(nums):
+                    if time_model or isinstance(got, str) or isinstance(nums, str) or _memory(got) != _memory(nums):
                         return "live", where
                     time_only = time_only or where
         return ("time", time_only) if time_only else ("equivalent", "")
