@@ -176,6 +176,24 @@ def test_mla_attention_replays_the_latents_whole_and_the_heads_split():
                                 4 * 4096 * 8 * 128, 4 * 4096 * 8 * 128)
 
 
+# The same for standard attention (dense.mf attn_tensors): Llama-3-8B under the torch profile at TP 4 + SP (fp32,
+# s 8192, b 2; 32 heads and 8 KV heads of 128): the QKV GEMM's input gathered whole [s, b, h] (Korthikanti et al.
+# 2022 §4.2.2), Q [s, b, a/t, d], K and V [s, b, g/t, d], the projection's input [s, b, a/t·d]. (issue 35: seed 808's
+# survivor dense.mf:360:189, the projection input's `* s` -> `/ s`)
+def test_attention_replays_the_gathered_input_and_the_heads_split():
+    from memform.allocator import estimate as alloc_estimate
+
+    est = numbers(CONFIGS / "llama3-8b.yaml", {"training.framework": "torch", "training.recompute": "none",
+                                               "training.micro_batch_size": 2, "training.global_batch_size": 16})
+    model = est.model
+    ev = model.evaluator()
+    g = next(g for g in est.stages[0].layers if g.block == "decoder")
+    act_tensor = alloc_estimate.granularity_numbers(ev, alloc_estimate.granularity_exprs(model, ev, g.block, g.mode,
+                                                                                        g.bindings))[2]
+    sb, h, qw, kv, t = 8192 * 2, 4096, 32 * 128, 8 * 128, 4
+    assert act_tensor[1:6] == (4 * sb * h, 4 * sb * qw // t, 4 * sb * kv // t, 4 * sb * kv // t, 4 * sb * qw // t)
+
+
 # The allocator replay's loss backward (dense.mf output bwd_transient), Llama-3-8B under the torch profile (TP 4,
 # s 8192, b 1, v 128256; eager F.cross_entropy): on top of what the head saved, its backward holds two fp32
 # vocabulary-wide gradients at once -- nll_loss_backward's gradient of the log-probs, live while
