@@ -33,7 +33,7 @@ for a sibling (h<->f, t<->cp, g<->a). Each mutant is then classified, in this or
                  and one or two of the base's keys that a formula declares with a default DROPPED (the
                  default is read). Each config is estimated by the numeric path
                  (``memform.estimate(numeric=True)``: categories, moments, peak moment, parameters, host and
-                 runtime bytes, the allocator's reserve); a live mutant names the draw that told it apart.
+                 runtime bytes, the allocator's reserve, the active parameters of MoE layers); a live mutant names the draw that told it apart.
                  ``--space variants`` is the space before issue 35 (the bundled configs and :data:`VARIANTS`),
                  under which a mutant no bundled set-up tells apart was "equivalent";
 * step-time   -- only the step-time model's numbers change (the ``time`` keys of ``--json``, issue 14):
@@ -527,7 +527,9 @@ def _draw_numbers(raw: dict, overrides: dict) -> dict | str:
     try:
         est = model.estimate(*_split(raw, overrides), numeric=True)
     except MemformError as exc:
-        return f"error: {exc}"
+        # without the requirement's file:line (a dropped term spanning lines moves the ones after it)
+        import re
+        return "error: " + re.sub(r"requirement at [^)]*", "requirement", str(exc))
     out: dict = {}
     for s in est.stages:
         p = f".stages[{s.stage}]"
@@ -540,6 +542,16 @@ def _draw_numbers(raw: dict, overrides: dict) -> dict | str:
         out[f"{p}.param_count"] = s.param_count
         out[f"{p}.host_bytes"] = s.host_bytes
         out[f"{p}.reserve"] = (s.reserve, s.reserve_oom, s.reserve_releases)
+    # (stop 47) the parameters a token passes through (moe.mf / mamba.mf ``active_params``: tests/test_models.py holds
+    # them to the published activated counts), which no category reads: a mutant of them was "equivalent"
+    ev = None
+    for s in est.stages:
+        act = 0
+        for g in s.layers:
+            if est.model.program.pick(g.block, "active_params", g.mode) is not None:
+                ev = ev or est.model.evaluator()
+                act += g.count_value * ev.number(ev.quantity(g.block, "active_params", g.mode, overrides=g.bindings))
+        out[f".stages[{s.stage}].active_params"] = act
     return out
 
 
@@ -575,7 +587,7 @@ def _baseline() -> list[tuple[str, object, object, dict | str, set[str]]]:
             for d in _DRAWN:
                 _READS.clear()
                 nums = _draw_numbers(raws[d.base], d.overrides)
-                if not isinstance(nums, str):
+                if not isinstance(nums, str) or str(d.index).startswith("R"):
                     _BASE.append((d.label(), raws[d.base], d.overrides, nums, set(_READS)))
                     rows.append((d.label(), d.base, d.overrides, nums, set(_READS)))
             if stored is not None:
@@ -628,7 +640,7 @@ def classify(m: Mutant, time_model: bool = False) -> tuple[str, str]:
                     return "live", (f"{where} raises {type(exc).__name__}: {str(exc)[:80]} "
                                     f"({Path(last.filename).name}:{last.lineno})")
                 if got != nums:
-                    if time_model or isinstance(got, str) or _memory(got) != _memory(nums):
+                    if time_model or isinstance(got, str) or isinstance(nums, str) or _memory(got) != _memory(nums):
                         return "live", where
                     time_only = time_only or where
         return ("time", time_only) if time_only else ("equivalent", "")
@@ -1026,6 +1038,117 @@ MORE_PAIR_DRAWS: tuple[tuple[str, str, dict], ...] = (
      {"training.framework": "megatron", "megatron.transformer_impl": "local", "training.recompute": "selective"}),
 )
 
+#: stop 47: seed 202's and 101's equivalents of the stop-46 space (bench/results/mutate-equivalent.md, "Stop 47"), each a
+#: term two or three settings gate together, or an option value no targeted draw reached (the Gated DeltaNet torch
+#: kernel, Megatron's fine-grained activation offload: its modules need the mode with them). After MORE_PAIR_DRAWS, so
+#: every earlier ``P<k>`` keeps its number
+_FG = {"training.framework": "megatron", "training.activation_offload": "modules",
+       "training.activation_offload_min_elements": 0}
+STOP47_PAIR_DRAWS: tuple[tuple[str, str, dict], ...] = (
+    ("deltanet torch kernel x hf-trainer amp", "configs/qwen3-next-80b-a3b.yaml",
+     {**_HF, "parallel.ep": 1, "hf_trainer.amp": "bf16", "training.precision.activations": "bf16",
+      "model.gdn_kernel": "torch"}),
+    ("deltanet torch kernel x fp32", "configs/qwen3-next-80b-a3b.yaml",
+     {**_HF, "parallel.ep": 1, "training.precision.activations": "fp32", "model.gdn_kernel": "torch"}),
+    ("deepspeed ZeRO-0 x bf16 gradients x short sequence", "configs/llama3-8b.yaml",
+     {**_DS3, "parallel.zero": 0, "parallel.distributed_optimizer": False, "training.precision.grads": "bf16",
+      "model.seq_length": 128, "training.recompute": "full"}),
+    ("deepspeed ZeRO-0 x fp32 gradients x short sequence", "configs/llama3-8b.yaml",
+     {**_DS3, "parallel.zero": 0, "parallel.distributed_optimizer": False, "training.precision.grads": "fp32",
+      "model.seq_length": 128, "training.recompute": "full"}),
+    ("ZeRO-3 small tensors x plain modeling x tp 2 x qkv bias", "configs/llama3-8b.yaml",
+     {**_DS3, **_TOY_WIDTH, "parallel.tp": 2, "model.qkv_bias": True}),
+    ("megatron fp8 x hybrid toy (P layer)", "toy-hybrid", {"training.framework": "megatron", "megatron.fp8": "hybrid"}),
+    ("megatron NAS x selective x local core x unfused rope", "configs/llama-3.3-nemotron-super-49b.yaml",
+     {"training.framework": "megatron", "training.recompute": "selective", "megatron.transformer_impl": "local",
+      "megatron.rope_fusion": False, "model.flash_attention": False}),
+    ("torch zero-bubble-v x fewer micro-batches than stages", "configs/llama3-8b.yaml",
+     {"training.framework": "torch", "parallel.pp": 4, "parallel.vpp": 2, "training.num_micro_batches": 2,
+      "parallel.pp_schedule": "torch-zbv"}),
+    ("torch zero-bubble-v x MoE x expert tp 2", "configs/mixtral-8x7b.yaml",
+     {"training.framework": "torch", **_PP_V, "parallel.pp_schedule": "torch-zbv", "parallel.tp": 2,
+      "parallel.sequence_parallel": True, "parallel.expert_tp": 2, "parallel.ep": 1}),
+    ("hybrid toy x full recompute x tp 2 x device", "toy-hybrid",
+     {"training.recompute": "full", "parallel.tp": 2, "parallel.sequence_parallel": True, "device.preset": "h100-sxm"}),
+    ("activation offload layers x megatron x eager SwiGLU x dropout", "configs/llama3-8b.yaml",
+     {"training.framework": "megatron", "parallel.pp": 1, "training.activation_offload": "layers",
+      "training.activation_offload_layers": 8, "model.swiglu_impl": "eager", "model.dropout": True}),
+    ("activation offload modules x attention", "configs/llama3-8b.yaml",
+     {**_FG, "training.activation_offload_modules": ["attn_norm", "qkv_linear", "core_attn", "attn_proj"]}),
+    ("activation offload modules x MLP norm x selective", "configs/llama3-8b.yaml",
+     {**_FG, "training.recompute": "selective", "training.activation_offload_modules": ["mlp_norm", "core_attn"]}),
+    ("activation offload modules x MoE", "configs/mixtral-8x7b.yaml",
+     {**_FG, "training.activation_offload_modules": ["expert_fc1", "moe_act", "mlp_norm"]}),
+    ("activation offload modules x MoE x eager SwiGLU x dropout", "configs/mixtral-8x7b.yaml",
+     {**_FG, "training.activation_offload_modules": ["attn_norm", "qkv_linear", "expert_fc1", "moe_act"],
+      "model.swiglu_impl": "eager", "model.dropout": True}),
+    ("MTP x full recompute x CP 2 x device", "configs/deepseek-v2-lite.yaml",
+     {"training.framework": "megatron", "model.mtp_layers": 1, "training.recompute": "full", "parallel.cp": 2,
+      "parallel.tp": 1, "device.preset": "h100-sxm"}),
+    # (seed 606's equivalents of the same space)
+    ("qwen3-next without linear_num_value_heads", "configs/qwen3-next-80b-a3b.yaml",
+     {"model.linear_num_value_heads": DROP, "model.gdn_kernel": "torch", **_HF, "parallel.ep": 1}),
+    ("megatron hybrid toy x selective x unfused rope", "toy-hybrid",
+     {"training.framework": "megatron", "training.recompute": "selective", "megatron.rope_fusion": False,
+      "model.flash_attention": False}),
+    ("megatron local core x MHA x rope x tp 2 x micro-batch 2", "configs/llama2-7b.yaml",
+     {"training.framework": "megatron", "megatron.transformer_impl": "local", "training.recompute": "none",
+      "parallel.tp": 2, "training.micro_batch_size": 2}),
+    ("MoE layer pattern as a list", "configs/mixtral-8x7b.yaml",
+     {"model.moe_layer_freq": [1, 0] * 16, "parallel.pp": 1}),
+    ("NAS x full recompute x device", "configs/llama-3.3-nemotron-super-49b.yaml",
+     {"training.recompute": "full", "device.preset": "h100-sxm"}),
+    ("activation offload modules x unfused core x no dropout x default minimum", "configs/llama3-8b.yaml",
+     {**_FG, "model.flash_attention": False, "model.dropout": False, "model.seq_length": 2048,
+      "training.activation_offload_min_elements": 1048576, "training.activation_offload_modules": ["core_attn",
+                                                                                                  "attn_proj"]}),
+    # (seed 101's equivalents of the same space)
+    ("deltanet MoE x dropout", "configs/qwen3-next-80b-a3b.yaml", {"model.dropout": True}),
+    ("deepspeed ZeRO-1 offload x pp 2 x tied embeddings", "configs/llama3-8b.yaml",
+     {**_DS3, "parallel.zero": 1, "parallel.dp": 2, "parallel.pp": 2, "training.num_micro_batches": 4,
+      "deepspeed.offload_optimizer": "cpu", "model.tied_embeddings": True}),
+    ("ZeRO-3 small tensors x tied embeddings x toy width", "configs/llama3-8b.yaml",
+     {**_DS3, **_TOY_WIDTH, "parallel.tp": 2, "model.tied_embeddings": True}),
+    ("hf-fsdp1", "configs/llama3-8b.yaml", {"training.framework": "hf-fsdp1", "parallel.tp": 1, "parallel.pp": 1}),
+    ("hf-fsdp1 x MoE x full recompute x CPU offload", "configs/mixtral-8x7b.yaml",
+     {"training.framework": "hf-fsdp1", "parallel.tp": 1, "parallel.pp": 1, "parallel.ep": 1,
+      "training.recompute": "full", "training.optimizer_offload": 1}),
+    ("hf-trainer amp x hybrid toy x tp 2", "toy-hybrid",
+     {**_HF, "hf_trainer.amp": "bf16", "training.precision.activations": "bf16", "parallel.tp": 2,
+      "parallel.sequence_parallel": True}),
+    ("megatron eager SwiGLU x no recompute", "configs/llama3-8b.yaml",
+     {"training.framework": "megatron", "model.swiglu_impl": "eager", "training.recompute": "none"}),
+    ("mindspore x MoE x threshold 0", "configs/mixtral-8x7b.yaml",
+     {"training.framework": "mindspore", "mindspore.parallel_optimizer_threshold": 0, "parallel.zero": 1}),
+    ("megatron NAS x layernorm recompute", "configs/llama-3.3-nemotron-super-49b.yaml",
+     {"training.framework": "megatron", "training.recompute": "selective",
+      "training.recompute_modules": ["core_attn", "layernorm"]}),
+    ("activation offload modules x qk norm", "configs/llama3-8b.yaml",
+     {**_FG, "model.qk_norm": True, "training.activation_offload_modules": ["attn_norm", "qkv_linear", "core_attn"]}),
+    ("activation offload modules x MoE x selective", "configs/mixtral-8x7b.yaml",
+     {**_FG, "training.recompute": "selective", "training.activation_offload_modules": ["core_attn", "expert_fc1",
+                                                                                         "moe_act"]}),
+)
+
+#: stop 47: configs the loader must REFUSE, kept in the space with their error text as the baseline (``draw R<k>``):
+#: a mutant that loosens a ``require`` (accepts one of them) or moves its message's values is live. Only accepted
+#: configs were drawn before, so a loosened requirement was "equivalent" (seed 606's dense.mf:86:33 `t -> cp`)
+REFUSAL_DRAWS: tuple[tuple[str, str, dict], ...] = (
+    ("SP with tp not dividing the sequence", "configs/llama3-8b.yaml",
+     {"parallel.tp": 8, "parallel.sequence_parallel": True, "model.seq_length": 3004}),
+    ("vpp group below pp", "configs/llama3-8b.yaml",
+     {"training.framework": "megatron", "parallel.pp": 4, "parallel.vpp": 2, "training.num_micro_batches": 16,
+      "parallel.vpp_microbatch_group": 3}),
+    ("vpp group leaving a short last group", "configs/llama3-8b.yaml",
+     {"training.framework": "megatron", "parallel.pp": 4, "parallel.vpp": 2, "training.num_micro_batches": 14,
+      "parallel.vpp_microbatch_group": 6}),
+    ("MoE x tp without SP", "configs/mixtral-8x7b.yaml",
+     {"parallel.tp": 2, "parallel.sequence_parallel": False}),
+    ("GQA heads not divisible by tp", "configs/llama3-8b.yaml", {"parallel.tp": 16, "parallel.dp": 1}),
+    ("offload_param without ZeRO-3", "configs/llama3-8b.yaml",
+     {"training.framework": "deepspeed", "parallel.zero": 2, "deepspeed.offload_param": "cpu"}),
+)
+
 #: recompute x profile x schedule: each profile under selective and full recompute with a pipeline, its
 #: schedules in turn (the first its loader accepts)
 PAIR_RECOMPUTE_BASES = ("configs/llama3-8b.yaml", "toy-hybrid", "configs/mixtral-8x7b.yaml")
@@ -1054,7 +1177,7 @@ def pair_draws(seed: int) -> list[Draw]:
                 if sched in V_SCHEDULES:
                     over["parallel.vpp"] = 2
                 items.append((f"{prof} x {rc} x {sched}", base, over))
-    items += [(why, base, dict(over)) for why, base, over in MORE_PAIR_DRAWS]
+    items += [(why, base, dict(over)) for why, base, over in MORE_PAIR_DRAWS + STOP47_PAIR_DRAWS]
     last_group = ""
     for i, (why, base, over) in enumerate(items):
         group = why.rsplit(" x ", 1)[0] if " x selective x " in why or " x full x " in why else why
@@ -1070,6 +1193,7 @@ def pair_draws(seed: int) -> list[Draw]:
             continue
         out.append(Draw(f"P{i}", base, over))
         last_group = group
+    out += [Draw(f"R{k}", base, dict(over)) for k, (_, base, over) in enumerate(REFUSAL_DRAWS)]
     return out
 
 
@@ -1599,7 +1723,7 @@ def main(argv: list[str] | None = None) -> int:
     set_space(args.space, args.draw_seed, args.draws, args.time, pairs=not args.no_pairs)
     base = _baseline()
     if args.space in ("draws", "narrow"):
-        reached, values, missing = option_coverage(_DRAWN)
+        reached, values, missing = option_coverage([d for d in _DRAWN if not str(d.index).startswith("R")])
         print(f"equivalence space: {len(base)} valid configs: {sum(isinstance(d.index, int) for d in _DRAWN)} of "
               f"{args.draws} draws (--draw-seed {args.draw_seed} --draws {args.draws}) and "
               f"{sum(not isinstance(d.index, int) and not str(d.index).startswith('P') for d in _DRAWN)} targeted "

@@ -180,10 +180,12 @@ def test_whole_model_count_matches_transformers(tmp_path, model_type, extra):
 # one Gated DeltaNet layer with its MLP and norms (validation/frameworks/hf_linear.py); memform's difference
 # the same. Held to 0.1 % (measured: to a few bytes per token) across the fallback's regimes: fp32 with GVA
 # (Hv > Hk), fp32 without (views keep silu's output), bf16 (real casts), autocast (16-bit matmuls), s padded
-# to whole chunks or not (100, 200), b = 1, two and four chunks.
+# to whole chunks or not (100, 200), b = 1, two and four chunks. The last case (stop 47): fp32 with GVA, s a
+# whole number of chunks and b = 1, where the fallback keeps one more fp32 q/k copy per token (deltanet.mf
+# torch_qk's b = 1 term; it kills seed 606's surviving mutant `b == 1` -> `b == 0`).
 ONE_LAYER = [dict(), dict(lin_v_heads=2, lin_v_dim=24, s=256), dict(dtype="bf16", lin_k_dim=24), dict(s=100),
              dict(s=200, dtype="amp-bf16"), dict(s=100, lin_v_heads=2, b=1),
-             dict(lin_k_heads=4, lin_v_heads=8, conv=3), dict(dtype="amp-bf16", s=256)]
+             dict(lin_k_heads=4, lin_v_heads=8, conv=3), dict(dtype="amp-bf16", s=256), dict(b=1)]
 
 
 @pytest.mark.parametrize("shape", ONE_LAYER, ids=[str(i) for i in range(len(ONE_LAYER))])
@@ -306,3 +308,23 @@ def test_hf_trainer_selective_keeps_what_none_keeps_with_flash_attention(dtype):
         for rc in ("none", "selective")}
     assert {b for b, _ in per["none"]} >= {"gdn_moe_decoder", "moe_decoder"}
     assert per["selective"] == per["none"]
+
+
+# A config that leaves out the Gated DeltaNet shape keys reads deltanet.mf's defaults, which are transformers'
+# Qwen3NextConfig defaults (configuration_qwen3_next.py, transformers 5.25: linear_num_key_heads 16,
+# linear_num_value_heads 32, linear_key_head_dim 128, linear_value_head_dim 128, linear_conv_kernel_dim 4) --
+# the released Qwen3-Next-80B-A3B config.json's values, so the bundled config without them is the same model.
+# Both kernels (fla and the torch fallback read the heads differently). (issue 35: seed 606's survivor
+# `deltanet.mf:17:60 32 -> 64`, the value-head default, told apart only by a draw that dropped the key)
+@pytest.mark.parametrize("kernel", ["fla", "torch"])
+def test_omitted_linear_shape_keys_take_transformers_defaults(kernel):
+    import yaml
+
+    from estimate_helpers import numbers
+    raw = yaml.safe_load((ROOT / "configs" / "qwen3-next-80b-a3b.yaml").read_text())
+    defaults = {"linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+                "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}
+    assert {k: raw["model"].pop(k) for k in defaults} == defaults
+    over = {"model.num_layers": 4, "model.mtp_layers": 0, "model.gdn_kernel": kernel}
+    bare, spelled = numbers(raw, over), numbers(ROOT / "configs" / "qwen3-next-80b-a3b.yaml", over)
+    assert [(s.param_count, s.exprs) for s in bare.stages] == [(s.param_count, s.exprs) for s in spelled.stages]

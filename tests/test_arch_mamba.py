@@ -349,3 +349,23 @@ def test_mamba_sublayer_replays_tensors_of_its_hidden_state_shard(overrides, per
     act_tensor = alloc_estimate.granularity_numbers(ev, alloc_estimate.granularity_exprs(model, ev, g.block, g.mode,
                                                                                         g.bindings))[2]
     assert act_tensor == per_tensor
+
+
+# Muon's AdamW share of a Mamba-2 sublayer (mamba.mf mamba_layer adam_params): torch.optim.Muon takes 2-D parameters
+# only (torch/optim/_muon.py: "Muon only supports 2D parameters"), so of NemotronHMamba2Mixer's parameters
+# (modeling_nemotron_h.py: conv1d.weight [d_conv, 1, K] and its bias, in_proj, dt_bias, A_log, the gated norm, D,
+# out_proj) and the block's norm only in_proj (h x (2·d_in + 2·G·N + H)) and out_proj (d_in x h) drop AdamW's
+# second moment. Nemotron-H-8B at TP 1, fp32 states: AdamW's optimizer bytes less Muon's are 4 B per element of
+# those two matrices. (issue 35: seed 606's survivor mamba.mf:159:65, the conv weight dropped from AdamW's share)
+def test_muon_leaves_only_the_mamba_projections_to_its_momentum():
+    from estimate_helpers import numbers
+
+    over = {"parallel.tp": 1, "parallel.sequence_parallel": False, "parallel.dp": 1, "parallel.pp": 1,
+            "parallel.distributed_optimizer": False, "parallel.zero": 0, "training.precision.optimizer": "fp32"}
+    opt = {}
+    for optimizer in ("adam", "muon"):
+        est = numbers(Path(__file__).resolve().parent.parent / "configs" / "nemotron-h-8b.yaml",
+                      {**over, "training.optimizer": optimizer})
+        opt[optimizer] = next(g for g in est.stages[0].layers if g.block == "mamba_layer").per_layer_values["optimizer"]
+    h, d_in, G, N, H = 4096, 128 * 64, 8, 128, 128    # configs/nemotron-h-8b.yaml (its config.json)
+    assert opt["adam"] - opt["muon"] == 4 * (h * (2 * d_in + 2 * G * N + H) + d_in * h)

@@ -74,11 +74,16 @@ def test_pipeline_receive_buffers(kind, world, m, buffers):
 # In-flight micro-batches (chunk passes) at the first backward, from the schedule generators in
 # torch/distributed/pipelining/schedules.py: Schedule1F1B warmup_chunks = min(m, p - i); ScheduleGPipe all m;
 # ScheduleZBVZeroBubble 2(p - r) - 1 F0, r (F1, F0) pairs, then one F1: chunk 0 holds 2p - 1 - r, chunk 1 r + 1.
+# ScheduleDualPipeV._calculate_single_rank_operations (torch 2.13): the same, and on rank p - 1 one more F0
+# before its first backward (p = 4, rank 3: 3F0 4F0 3F1 4F1 3F2 4F2 3F3 4F3 3F4 4B0): chunk 0
+# holds 2p - 1 - r (+1 on rank p - 1), chunk 1 r + 1 (issue 35: seed 606's survivor torch.mf:155:115, chunk 1's
+# `stage + 1` -> `stage + 0`, no test read the chunk-1 count of torch-dualpipev)
 @pytest.mark.parametrize("kind, p, m, expected", [
     ("1f1b", 4, 8, {(0, 0): 4, (1, 0): 3, (2, 0): 2, (3, 0): 1}),
     ("gpipe", 2, 4, {(0, 0): 4, (1, 0): 4}),
     ("zbv", 2, 4, {(0, 0): 3, (0, 1): 1, (1, 0): 2, (1, 1): 2}),
     ("zbv", 4, 8, {(0, 0): 7, (0, 1): 1, (3, 0): 4, (3, 1): 4}),
+    ("dualpipev", 4, 8, {(0, 0): 7, (0, 1): 1, (2, 1): 3, (3, 0): 5, (3, 1): 4}),
 ])
 def test_torch_schedule_inflight(kind, p, m, expected):
     case = D.Case(kind, world=p, m=m, point=replace(P, L=2 * p))

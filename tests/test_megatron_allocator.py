@@ -94,6 +94,22 @@ def test_decoder_tensors_are_megatrons(last_stage):
     assert s * s in acts                                        # the causal mask (bool)
 
 
+# The MLP's saved tensors under selective recompute (megatron-core.mf mc_mlp_sel_tensors), Llama-3-70B as bundled
+# (s 8192, b 1, h 8192, f 28672, TP 8 + SP, bf16, Megatron's fused SwiGLU): mlp.py MLP.forward keeps fc1's input,
+# the pre-MLP norm's output sharded along the sequence under SP ([s/t, b, h]: Korthikanti et al. 2022 §4.2.2),
+# linear_fc1's output (gate and up, one tensor [s, b, 2f/t]) and fc2's input ([s, b, f/t]); the fused SwiGLU keeps
+# no extra. `--recompute-modules layernorm` (transformer_layer.py: the pre-MLP norm under CheckpointWithoutOutput,
+# its output discarded) drops fc1's input. (issue 35: seed 606's survivor megatron-core.mf:297:122, `(1 - rc_norm)`
+# -> `(2 - rc_norm)`, doubled fc1's input)
+@pytest.mark.parametrize("modules, mlp_in", [(["core_attn"], 2 * 8192 * 8192 // 8), (["core_attn", "layernorm"], 0)])
+def test_selective_mlp_tensors_are_megatrons(modules, mlp_in):
+    from estimate_helpers import numbers
+    est = numbers(Path(__file__).resolve().parent.parent / "configs" / "llama3-70b.yaml",
+                  {"training.framework": "megatron", "training.recompute_modules": modules})
+    dec = alloc_estimate.layer_blocks(est.stages[0], est.model, est.model.evaluator())[1]
+    assert dec.act_tensor[-5:] == (mlp_in, 2 * 8192 * 2 * 28672 // 8, 0, 0, 2 * 8192 * 28672 // 8)
+
+
 def test_llama2_70b_last_stage_reserve_against_the_trace():
     """The megatron-core fake trace's figures of this stage (bench/validate.py --frameworks --only mcore,
     recorded in memform/validation/bounds.yaml): reserve 280,921,788 of 37,343,985,664 reserved bytes."""

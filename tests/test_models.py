@@ -153,6 +153,61 @@ def test_mla_kv_cache_is_latent_plus_rope_key():
     assert ev.number(ev.quantity("attention", "kv_cache")) == 2 * 8 * 128
 
 
+# The allocator replay's MLA tensors (mla.mf attn_tensors), DeepSeek-V2-Lite under the torch profile at TP 2 + SP
+# (fp32, the profile's default; s 4096, b 1; no query compression: q_lora_rank 0). DeepSeek-V2 §2.1 / transformers DeepseekV2Attention:
+# the compressed KV latent and rope key (kv_rank + d_rope = 576 per token) and its normed latent (512) are
+# whole on every rank (the down-projection is not split over heads: Megatron-Core MLA's linear_kv_down_proj is
+# duplicated), Q and K are [s, b, a / t, d_nope + d_rope], V and the attention output [s, b, a / t, d_v]:
+# 4·4096·576, 4·4096·512, 4·4096·8·192 (twice), 4·4096·8·128 (twice) bytes. (issue 35: seed 606's survivor
+# mla.mf:32:349, K's `/ cp` -> `/ t`, halved K at TP 2)
+def test_mla_attention_replays_the_latents_whole_and_the_heads_split():
+    from memform.allocator import estimate as alloc_estimate
+
+    est = numbers(CONFIGS / "deepseek-v2-lite.yaml", {"training.framework": "torch", "training.recompute": "none",
+                                                      "parallel.tp": 2, "parallel.sequence_parallel": True})
+    model = est.model
+    ev = model.evaluator()
+    g = next(g for g in est.stages[0].layers if g.block == "decoder")
+    act_tensor = alloc_estimate.granularity_numbers(ev, alloc_estimate.granularity_exprs(model, ev, g.block, g.mode,
+                                                                                        g.bindings))[2]
+    # after the first norm's tensor and the attention's input: q_latent, its normed copy (none), the KV latent
+    # with the rope key, its normed latent, Q, K, V, the attention output
+    assert act_tensor[2:10] == (0, 0, 4 * 4096 * 576, 4 * 4096 * 512, 4 * 4096 * 8 * 192, 4 * 4096 * 8 * 192,
+                                4 * 4096 * 8 * 128, 4 * 4096 * 8 * 128)
+
+
+# The same for standard attention (dense.mf attn_tensors): Llama-3-8B under the torch profile at TP 4 + SP (fp32,
+# s 8192, b 2; 32 heads and 8 KV heads of 128): the QKV GEMM's input gathered whole [s, b, h] (Korthikanti et al.
+# 2022 §4.2.2), Q [s, b, a/t, d], K and V [s, b, g/t, d], the projection's input [s, b, a/t·d]. (issue 35: seed 808's
+# survivor dense.mf:360:189, the projection input's `* s` -> `/ s`)
+def test_attention_replays_the_gathered_input_and_the_heads_split():
+    from memform.allocator import estimate as alloc_estimate
+
+    est = numbers(CONFIGS / "llama3-8b.yaml", {"training.framework": "torch", "training.recompute": "none",
+                                               "training.micro_batch_size": 2, "training.global_batch_size": 16})
+    model = est.model
+    ev = model.evaluator()
+    g = next(g for g in est.stages[0].layers if g.block == "decoder")
+    act_tensor = alloc_estimate.granularity_numbers(ev, alloc_estimate.granularity_exprs(model, ev, g.block, g.mode,
+                                                                                        g.bindings))[2]
+    sb, h, qw, kv, t = 8192 * 2, 4096, 32 * 128, 8 * 128, 4
+    assert act_tensor[1:6] == (4 * sb * h, 4 * sb * qw // t, 4 * sb * kv // t, 4 * sb * kv // t, 4 * sb * qw // t)
+
+
+# The allocator replay's loss backward (dense.mf output bwd_transient), Llama-3-8B under the torch profile (TP 4,
+# s 8192, b 1, v 128256; eager F.cross_entropy): on top of what the head saved, its backward holds two fp32
+# vocabulary-wide gradients at once -- nll_loss_backward's gradient of the log-probs, live while
+# _log_softmax_backward_data writes the logits' gradient (PyTorch tools/autograd/derivatives.yaml; dense.mf's
+# comment: measured, bench/validate.py) -- so the replayed transient is at least 2·4·s·b·v/t. (issue 35: seed 606's
+# survivor dense.mf:464:19, `drop act[none]`, left one of them: 4·s·b·v/t)
+def test_loss_backward_replays_both_fp32_vocabulary_gradients():
+    from memform.allocator import estimate as alloc_estimate
+
+    est = numbers(CONFIGS / "llama3-8b.yaml", {"training.framework": "torch", "model.cross_entropy": "eager"})
+    head = alloc_estimate.layer_blocks(est.stages[-1], est.model, est.model.evaluator())[-1]
+    assert head.transient >= 2 * 4 * 8192 * 128256 // 4
+
+
 def test_mtp_module_is_projection_norms_and_a_moe_layer_on_the_last_stage():
     # DeepSeek-V3 §2.2: each MTP module = projection M ∈ R^{d×2d} + RMSNorms of its two inputs
     # (+ the final norm before the shared head) + a Transformer block (MoE, like the last main

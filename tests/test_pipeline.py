@@ -196,6 +196,16 @@ def test_vpp_microbatch_group_is_checked(g, m, fragment):
         est(**cfg)
 
 
+# Without interleaving (vpp 1) Megatron never reads the group: only forward_backward_pipelining_with_interleaving
+# checks it against [pp, m] (megatron-core 0.19.2 pipeline_parallel/schedules.py:1133-1141); the 1F1B schedule
+# without interleaving and no pipelining do not take it. A group of 3 < pp = 4 is accepted there and changes
+# nothing (issue 35: seed 606's survivor `schedules.mf:29:15 1 -> 0`, `require vp == 0 or ...`, refused it)
+def test_vpp_microbatch_group_is_not_read_without_interleaving():
+    plain = est(parallel__pp=4)
+    grouped = est(parallel__pp=4, parallel__vpp_microbatch_group=3)
+    assert [s.exprs for s in grouped.stages] == [s.exprs for s in plain.stages]
+
+
 def test_torch_interleaved_uses_its_own_rounds():
     """torch ScheduleInterleaved1F1B.__init__: number_of_rounds = max(1, m // p), microbatches_per_round =
     m / rounds, warm-up (v - 1)·g + 2(p - 1 - i) (_get_warmup_ops) and one more forward; p = 4, v = 2."""
