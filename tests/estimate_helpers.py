@@ -21,12 +21,8 @@ def numbers(config: Any, overrides: Any = None) -> Any:
     """The :class:`memform.engine.model.Estimate` of ``config`` with ``overrides``, numbers only (every stage's
     ``exprs`` and each layer group's ``per_layer_values`` are plain numbers; no closed forms). Where a formula's
     value is irrational the sympy evaluator with every symbol replaced by its value answers instead."""
-    from memform.engine.model import estimate
-    from memform.engine.numeric import Inexact
-    try:
-        return estimate(config, overrides, numeric=True)
-    except Inexact:
-        return estimate(config, overrides, keep=frozenset())
+    from memform.engine.model import estimate_numbers
+    return estimate_numbers(config, overrides)
 
 
 def numeric_model(config: Any, overrides: Any = None) -> Any:

@@ -127,6 +127,30 @@ def test_include_resolves_relative_and_bundled(tmp_path):
     assert "bytes_master" in load_program([bundled]).lets
 
 
+def test_a_program_is_loaded_once_until_a_file_it_read_changes(tmp_path):
+    """load_program returns the program it loaded before for the same files and texts (a config's every
+    estimate loads the same one), and loads again where a loaded file's text, an include's target or a
+    `when` answer differs -- never a stale program."""
+    write(tmp_path, "lib.mf", "let k = 5\n")
+    main = write(tmp_path, "main.mf", 'include "lib.mf"\nlet j = k + 1\n')
+    first = load_program([main])
+    assert load_program([main]) is first
+    write(tmp_path, "lib.mf", "let k = 6\nlet extra = 1\n")            # a file it included changed
+    second = load_program([main])
+    assert second is not first and "extra" in second.lets
+    shadow = write(tmp_path, "common.mf", "let mine = 1\n")             # an include now finds a nearer file
+    bundled = write(tmp_path, "x.mf", 'include "common.mf"\n')
+    shadow.unlink()
+    assert "bytes_master" in load_program([bundled]).lets
+    write(tmp_path, "common.mf", "let mine = 1\n")
+    assert set(load_program([bundled]).lets) == {"mine"}
+    write(tmp_path, "late.mf", "let late = 1\n")                        # a `when` answered otherwise
+    cond = write(tmp_path, "cond.mf", 'symbol w : int = model.w default 1 "w"\ninclude "late.mf" when model.w\n')
+    assert "late" not in load_program([cond], config={}).lets
+    assert "late" in load_program([cond], config={"model": {"w": 2}}).lets
+    assert "late" not in load_program([cond], config={}).lets
+
+
 def test_source_locations_kept():
     f = parse_text("let x = 1\n\nlet y = x + 2\n", "f.mf")
     assert (f.decls[1].loc.file, f.decls[1].loc.line) == ("f.mf", 3)

@@ -35,7 +35,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..engine.config import apply_overrides, normalize, parse_override, read_yaml
 from ..engine.interpreter import CATEGORIES, StageResult
-from ..engine.model import ConfigSource, Estimate, estimate
+from ..engine.model import ConfigSource, Estimate, estimate_numbers
 from ..engine.values import dotted
 from ..errors import MemformError
 
@@ -412,7 +412,7 @@ def compare(*configs: ConfigSource | None, overrides: list[str] | None = None,
             if not free_devices:
                 own = _keep_devices(config, shared, own)
                 v.label, v.overrides = _label(config, own, variant_key(i)), own
-            v.est = estimate(config, shared + own)
+            v.est = estimate_numbers(config, shared + own)  # numbers only: no closed form is shown
             v.data = v.est.model.data
         except MemformError as exc:
             v.error = str(exc)

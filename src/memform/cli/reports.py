@@ -96,11 +96,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from ..engine.model import estimate
+    from ..engine.model import estimate_numbers
     from ..report.plot import plot_stages
     if args.dpi <= 0:
         raise MemformError(f"--dpi must be positive, got {args.dpi}")
-    est = estimate(args.config, args.overrides)
+    est = estimate_numbers(args.config, args.overrides)  # a picture of numbers: no closed form
     path = plot_stages(est, args.output, dpi=args.dpi)
     print(f"wrote {path}", file=sys.stderr)
     return 0

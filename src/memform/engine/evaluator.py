@@ -194,16 +194,49 @@ class Evaluator(Walker):
         cls = sympy.Min if f == "min" else sympy.Max
         if not self.resolve:
             return lattice(cls, nums)
-        res = cls(*nums)
-        if isinstance(res, (sympy.Min, sympy.Max)):
-            vals = [self.number(a, loc, f"an argument of {f}()") for a in res.args]
-            pick = vals.index(min(vals) if f == "min" else max(vals))
-            chosen = res.args[pick]
-            for i, other in enumerate(res.args):
-                if i != pick:
-                    self.assume(sympy.Le(chosen, other) if f == "min" else sympy.Ge(chosen, other))
-            return chosen
-        return res
+        return self._winner(cls, nums, loc, f"an argument of {f}()")
+
+    def _winner(self, cls: type, args: list[sympy.Expr], loc: Loc, what: str) -> sympy.Expr:
+        """The argument of ``cls`` (Min or Max) that wins at the config's values, assuming it beats each
+        argument it is not provably at least as good as. This was sympy's constructor (which drops the
+        arguments it proves losing) followed by a numeric pick; the constructor retries every undecided pair
+        after ``factor_terms``, which on the step-time model's overlap clamps (``max(0, X)`` of a 500-operation
+        X) decided nothing and was most of a symbolic estimate's time. Here a pair is compared as the
+        constructor compares it, and retried after ``factor_terms`` only at formula size (:data:`FACTOR_OPS`);
+        every argument is checked against every other, so a condition the constructor's order-dependent pass
+        would leave may be proven and dropped, never one added (tests/test_winner.py). Ties go to the first
+        argument in sympy's canonical order, as the constructor ordered them."""
+        numbers = [a for a in args if a.is_number]
+        alive = list(dict.fromkeys(a for a in args if not a.is_number))
+        if numbers:
+            alive.append(min(numbers) if cls is sympy.Min else max(numbers))
+
+        def beats(x: sympy.Expr, y: sympy.Expr) -> bool:  # provably x <= y (Min) / x >= y (Max)
+            lo, hi = (x, y) if cls is sympy.Min else (y, x)
+            try:  # both spellings: a class may know its own order (ceiling(a) >= a) only as the left operand
+                if (lo <= hi) is sympy.true or (hi >= lo) is sympy.true:
+                    return True
+            except TypeError:  # not comparable (the number check refuses it if it wins)
+                return False
+            # the constructor's second try, on differences of formula size (not the time model's sums)
+            d = hi - lo
+            return d.count_ops() <= FACTOR_OPS and bool(sympy.factor_terms(d).is_extended_nonnegative)
+
+        # drop every argument another provably beats (ties: the later one), against every argument, not only
+        # the ones left: what beats a dropped one beats what it beat
+        n = len(alive)
+        dropped = {j for j in range(n) if any(i != j and beats(alive[i], alive[j]) and (i < j or not beats(alive[j], alive[i]))
+                                              for i in range(n))}
+        alive = [a for j, a in enumerate(alive) if j not in dropped]
+        if len(alive) == 1:
+            return alive[0]
+        alive = list(sympy.ordered(alive))
+        vals = [self.number(a, loc, what) for a in alive]
+        chosen = alive[vals.index(min(vals) if cls is sympy.Min else max(vals))]
+        for other in alive:
+            if other is not chosen:
+                self.assume(sympy.Le(chosen, other) if cls is sympy.Min else sympy.Ge(chosen, other))
+        return chosen
 
     def _round(self, f: str, x: sympy.Expr, loc: Loc) -> sympy.Expr:
         res = (sympy.ceiling if f == "ceil" else sympy.floor)(x)
@@ -222,15 +255,7 @@ class Evaluator(Walker):
     def _layers_max(self, distinct: list[sympy.Expr], loc: Loc) -> sympy.Expr:
         if not self.resolve:
             return lattice(sympy.Max, distinct)
-        res = sympy.Max(*distinct)
-        if isinstance(res, sympy.Max):
-            nums = [self.number(a, loc, "an argument of layers_max()") for a in res.args]
-            chosen = res.args[nums.index(max(nums))]
-            for other in res.args:
-                if other is not chosen:
-                    self.assume(sympy.Ge(chosen, other))
-            return chosen
-        return res
+        return self._winner(sympy.Max, distinct, loc, "an argument of layers_max()")
 
 
 def _may_be_singular(e: sympy.Expr) -> bool:
@@ -424,6 +449,13 @@ def _without_piecewise(cond: Any) -> Any:
 #: a search's structures share most per-layer expressions, and substituting into a large closed
 #: form is a large part of interpreting one (key: the expression and its free symbols' values)
 _NUMBERS: dict[tuple, sympy.Expr] = {}
+
+
+#: :meth:`Evaluator._winner` retries an undecided comparison after ``factor_terms`` (as sympy's Min/Max do) only
+#: for a difference of at most this many operations: every memory formula's (the one such proof among the
+#: bundled configs and profiles, nemotron-4-340b under mindspore, is a 60-operation difference), not the
+#: 200-600-operation overlap clamps of the step-time model, where it decided nothing and cost 2x the estimate
+FACTOR_OPS = 150
 
 
 def lattice(cls: type, args: list[sympy.Expr]) -> sympy.Expr:

@@ -146,13 +146,9 @@ def numeric_estimate(config: Any, overrides: Mapping[str, Any] | list[str] | Non
     closed forms come from the symbolic estimate on first use. Where a formula's value is irrational
     (:class:`~memform.engine.numeric.Inexact`) the sympy evaluator gives the numbers instead. None
     where the interpreter refuses the config: the symbolic estimate then raises its own error."""
-    from ..engine.model import estimate
-    from ..engine.numeric import Inexact
+    from ..engine.model import estimate_numbers
     try:
-        try:
-            num = estimate(config, overrides, numeric=True)
-        except Inexact:
-            num = estimate(config, overrides, keep=frozenset())
+        num = estimate_numbers(config, overrides)
     except MemformError:
         return None
     body = {"name": num.name, "capacity_bytes": num.capacity_bytes, "schedule": num.schedule,

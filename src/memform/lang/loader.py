@@ -11,12 +11,14 @@ before any config is seen.
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
 from ..errors import Loc, MemformError, did_you_mean
-from ..resources import resolve_formula_path  # noqa: F401 (re-exported)
+from ..resources import FORMULAS_ENV, resolve_formula_path  # noqa: F401 (re-exported)
 from . import ast
 from .checker import check_program
 from .parser import parse_file
@@ -47,14 +49,63 @@ def _was_loaded(decl: ast.Include, referrer: Path, loaded: set[Path]) -> bool:
     return cond.resolve() in loaded
 
 
+@dataclass(frozen=True)
+class _Loaded:
+    """A program loaded earlier in this process, with what its loading read: each loaded file's text and
+    where each ``include`` led (a file written next to a referrer since would change it)."""
+
+    program: Program
+    texts: tuple[str, ...]
+    includes: tuple[tuple[str, str, str], ...]  # (include's path, referrer's folder, the file it named)
+
+    def still_valid(self, config: Mapping[str, Any] | None) -> bool:
+        from . import parser  # its reader, looked up now (bench/mutate.py serves mutants through it)
+        if config is not EVERY_KEY and not self.program.same_conditions(config or {}):
+            return False
+        try:
+            if any(parser.read_text(Path(p), "formula file") != t for p, t in zip(self.program.paths, self.texts)):
+                return False
+        except MemformError:
+            return False
+        return all(str(resolve_formula_path(name, Path(folder))) == target for name, folder, target in self.includes)
+
+
+#: programs loaded in this process, by the files asked for and what else decides the result (the working
+#: directory names files in messages; the formulas folder override): a config's every estimate, and every
+#: candidate of a planner or a property test, loads the same program -- built anew it was a third of a
+#: bundled config's numeric estimate. A program is not changed after loading (its own caches aside), so
+#: one object serves every model that names it.
+_LOADED: dict[tuple[Any, ...], list[_Loaded]] = {}
+
+
 def load_program(paths: list[str | Path], *, check: bool = True,
                  config: Mapping[str, Any] | None = None) -> Program:
     """Read formula files (and what they include) into one checked :class:`Program`.
 
     ``config`` answers the ``include ... when KEY`` conditions: a config's (nested) data, where a key is
     set when it holds a value other than None (None, the default: a config that sets no key);
-    :data:`EVERY_KEY` takes every such include.
+    :data:`EVERY_KEY` takes every such include. A program loaded before from the same files with the same
+    texts, for a config answering every condition alike, is returned again (:class:`_Loaded`).
     """
+    key = (os.getcwd(), os.environ.get(FORMULAS_ENV), tuple(str(Path(p).resolve()) for p in paths), check,
+           config is EVERY_KEY)
+    seen = _LOADED.get(key, [])
+    for entry in seen:
+        if entry.still_valid(config):
+            return entry.program
+    includes: list[tuple[str, str, str]] = []
+    prog = _load(paths, check, config, includes)
+    from . import parser
+    texts = tuple(parser.read_text(Path(p), "formula file") for p in prog.paths)
+    if len(_LOADED) >= 64:
+        _LOADED.clear()
+    _LOADED[key] = seen[-7:] + [_Loaded(prog, texts, tuple(includes))]  # a few condition answers per key
+    return prog
+
+
+def _load(paths: list[str | Path], check: bool, config: Mapping[str, Any] | None,
+          includes: list[tuple[str, str, str]]) -> Program:
+    """:func:`load_program`'s work, recording in ``includes`` where each ``include`` led."""
     prog = Program()
     loaded: set[Path] = set()
     #: ``after profile`` includes met while loading: (the include, the file it stands in), in that order
@@ -89,6 +140,7 @@ def load_program(paths: list[str | Path], *, check: bool = True,
                 if decl.when is not None and not _was_loaded(decl, path, loaded | set(stack)):
                     continue
                 target = resolve_formula_path(decl.path, path.parent)
+                includes.append((decl.path, str(path.parent), str(target)))
                 in_place.setdefault(target.resolve(), decl.loc)
                 visit(target, stack + [key], decl.loc)
             else:
@@ -106,6 +158,7 @@ def load_program(paths: list[str | Path], *, check: bool = True,
         if decl.when is not None and not _was_loaded(decl, referrer, loaded):
             continue
         target = resolve_formula_path(decl.path, referrer.parent)
+        includes.append((decl.path, str(referrer.parent), str(target)))
         if target.resolve() in loaded:
             _loaded_too_early(decl, target, early)
             continue
