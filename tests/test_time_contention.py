@@ -79,3 +79,40 @@ def test_a_slowdown_outside_zero_to_one_is_refused():
     cfg = throughput.config_of(RUNS[ROW_8B])
     with pytest.raises(MemformError, match="device.overlap_slowdown"):
         numbers(cfg, {"device.overlap_slowdown": 1.5})
+
+
+# ---- the routed experts' grouped GEMMs at memory speed (moe.mf experts.io_pass, SonicMoE's roofline) ----
+
+QWEN3_H100 = "megatron-bridge-25.11-h100-qwen3-30b-a3b"   # 128 experts of 768, top-8, h 2048; PP 2 × VP 24
+
+
+def _io_seconds(cfg, extra):
+    # memory = mem_bytes / (hbm · memory_efficiency) + io: two efficiencies separate the two terms
+    one = numbers(cfg, {**extra, "device.memory_efficiency": 1})
+    half = numbers(cfg, {**extra, "device.memory_efficiency": 0.5})
+    return (2 * _part(one, "memory") - _part(half, "memory")) / 1e12, one
+
+
+def test_sparse_narrow_experts_wait_on_memory_as_the_roofline_says():
+    # BF16, no tile quantization (no pad FLOPs), EP 1, micro-batch 1: 4096 · 8 / 128 = 256 tokens per expert
+    cfg = throughput.config_of(RUNS[QWEN3_H100])
+    extra = {"megatron.fp8": "none", "device.sm_count": 0, "parallel.ep": 1, "training.micro_batch_size": 1}
+    io, est = _io_seconds(cfg, extra)
+    h, f, n_exp, k, s = 2048, 768, 128, 8, 4096
+    peak, eff, hbm = 989.0e12, 0.803, 3.35e12   # configs/devices/h100-sxm.yaml
+    tokens = k * s                      # routed tokens on the rank per micro-batch
+    t_e = tokens / n_exp                # each local expert's
+    fwd_bytes = n_exp * (t_e * (h * 2 + 2 * f * 2 + f * 2 + h * 2) + 3 * h * f * 2)
+    fwd_seconds = 2 * tokens * 3 * f * h / (peak * eff)
+    per_pass = fwd_bytes / hbm - fwd_seconds
+    assert per_pass > 0                 # below the ridge point
+    m, layers = 512 // (8 * 1), 24      # micro-batches; stage 0's MoE layers
+    assert io == pytest.approx(m * layers * 3 * per_pass, rel=1e-6)
+    assert est.stages[0].time_ps["memory"] > 0
+
+
+def test_the_published_layouts_experts_are_compute_bound():
+    # 4096 tokens per expert per micro-batch (MBS 2 × EP 8): nothing waits on memory
+    cfg = throughput.config_of(RUNS[QWEN3_H100])
+    io, _ = _io_seconds(cfg, {})
+    assert io == pytest.approx(0, abs=1e-9)
