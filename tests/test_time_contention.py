@@ -116,3 +116,20 @@ def test_the_published_layouts_experts_are_compute_bound():
     cfg = throughput.config_of(RUNS[QWEN3_H100])
     io, _ = _io_seconds(cfg, {})
     assert io == pytest.approx(0, abs=1e-9)
+
+
+# ---- Megatron's interleaved schedule syncs each chunk's gradients after that chunk's last backward ----
+
+def test_each_chunks_gradient_reduction_starts_after_its_own_last_backward():
+    # the B200 405B recipe (PP 8, VP 8, TP 4 × CP 2, DP 2): without --overlap-param-gather every DP byte moves
+    # after the backward; the stage's one-micro-batch backward w is what one chunk per stage (VP 1) hides
+    cfg = throughput.config_of(RUNS["megatron-bridge-25.11-b200-llama3.1-405b"])
+    base = {"megatron.overlap_param_gather": False}
+    blocking = _part(numbers(cfg, {**base, "parallel.overlap_grad_reduce": False}), "dp") / 1e12
+    one = _part(numbers(cfg, {**base, "parallel.vpp": 1}), "dp") / 1e12
+    assert 0 < one < blocking
+    w = blocking - one                  # VP 1: max(0, x - w)
+    k, group = 8, 8                     # chunks; micro-batches per chunk group (Megatron's default: PP)
+    want = max(0, (blocking - w) / k, blocking - ((k - 1) * group + 1) * w / k)
+    assert _part(numbers(cfg, base), "dp") / 1e12 == pytest.approx(want, rel=1e-6)
+    assert want < 0.7 * one             # the cool-down's other chunks hide a share of it
