@@ -115,7 +115,7 @@ def _blocks(config: str, **over):
     sets = {"training.framework": "hf-trainer", "training.precision.params": "bf16", "parallel.tp": 1,
             "parallel.dp": 1, "parallel.pp": 1, "parallel.ep": 1, "parallel.sequence_parallel": False,
             "parallel.distributed_optimizer": False, "parallel.zero": 0, **over}
-    m = load_model(config, [f"{k}={v}" for k, v in sets.items()])
+    m = load_model(config, [f"{k}={v}" for k, v in sets.items()], numeric=True)  # numbers only: no closed form
     return layer_blocks(estimate_model(m).stages[0], m, m.evaluator())
 
 
