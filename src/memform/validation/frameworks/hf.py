@@ -209,15 +209,25 @@ def _step(case: HFCase, seed: int) -> Step:
             return pinned_as_host(lambda t: host.update(tracing[0].serials([t])) if tracing else None)
         return contextlib.nullcontext()
 
+    # a loop that holds the previous micro-batch's output until the next forward returns (hf_qlora's
+    # keep_last: LitGPT's `logits`): its autograd graph, and what a custom Function stored on its ctx, lives on
+    held: list[Any] = []
+    keep_last = getattr(case, "keep_last", False)
+
     def train_step(trace: StepSamples | None) -> float:
         with autocast, offload():
             loss = model(input_ids=ids, labels=ids).loss   # Trainer.compute_loss: the loss only
+        if trace is not None and held:
+            trace.mark("held")
+        held.clear()                      # the loop's name now refers to this micro-batch's output
         if trace is not None:
             trace.mark("forward")
         with offload():
             loss.backward()
         if trace is not None:
             trace.mark("backward")
+        if keep_last:
+            held.append(loss)
         return float(loss.detach()) if not case.fake else 0.0
 
     train_step(None)                      # warm-up: the optimizer creates its states
@@ -231,7 +241,13 @@ def _step(case: HFCase, seed: int) -> Step:
         torch.cuda.reset_peak_memory_stats()
     trace = StepSamples(ignore=static)
     tracing.append(trace)
+    start = 0
     with trace.mode:
+        if keep_last:
+            # the previous micro-batch (gradient accumulation: no optimizer step between), traced so that
+            # what its graph holds is seen; the measured step is the next one
+            train_step(trace)
+            start = len(trace.samples)
         loss = train_step(trace)
     allocator = {}
     if cuda:
@@ -249,10 +265,13 @@ def _step(case: HFCase, seed: int) -> Step:
     if getattr(case, "offload", False):
         # the host copies live when the forward has returned (one per checkpointed layer)
         measured["host"] = trace.at(trace.marks["forward"], lambda serial: serial in host)
+    if keep_last:
+        # what the previous micro-batch's graph held when this forward returned: freed as the name is rebound
+        measured["held"] = trace.at(trace.marks["held"], act) - trace.at(trace.marks["forward"], act)
     measured["comm"] = 0   # one process: no communication buffers
     replayed = replay_reserved(trace, [*params, *kept, *model.buffers(), ids], states, host=host)
     measured.update(replayed_figures(replayed))
-    peak, where = trace.peak(act)
+    peak, where = trace.peak(act, start)
     opt.step()
     opt.zero_grad(set_to_none=True)
     return Step({**measured, "activations_peak": peak}, trace.by_op(where, act, 10), loss, allocator, replayed)

@@ -22,11 +22,12 @@ embedding's output require a gradient (enable_input_require_grads). memform's si
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from . import imported_config
 from .hf import BASE, HFCase, Step
@@ -42,16 +43,37 @@ class QLoRACase(HFCase):
     quant_type: str = "nf4"
     double_quant: bool = True
     kbit_prep: bool = False       # PEFT prepare_model_for_kbit_training before get_peft_model
+    # bitsandbytes <= 0.43.1's MatMul4Bit saving rule (old_bnb_saving): every 4-bit GEMM keeps its input A
+    old_bnb: bool = False
+    # the loop holds the previous micro-batch's output until the next forward returns (LitGPT's `logits`)
+    keep_last: bool = False
+    # the output head in 4 bits too (BitsAndBytesConfig llm_int8_skip_modules=[]: nothing skipped), as Lightning's
+    # BitsandbytesPrecision converts every nn.Linear (LitGPT's lm_head included)
+    quant_head: bool = False
+    # the 4-bit weights' QuantState dtype fp16, as Lightning quantizes an fp16 copy of each weight
+    # (fabric/plugins/precision/bitsandbytes.py _Linear4bit.quantize: weight.to(torch.half)): every dequantized
+    # weight comes out fp16 and MatMul4Bit casts it to the bf16 compute dtype
+    fp16_source: bool = False
 
     def label(self) -> str:
         # "qlora" marks every case (bench/validate.py --frameworks --only qlora)
         kind = f" qlora-{self.quant_type}{'-dq' if self.double_quant else ''} lora"
-        return super().label().replace(" lora", kind, 1) + (" kbit-prep" if self.kbit_prep else "")
+        return (super().label().replace(" lora", kind, 1) + (" kbit-prep" if self.kbit_prep else "")
+                + (" bnb0.42" if self.old_bnb else "") + (" keep-last" if self.keep_last else "")
+                + (" q4-head" if self.quant_head else "") + (" fp16-src" if self.fp16_source else ""))
 
     def overrides(self) -> dict[str, Any]:
         over = super().overrides()
         if self.kbit_prep:     # every parameter but the 4-bit ones upcast to fp32; the 4-bit GEMMs in bf16
             over.update({"training.precision.params": "fp32", "lora.compute_dtype": "bf16"})
+        if self.old_bnb:
+            over["lora.bnb_keeps_input"] = True
+        if self.keep_last:
+            over["training.keeps_last_output"] = True
+        if self.quant_head:
+            over["lora.quantize_head"] = True
+        if self.fp16_source:
+            over["lora.dequant_cast"] = True
         return over
 
     def quantization_config(self) -> dict[str, Any]:
@@ -71,11 +93,18 @@ class QLoRACase(HFCase):
             q = self.quantization_config()
             bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=q["bnb_4bit_quant_type"],
                                      bnb_4bit_use_double_quant=q["bnb_4bit_use_double_quant"],
-                                     bnb_4bit_compute_dtype=dtype)
+                                     bnb_4bit_compute_dtype=dtype,
+                                     llm_int8_skip_modules=[] if self.quant_head else None)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 model = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=bnb, dtype=dtype,
                                                              device_map=self.device, attn_implementation=self.attn)
+        if self.fp16_source:
+            import torch
+
+            for p in model.parameters():
+                if getattr(p, "quant_state", None) is not None:
+                    p.quant_state.dtype = torch.float16   # what dequantize_4bit allocates its output as
         if self.kbit_prep:
             from peft import prepare_model_for_kbit_training
 
@@ -103,9 +132,47 @@ class QLoRACase(HFCase):
                                    adapter=str(Path(tmp) / "adapter_config.json"))
 
 
+@contextlib.contextmanager
+def old_bnb_saving(on: bool = True) -> Iterator[None]:
+    """bitsandbytes 0.42.0's ``MatMul4Bit.forward`` on the installed bitsandbytes' kernels
+    (``bitsandbytes/autograd/_functions.py:514-527`` of 0.42.0): the weight dequantized and cast to the input's
+    dtype, then one dense GEMM (``linear(A, dequantize_4bit(B, quant_state).to(A.dtype).t(), bias)``; the
+    installed release runs a fused ``gemm_4bit`` instead), and ``ctx.tensors = (A, B)`` when A or B needs a
+    gradient, where 0.43.2 on (commit 9e753741, "fix QLoRA mem bug: delete useless buffered activation") stores
+    ``(None, B)``; the backward, the installed release's, reads only B either way. Stored on ``ctx`` (not
+    ``save_for_backward``), A is not released by the backward: it lives as long as the graph does."""
+    if not on:
+        yield
+        return
+    import torch
+    from bitsandbytes import functional as F  # noqa: N812 - bitsandbytes' own name
+    from bitsandbytes.autograd._functions import MatMul4Bit
+
+    orig = MatMul4Bit.forward
+
+    def forward(ctx, A, B, out=None, bias=None, quant_state=None):  # noqa: ANN001, ANN202, N803
+        if A.numel() == 0:
+            return orig(ctx, A, B, out, bias, quant_state)
+        B = B.view(-1, 1)   # the installed release's canonical packing: dequantize_4bit returns [N, K]
+        output = torch.nn.functional.linear(A, F.dequantize_4bit(B, quant_state).to(A.dtype), bias)
+        ctx.is_empty = False
+        ctx.state = quant_state
+        ctx.dtype_A, ctx.dtype_B, ctx.dtype_bias = A.dtype, B.dtype, None if bias is None else bias.dtype
+        ctx.tensors = (A, B) if any(ctx.needs_input_grad[:2]) else (None, None)
+        return output
+
+    MatMul4Bit.forward = staticmethod(forward)
+    try:
+        yield
+    finally:
+        MatMul4Bit.forward = staticmethod(orig)
+
+
 def measure(case: QLoRACase, seed: int = 0) -> Step:
-    """:func:`.hf.measure` of the case (warm-up step, then the traced one)."""
-    return _measure(case, seed)
+    """:func:`.hf.measure` of the case (warm-up step, then the traced one; with ``keep_last`` two traced
+    micro-batches, the second measured), under bitsandbytes 0.42's saving rule where ``old_bnb``."""
+    with old_bnb_saving(case.old_bnb):
+        return _measure(case, seed)
 
 
 Q = QLoRACase(**{k: getattr(BASE, k) for k in ("h", "L", "heads", "kv_heads", "ffn", "vocab", "b", "s")})
@@ -123,7 +190,13 @@ CASES = [replace(Q, lora_targets=ALL_LINEAR), replace(Q, lora_targets=ALL_LINEAR
          # a MoE base (formulas/finetune-moe.mf): transformers 5 quantizes q/k/v/o, the fused experts and the
          # router stay bf16 (params were -14.1 % when memform quantized the MLP); PEFT reaches the attention only
          replace(Q, model="mixtral", experts=4, top_k=2, lora_targets=ALL_LINEAR[:4]),
-         replace(Q, model="mixtral", experts=4, top_k=2, lora_targets=ALL_LINEAR[:4], kbit_prep=True)]
+         replace(Q, model="mixtral", experts=4, top_k=2, lora_targets=ALL_LINEAR[:4], kbit_prep=True),
+         # bitsandbytes 0.42's MatMul4Bit (old_bnb_saving), as LitGPT 43c44323 pins it (quantize: bnb.nf4, no
+         # double quantization, LoRA on q and v): each 4-bit GEMM's input kept (lora.bnb_keeps_input), and
+         # under LitGPT's loop (keep_last) the previous micro-batch's kept inputs live through this forward
+         # (training.keeps_last_output): finetune.mf keep_last, hf-trainer.mf forward_end
+         replace(Q, double_quant=False, old_bnb=True), replace(Q, double_quant=False, old_bnb=True, keep_last=True),
+         replace(Q, lora_targets=ALL_LINEAR, L=4, old_bnb=True, keep_last=True)]
 
 
 def sweep() -> list[QLoRACase]:
