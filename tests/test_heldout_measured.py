@@ -232,28 +232,29 @@ def test_heldout_litgpt_peak_allocated(case, job, measured, recorded, bound):
 # micro-batch's graph, and LitGPT's loop holds that graph through the next micro-batch's forward (finetune/lora.py
 # :276-292: `logits`, each chunk with its grad_fn, is rebound only when the next `model(...)` returns; `loss` becomes
 # a float every log_interval = 1): training.keeps_last_output (finetune.mf keep_last; measured on the CPU,
-# bench/validate.py --frameworks --only bnb0.42: peak -0.7 / -2.4 %). memform reads 12.49 / 15.80 /
-# 13.44 GB: -8.7 / -9.2 / -6.0 %, its peak at the end of the forward (-18.9 / -16.2 / -17.3 % with
-# bnb_keeps_input alone, -30.1 / -26.3 / -29.5 % with neither). Not followed, LitGPT's own code (its effect at
-# llama-2-7b / llama-3-8b, GB): the head is 4-bit too (memform's is bf16: -0.19 / -0.76), and each 128-token chunk
-# of its forward and backward dequantizes it to fp16 (Lightning quantizes an fp16 copy, quant_state.dtype) and
-# casts that to bf16 (MatMul4Bit.forward: dequantize_4bit(B).to(A.dtype)), 4 bytes per head weight for a moment
-# (+0.52 / +2.10 at the head's forward, where the held inputs still live); the held `logits` are fp32 (Fabric's
-# convert_output casts outputs to the default dtype: +0.13 / +0.53 there).
+# bench/validate.py --frameworks --only bnb0.42: peak -0.7 / -2.4 %). Lightning's plugin also quantizes the output
+# head (every nn.Linear; transformers skips lm_head) from an fp16 copy of each weight, so every dequantized weight
+# comes out fp16 and MatMul4Bit casts it to bf16 (0.42.0 _functions.py:516, :546): the 4-bit head's fp16 + bf16
+# copies, 4 bytes per head weight, live at the end of the forward beside the held inputs: lora.quantize_head,
+# lora.dequant_cast (finetune.mf q4_head, q4_cast; measured as above with a 4-bit head and fp16 QuantStates: peak
+# +2.7 / +3.0 %). memform reads 12.65 / 16.38 / 13.59 GB: -7.5 / -5.9 / -4.9 %, its peak at the end of the forward
+# (with keeps_last_output but a bf16 head -8.7 / -9.2 / -6.0 %; bnb_keeps_input alone -18.9 / -16.2 / -17.3 %; none
+# -30.1 / -26.3 / -29.5 %). Not followed: the held `logits` are fp32 (Fabric's _FabricModule.forward convert_output
+# casts outputs to the default dtype), 4·s·b·v bytes more at that moment: +0.13 / +0.53 / +0.13 GB.
 QLORA_Q4 = {"base_quant": "nf4", "bnb_keeps_input": True}
 
 
 def _litgpt_qlora(shape):
-    job = _litgpt(shape, 2, 8, QLORA_Q4)
+    job = _litgpt(shape, 2, 8, {**QLORA_Q4, "quantize_head": True, "dequant_cast": True})
     job["training"]["keeps_last_output"] = True
     return job
 
 
 # (case, job, measured GB, recorded error, bound)
 QLORA = [
-    ("litgpt llama-2-7b qlora b2", _litgpt_qlora(LLAMA2_7B), 13.68, -0.087, 0.10),
-    ("litgpt llama-3-8b qlora b2", _litgpt_qlora(LLAMA3_8B), 17.41, -0.092, 0.10),
-    ("litgpt mistral-7b qlora b2", _litgpt_qlora(MISTRAL_7B), 14.29, -0.060, 0.10),
+    ("litgpt llama-2-7b qlora b2", _litgpt_qlora(LLAMA2_7B), 13.68, -0.075, 0.10),
+    ("litgpt llama-3-8b qlora b2", _litgpt_qlora(LLAMA3_8B), 17.41, -0.059, 0.10),
+    ("litgpt mistral-7b qlora b2", _litgpt_qlora(MISTRAL_7B), 14.29, -0.049, 0.10),
 ]
 
 
@@ -268,13 +269,32 @@ def test_litgpt_loop_holds_the_previous_micro_batch_inputs():
     # training.keeps_last_output: the previous micro-batch's kept 4-bit inputs (QKV and gate/up inputs h wide,
     # attention output qw, down f; bf16) live at the end of the next forward, 2·(2h + qw + f) bytes per token and
     # layer: the peak moves there. Without bitsandbytes 0.42's kept inputs the held graph holds nothing.
-    held = _litgpt_qlora(LLAMA2_7B)
+    held = _litgpt(LLAMA2_7B, 2, 8, QLORA_Q4)
+    held["training"]["keeps_last_output"] = True
     st, base = numbers(held).stages[0], numbers(_litgpt(LLAMA2_7B, 2, 8, QLORA_Q4)).stages[0]
     assert st.moments["forward_end"] - base.moments["forward_end"] == 2 * (2 * 4096 + 4096 + 11008) * (2 * 512) * 32
     assert st.peak_moment == "forward_end" and base.peak_moment == "backward"
     new = _litgpt(LLAMA2_7B, 2, 8, {"base_quant": "nf4"})
     new["training"]["keeps_last_output"] = True
     assert numbers(new).stages[0].peak_bytes == numbers(_litgpt(LLAMA2_7B, 2, 8, {"base_quant": "nf4"})).stages[0].peak_bytes
+
+
+def test_lightning_4bit_head_and_fp16_quant_states():
+    # lora.quantize_head: the 32000×4096 head in NF4 (half a byte and an fp32 absmax per 64 weights, the 16-value
+    # code table) instead of bf16; lora.dequant_cast: its dequantized fp16 copy and the bf16 cast, 4 bytes per head
+    # weight, at the end of the forward (the loss's log-probs not yet saved, the bf16 logits live)
+    v, h, tok = 32000, 4096, 2 * 512
+    plain = numbers(_litgpt(LLAMA2_7B, 2, 8, QLORA_Q4)).stages[0]
+    head = numbers(_litgpt(LLAMA2_7B, 2, 8, {**QLORA_Q4, "quantize_head": True})).stages[0]
+    assert plain.values["params"] - head.values["params"] == v * h * (2 - 0.5 - 4 / 64) - 16 * 4
+    cast = numbers(_litgpt(LLAMA2_7B, 2, 8, {**QLORA_Q4, "quantize_head": True, "dequant_cast": True})).stages[0]
+    # the forward's end: + the head's input (bitsandbytes 0.42 keeps it), the dequantized head and the bf16 logits,
+    # less the fp32 log-probs the loss has not saved yet and the fp32 logits it reads (dense.mf output fwd_extra)
+    assert cast.moments["forward_end"] - plain.moments["forward_end"] == 2 * tok * h + 4 * v * h + 2 * tok * v - 8 * tok * v
+    assert cast.moments["forward_end"] - head.moments["forward_end"] == 2 * v * h
+    from memform.errors import MemformError
+    with pytest.raises(MemformError, match="quantize_head"):
+        numbers(_litgpt(LLAMA2_7B, 2, 8, {"quantize_head": True}))
 
 
 def test_old_bitsandbytes_keeps_each_4bit_input():

@@ -179,6 +179,7 @@ Q = QLoRACase(**{k: getattr(BASE, k) for k in ("h", "L", "heads", "kv_heads", "f
 #: QLoRA's set-up (NF4, double quantization, adapters on every projection: QLoRA §4 "LoRA on all linear
 #: layers"), without double quantization, FP4, PEFT's default targets, checkpointing, a wider MLP
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+HEAD_SHAPE = {"h": 512, "ffn": 1024, "heads": 8, "kv_heads": 8, "s": 16, "b": 1, "vocab": 4096}
 CASES = [replace(Q, lora_targets=ALL_LINEAR), replace(Q, lora_targets=ALL_LINEAR, double_quant=False),
          replace(Q, quant_type="fp4", double_quant=False), Q, replace(Q, lora_targets=ALL_LINEAR, gc=True),
          replace(Q, lora_targets=ALL_LINEAR, h=256, ffn=1024, heads=8, kv_heads=8, s=128, lora_r=16),
@@ -196,7 +197,12 @@ CASES = [replace(Q, lora_targets=ALL_LINEAR), replace(Q, lora_targets=ALL_LINEAR
          # under LitGPT's loop (keep_last) the previous micro-batch's kept inputs live through this forward
          # (training.keeps_last_output): finetune.mf keep_last, hf-trainer.mf forward_end
          replace(Q, double_quant=False, old_bnb=True), replace(Q, double_quant=False, old_bnb=True, keep_last=True),
-         replace(Q, lora_targets=ALL_LINEAR, L=4, old_bnb=True, keep_last=True)]
+         replace(Q, lora_targets=ALL_LINEAR, L=4, old_bnb=True, keep_last=True),
+         # ... with Lightning's 4-bit head (quant_head) and fp16 QuantStates (fp16_source), at a shape whose
+         # 4096×512 head outweighs the activations: its dequantized copies (finetune.mf q4_head, q4_cast) are the
+         # peak, in the head's forward (0.42's dequantize-then-GEMM) and backward
+         replace(Q, double_quant=False, old_bnb=True, keep_last=True, quant_head=True, **HEAD_SHAPE),
+         replace(Q, double_quant=False, old_bnb=True, keep_last=True, quant_head=True, fp16_source=True, **HEAD_SHAPE)]
 
 
 def sweep() -> list[QLoRACase]:
