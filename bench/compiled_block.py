@@ -35,7 +35,13 @@ torchtitan's SelectiveAC (op SAC) and FullAC (their ``_wrap_block``). Eager runs
 (decomposed by the compile on any device). Flex attention has no CPU backward (its device check is lifted;
 the eager HOP's math forward and backward run) and torchtitan's nested ``torch.compile(flex_attention)`` is
 its eager function (inlined by the block's compile either way). It writes bench/results/compiled_block_titan.json
-(read by tests/test_compiled_block.py) and prints each case beside memform's figures.
+(read by tests/test_compiled_block.py) and prints each case beside memform's figures. Measured (2026-12-07, 18 cases,
+about 5 minutes of CPU): op SAC and full AC exact but for flex's block mask (64-96 bytes); no AC 2.4-3.7 % above
+memform's compiled figure for MLA / MoE (the norms' rstd, MLA's v keeping wkv_b's whole output, the router's ints:
+tests/test_compiled_block.py _titan_uncounted), 0.08 % with TP + SP; TP without SP keeps more than eager (not
+modelled). backend="inductor" does not compile the MLA block on the CPU (flex attention's backward: "IndexError: tuple
+index out of range" in its lowering); on the MoE part alone (the base shape's ffn_norm + MoE, x + moe(ffn_norm(x)))
+it saves the same tensors as the partition-only backend, 1,525,792 bytes without AC and 200,704 under op SAC.
 
 Measured (torch 2.13 CPU, 2026-12-07): every no-AC case 0.05-0.11 % above memform's compiled figure (the two
 norms' fp32 rstd, 8 bytes a token, which memform counts for neither eager nor compiled blocks), every op-SAC
