@@ -41,7 +41,8 @@ memform's compiled figure for MLA / MoE (the norms' rstd, MLA's v keeping wkv_b'
 tests/test_compiled_block.py _titan_uncounted), 0.08 % with TP + SP; TP without SP keeps more than eager (not
 modelled). backend="inductor" does not compile the MLA block on the CPU (flex attention's backward: "IndexError: tuple
 index out of range" in its lowering); on the MoE part alone (the base shape's ffn_norm + MoE, x + moe(ffn_norm(x)))
-it saves the same tensors as the partition-only backend, 1,525,792 bytes without AC and 200,704 under op SAC.
+it saves the same tensors as the partition-only backend, 1,525,792 bytes without AC and 200,704 under op SAC
+(``--titan --inductor``, a few minutes of C++ compiles).
 
 Measured (torch 2.13 CPU, 2026-12-07): every no-AC case 0.05-0.11 % above memform's compiled figure (the two
 norms' fp32 rstd, 8 bytes a token, which memform counts for neither eager nor compiled blocks), every op-SAC
@@ -438,6 +439,39 @@ def _tp_saved(tb: TitanBlock, compiled: bool, backend=None) -> dict[int, tuple]:
         dist.destroy_process_group()
 
 
+def moe_part_saved_bytes(tb: TitanBlock, backend=None) -> int:  # noqa: ANN001
+    """The compiled MoE part of the MoE block alone, x + moe(ffn_norm(x)) (no flex attention: backend="inductor"
+    cannot lower its backward on the CPU), under ``tb.ac``."""
+    from torchtitan.models.common import ComplexRoPE
+    from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher
+    from torchtitan.models.deepseek_v3 import _build_dsv3_layers
+
+    class MoEPart(nn.Module):
+        def __init__(self, block: nn.Module) -> None:
+            super().__init__()
+            self.ffn_norm, self.moe = block.ffn_norm, block.moe
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.moe(self.ffn_norm(x))
+
+    AllToAllTokenDispatcher._local_reorder = AllToAllTokenDispatcher._torchtitan_local_reorder
+    _norms(True)
+    layers = _build_dsv3_layers(
+        n_layers=2, n_dense_layers=1, dim=tb.h, n_heads=tb.heads, q_lora_rank=tb.q_rank, kv_lora_rank=tb.kv_rank,
+        qk_nope_head_dim=tb.dn, qk_rope_head_dim=tb.dr, v_head_dim=tb.dv, mscale=1.0, dense_hidden_dim=tb.ffn,
+        moe_hidden_dim=tb.fexp, num_experts=tb.experts, num_shared_experts=tb.shared, router_top_k=tb.topk,
+        router_score_func="sigmoid", attn_backend="flex", moe_comm_backend="standard",
+        non_blocking_capacity_factor=None, rope=ComplexRoPE.Config(dim=tb.dr, max_seq_len=tb.s, theta=10000.0))
+    torch.manual_seed(0)
+    part = MoEPart(layers[1].build())
+    for p in part.parameters():
+        nn.init.normal_(p, std=0.02)
+        p.data = p.data.to(torch.bfloat16)
+    x = torch.randn(tb.b, tb.s, tb.h, dtype=torch.bfloat16, requires_grad=True)
+    skip = {t.untyped_storage().data_ptr() for t in [*part.parameters(), *part.buffers()]}
+    return sum(n for _, _, n in _saved(_wrap(part, tb.ac), (x,), {}, skip, backend, True).values())
+
+
 def titan_saved_bytes(tb: TitanBlock, compiled: bool, backend=None) -> int:  # noqa: ANN001
     """Bytes the torchtitan block saves for its backward (its parameters and buffers excluded)."""
     fn = _tp_saved if tb.kind == "tp" else _dsv3_saved
@@ -491,11 +525,17 @@ def titan_sweep() -> list[TitanBlock]:
             + [replace(tb, ac=ac) for tb in tp for ac in ("none", "op")])
 
 
-def titan_main(out_path: str, only: str = "") -> int:
+def titan_main(out_path: str, only: str = "", inductor: bool = False) -> int:
     import json
     import time
 
     _titan_setup()
+    if inductor:     # the real backend (C++ code for the CPU) against the partition-only one, on the MoE part
+        for ac in ("none", "op"):
+            tb = replace(TITAN_BASE, ac=ac)
+            print(f"MoE part of {tb.label()}: backend inductor {moe_part_saved_bytes(tb, 'inductor'):,d} bytes saved, "
+                  f"inductor-partition {moe_part_saved_bytes(tb):,d}", flush=True)
+        return 0
     rows = []
     print(f"{'case':58s} {'eager':>10s} {'memform':>10s} {'compiled':>10s} {'memform':>10s} {'error':>7s}")
     for tb in titan_sweep():
@@ -530,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.titan:
         from pathlib import Path
 
-        return titan_main(str(Path(__file__).parent / "results" / "compiled_block_titan.json"), args.only)
+        return titan_main(str(Path(__file__).parent / "results" / "compiled_block_titan.json"), args.only, args.inductor)
     shapes = [replace(BASE, ac=ac) for ac in ("none", "op", "full")] if args.quick else sweep()
     print(f"{'case':46s} {'eager':>10s} {'memform':>10s} {'compiled':>10s} {'memform':>10s} {'error':>7s}")
     print(f"{'':46s} {'measured':>10s} {'eager':>10s} {'measured':>10s} {'compiled':>10s}")
