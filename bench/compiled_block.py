@@ -280,12 +280,14 @@ class TitanBlock:
     ffn: int = 512
     tp: int = 1
     sp: bool = True
+    ep: int = 1
 
     def label(self) -> str:
         if self.kind == "tp":
             return f"llama3-debug tp{self.tp}{' sp' if self.sp else ''} b{self.b} s{self.s} ac={self.ac}"
         q = f" q{self.q_rank}" if self.q_rank else ""
         moe = f" E{self.experts} K{self.topk} fe{self.fexp} sh{self.shared}" if self.kind == "moe" else f" f{self.ffn}"
+        moe += f" ep{self.ep}" if self.ep > 1 else ""
         return f"dsv3-{self.kind} b{self.b} s{self.s} h{self.h} a{self.heads}{q}{moe} ac={self.ac}"
 
 
@@ -355,11 +357,34 @@ def _wrap(block: nn.Module, ac: str) -> nn.Module:
 
 
 def _dsv3_saved(tb: TitanBlock, compiled: bool, backend=None) -> dict[int, tuple]:  # noqa: ANN001
+    if tb.ep == 1:
+        return _dsv3_block_saved(tb, compiled, backend)
+    # expert parallelism: rank 0 of a `fake` process group of ep ranks holds E/ep experts; torchtitan's
+    # AllToAllTokenDispatcher exchanges the per-expert counts (an all-to-all whose output the fake group leaves
+    # uninitialised): here each rank receives what it sends, as under balanced routing, so the splits agree;
+    # the data all-to-alls return buffers of those sizes
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torchtitan.distributed import utils as dist_utils
+    from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher
+
+    exchange = AllToAllTokenDispatcher._token_count_exchange
+    AllToAllTokenDispatcher._token_count_exchange = lambda self, counts, pg, ep: counts.view(ep, -1).clone()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tb.ep)
+    try:
+        dist_utils.set_spmd_backend("partial_dtensor")
+        return _dsv3_block_saved(tb, compiled, backend, init_device_mesh("cpu", (tb.ep,), mesh_dim_names=("ep",)))
+    finally:
+        dist.destroy_process_group()
+        AllToAllTokenDispatcher._token_count_exchange = exchange
+
+
+def _dsv3_block_saved(tb: TitanBlock, compiled: bool, backend=None, ep_mesh=None) -> dict[int, tuple]:  # noqa: ANN001
     from torch.nn.attention.flex_attention import create_block_mask
     from torchtitan.models.common import ComplexRoPE
-    from torchtitan.models.deepseek_v3 import _build_dsv3_layers
-
     from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher
+    from torchtitan.models.deepseek_v3 import _build_dsv3_layers
 
     AllToAllTokenDispatcher._local_reorder = AllToAllTokenDispatcher._torchtitan_local_reorder
     _norms(compiled)
@@ -372,6 +397,11 @@ def _dsv3_saved(tb: TitanBlock, compiled: bool, backend=None) -> dict[int, tuple
         non_blocking_capacity_factor=None, rope=rope)
     torch.manual_seed(0)
     block = layers[1 if tb.kind == "moe" else 0].build()
+    if ep_mesh is not None:     # this rank's experts (ExpertParallel shards GroupedExperts' weights on dim 0)
+        experts = block.moe.routed_experts.inner_experts
+        for name in ("w1_EFD", "w2_EDF", "w3_EFD"):
+            setattr(experts, name, nn.Parameter(getattr(experts, name).detach()[: tb.experts // tb.ep].clone()))
+        block.moe.routed_experts.token_dispatcher.wire_meshes(ep_mesh=ep_mesh)
     for p in block.parameters():      # FSDP2's param_dtype bf16 (buffers stay fp32 / complex)
         nn.init.normal_(p, std=0.02)
         p.data = p.data.to(torch.bfloat16)
@@ -498,7 +528,7 @@ def titan_memform_layer(tb: TitanBlock, compiled: bool) -> int:
                          "qk_nope_head_dim": tb.dn, "v_head_dim": tb.dv, "num_experts": tb.experts,
                          "moe_top_k": tb.topk, "moe_ffn_hidden_size": tb.fexp, "num_shared_experts": tb.shared,
                          "first_k_dense": 1, "moe_grouped_gemm": True},
-               "parallel": {"dp": 1, "tp": 1, "pp": 1, "ep": 1, "expert_tp": 1},
+               "parallel": {"dp": tb.ep, "tp": 1, "pp": 1, "ep": tb.ep, "expert_tp": 1},
                "training": {"framework": "fsdp2", "micro_batch_size": tb.b, "num_micro_batches": 1,
                             "recompute": recompute,
                             "precision": {"params": "bf16", "grads": "fp32", "optimizer": "fp32",
@@ -517,6 +547,7 @@ TITAN_BASE = TitanBlock()
 def titan_sweep() -> list[TitanBlock]:
     moe = [TITAN_BASE, replace(TITAN_BASE, q_rank=96), replace(TITAN_BASE, topk=3, experts=16, fexp=64, shared=2),
            replace(TITAN_BASE, b=1, s=256, h=384, heads=6)]
+    moe.append(replace(TITAN_BASE, ep=2))
     mla = [replace(TITAN_BASE, kind="mla"), replace(TITAN_BASE, kind="mla", q_rank=96)]
     tp = [TitanBlock(kind="tp", tp=2, b=2, s=96), TitanBlock(kind="tp", tp=2, b=2, s=96, sp=False)]
     # full AC: the block input (the DeepSeek-V3 shapes); the TP block's FullAC does not compile here (torch 2.13:

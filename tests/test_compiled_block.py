@@ -86,18 +86,19 @@ def test_bench_compiled_block_measures_the_base_shape():
 
 
 def test_import_torchtitan_compiled_mla_moe_blocks(tmp_path):
-    # an MLA / MoE model's compiled blocks: measured (bench/compiled_block.py --titan), no eager fallback; with EP
-    # the compiled MoE block's all-to-all outputs are not measured, which the import says
+    # an MLA / MoE model's compiled blocks, with or without EP: measured (bench/compiled_block.py --titan), no eager
+    # fallback; a TP'd MoE block is not measured compiled, which the import says
     from memform.importers import Options, import_config
     path = tmp_path / "job.toml"
-    path.write_text("[model]\nname = \"deepseek_v3\"\nflavor = \"16B\"\n[compile]\nenable = true\n")
+    path.write_text("[model]\nname = \"deepseek_v3\"\nflavor = \"16B\"\n[compile]\nenable = true\n"
+                    "[parallelism]\nexpert_parallel_degree = 8\n")
     draft = import_config("torchtitan", path, Options(devices=8))
-    assert draft.get("model.compile") == "blocks"
+    assert draft.get("model.compile") == "blocks" and draft.get("parallel.ep") == 8
     assert not any("torch.compile" in w and "MoE" in w for w in draft.warnings)
-    path.write_text(path.read_text() + "[parallelism]\nexpert_parallel_degree = 8\n")
+    path.write_text(path.read_text() + "tensor_parallel_degree = 2\n")
     draft = import_config("torchtitan", path, Options(devices=8))
     assert draft.get("model.compile") == "blocks"
-    assert any("expert or tensor parallelism on MoE blocks" in w for w in draft.warnings)
+    assert any("tensor parallelism on MoE blocks" in w for w in draft.warnings)
 
 
 # torchtitan's own blocks compiled (bench/compiled_block.py --titan, torch 2.13 CPU, Inductor's partitioner):
@@ -132,7 +133,7 @@ def _titan_layer(block, compiled):  # noqa: ANN001, ANN202
                          "qk_nope_head_dim": b["dn"], "v_head_dim": b["dv"], "num_experts": b["experts"],
                          "moe_top_k": b["topk"], "moe_ffn_hidden_size": b["fexp"], "num_shared_experts": b["shared"],
                          "first_k_dense": 1, "moe_grouped_gemm": True},
-               "parallel": {"dp": 1, "tp": 1, "pp": 1, "ep": 1, "expert_tp": 1},
+               "parallel": {"dp": b["ep"], "tp": 1, "pp": 1, "ep": b["ep"], "expert_tp": 1},
                "training": {"framework": "fsdp2", "micro_batch_size": b["b"], "num_micro_batches": 1,
                             "recompute": recompute, "precision": precision},
                "fsdp2": {"param_dtype": "bf16", "reduce_dtype": "fp32", "selective_ac": "op", "grouped_experts": True}}
@@ -163,8 +164,11 @@ def _titan_uncounted(block):  # noqa: ANN001, ANN202
         # the topk ids, the sort's and the token indices (int64, one per routed token), the sorted scores, the
         # expert offsets -- against memform's fp32 scores and probabilities, 4·(2E + k) a token
         routed = b["topk"] * tokens
-        extra += 2 * b["experts"] * tokens + 8 * b["topk"] * tokens + 16 * routed + 2 * routed + 4 * b["experts"]
+        # (the grouped GEMMs' int32 offsets: one per local expert)
+        extra += 2 * b["experts"] * tokens + 8 * b["topk"] * tokens + 16 * routed + 2 * routed + 4 * b["experts"] // b["ep"]
         extra -= 4 * (2 * b["experts"] + b["topk"]) * tokens
+        if b["ep"] > 1:
+            extra += 8 * routed     # AllToAllTokenDispatcher._permute's int64 indices, one per received token
     return extra
 
 
