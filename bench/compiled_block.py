@@ -26,19 +26,21 @@ model.compile: blocks)::
 
 ``--titan`` (torchtitan 0.3.0 installed) compiles torchtitan's own blocks the same way: DeepSeek-V3's
 (models/deepseek_v3: MLA attention with flex attention, its dense FFN or its MoE -- TokenChoiceTopKRouter,
-LocalTokenDispatcher, GroupedExperts over torch._grouped_mm, shared experts; EP 1), built by its
+LocalTokenDispatcher or, at EP 2, AllToAllTokenDispatcher, GroupedExperts over torch._grouped_mm, shared
+experts), built by its
 ``build_mla_moe_layers``, and Llama 3's debugmodel block tensor-parallelized by torchtitan's own
 ``parallelize_llama`` (DTensor, TP 2 with and without sequence parallelism, on a ``fake`` process group with
-real CPU tensors: the collectives return uninitialised buffers of the right size), each under no AC,
+real CPU tensors: the collectives return uninitialised buffers of the right size; EP likewise, each rank
+receiving the expert counts it sends), each under no AC,
 torchtitan's SelectiveAC (op SAC) and FullAC (their ``_wrap_block``). Eager runs use the harness's RMSNorm
 (what the CUDA ``_fused_rms_norm`` saves: memform.validation.frameworks.titan), compiled ones nn.RMSNorm
 (decomposed by the compile on any device). Flex attention has no CPU backward (its device check is lifted;
 the eager HOP's math forward and backward run) and torchtitan's nested ``torch.compile(flex_attention)`` is
 its eager function (inlined by the block's compile either way). It writes bench/results/compiled_block_titan.json
-(read by tests/test_compiled_block.py) and prints each case beside memform's figures. Measured (2026-12-07, 18 cases,
+(read by tests/test_compiled_block.py) and prints each case beside memform's figures. Measured (2026-12-07, 20 cases,
 about 5 minutes of CPU): op SAC and full AC exact but for flex's block mask (64-96 bytes); no AC 2.4-3.7 % above
 memform's compiled figure for MLA / MoE (the norms' rstd, MLA's v keeping wkv_b's whole output, the router's ints:
-tests/test_compiled_block.py _titan_uncounted), 0.08 % with TP + SP; TP without SP keeps more than eager (not
+EP's permutation indices: tests/test_compiled_block.py _titan_uncounted), 0.08 % with TP + SP; TP without SP keeps more than eager (not
 modelled). backend="inductor" does not compile the MLA block on the CPU (flex attention's backward: "IndexError: tuple
 index out of range" in its lowering); on the MoE part alone (the base shape's ffn_norm + MoE, x + moe(ffn_norm(x)))
 it saves the same tensors as the partition-only backend, 1,525,792 bytes without AC and 200,704 under op SAC
