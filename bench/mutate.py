@@ -1128,6 +1128,17 @@ STOP47_PAIR_DRAWS: tuple[tuple[str, str, dict], ...] = (
     ("activation offload modules x MoE x selective", "configs/mixtral-8x7b.yaml",
      {**_FG, "training.recompute": "selective", "training.activation_offload_modules": ["core_attn", "expert_fc1",
                                                                                          "moe_act"]}),
+    # (compile7: torch.compile'd blocks under fsdp2 -- the MoE experts, the shared experts' silu, op SAC's topk values
+    # and shared w2 output with EP, the w2 reduce-scatter output with TP + SP: terms model.compile: blocks gates)
+    ("fsdp2 compiled blocks x op SAC x MLA x MoE x EP", "configs/deepseek-v2-lite.yaml",
+     {"training.framework": "fsdp2", "training.recompute": "selective", "fsdp2.selective_ac": "op",
+      "fsdp2.grouped_experts": True, "parallel.ep": 2, "parallel.tp": 1, "model.compile": "blocks"}),
+    ("fsdp2 compiled blocks x MoE x no recompute", "configs/deepseek-v2-lite.yaml",
+     {"training.framework": "fsdp2", "training.recompute": "none", "fsdp2.grouped_experts": True, "parallel.ep": 1,
+      "parallel.tp": 1, "model.compile": "blocks"}),
+    ("fsdp2 compiled blocks x op SAC x TP 2 x SP", "configs/llama3-8b.yaml",
+     {"training.framework": "fsdp2", "training.recompute": "selective", "fsdp2.selective_ac": "op", "parallel.tp": 2,
+      "parallel.sequence_parallel": True, "model.compile": "blocks"}),
 )
 
 #: stop 47: configs the loader must REFUSE, kept in the space with their error text as the baseline (``draw R<k>``):
