@@ -94,14 +94,15 @@ SWAPS = {"h": "f", "f": "h", "t": "cp", "cp": "t", "g": "a", "a": "g"}
 #: PyTorch validation subset (each measured once per worker), and (stop 45) the files that hold formula
 #: numbers to recorded framework runs: torchtitan's op-level SAC on MLA/MoE (test_fsdp2_*.py: they kill
 #: seed 101's survivors fsdp2/mla.mf:15 and fsdp2/moe.mf:15, which no file of the old list reads), the
-#: DeepSpeed / Megatron / transformers ground truth, published runs, MindFormers' recorded memory
+#: DeepSpeed / Megatron / transformers ground truth, published runs, MindFormers' recorded memory; (compile7)
+#: the compiled blocks' recorded partitioner measurements (test_compiled_block.py: model.compile's terms)
 DEFAULT_TESTS = ("tests/test_reference_*.py", "tests/test_pipeline.py", "tests/test_models.py",
                  "tests/test_validate.py", "tests/test_frameworks.py", "tests/test_framework_*.py",
                  "tests/test_distributed.py", "tests/test_arch_*.py", "tests/test_optimizers.py",
                  "tests/test_finetune.py", "tests/test_qlora.py", "tests/test_fsdp2_*.py",
                  "tests/test_frameworks_*.py", "tests/test_optimizers_finetune.py", "tests/test_grad_clip.py",
                  "tests/test_published_runs.py", "tests/test_mindformers_recorded_memory.py",
-                 "tests/test_frozen.py", "tests/test_megatron_allocator.py")
+                 "tests/test_frozen.py", "tests/test_megatron_allocator.py", "tests/test_compiled_block.py")
 #: the selection before issue 35 (``--tests`` with these, ``--space variants --no-subprocess``: the figure
 #: the tool reported then, on the same sample)
 OLD_TESTS = DEFAULT_TESTS[:7]
