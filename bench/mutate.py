@@ -94,14 +94,15 @@ SWAPS = {"h": "f", "f": "h", "t": "cp", "cp": "t", "g": "a", "a": "g"}
 #: PyTorch validation subset (each measured once per worker), and (stop 45) the files that hold formula
 #: numbers to recorded framework runs: torchtitan's op-level SAC on MLA/MoE (test_fsdp2_*.py: they kill
 #: seed 101's survivors fsdp2/mla.mf:15 and fsdp2/moe.mf:15, which no file of the old list reads), the
-#: DeepSpeed / Megatron / transformers ground truth, published runs, MindFormers' recorded memory
+#: DeepSpeed / Megatron / transformers ground truth, published runs, MindFormers' recorded memory; (compile7)
+#: the compiled blocks' recorded partitioner measurements (test_compiled_block.py: model.compile's terms)
 DEFAULT_TESTS = ("tests/test_reference_*.py", "tests/test_pipeline.py", "tests/test_models.py",
                  "tests/test_validate.py", "tests/test_frameworks.py", "tests/test_framework_*.py",
                  "tests/test_distributed.py", "tests/test_arch_*.py", "tests/test_optimizers.py",
                  "tests/test_finetune.py", "tests/test_qlora.py", "tests/test_fsdp2_*.py",
                  "tests/test_frameworks_*.py", "tests/test_optimizers_finetune.py", "tests/test_grad_clip.py",
                  "tests/test_published_runs.py", "tests/test_mindformers_recorded_memory.py",
-                 "tests/test_frozen.py", "tests/test_megatron_allocator.py")
+                 "tests/test_frozen.py", "tests/test_megatron_allocator.py", "tests/test_compiled_block.py")
 #: the selection before issue 35 (``--tests`` with these, ``--space variants --no-subprocess``: the figure
 #: the tool reported then, on the same sample)
 OLD_TESTS = DEFAULT_TESTS[:7]
@@ -1128,6 +1129,17 @@ STOP47_PAIR_DRAWS: tuple[tuple[str, str, dict], ...] = (
     ("activation offload modules x MoE x selective", "configs/mixtral-8x7b.yaml",
      {**_FG, "training.recompute": "selective", "training.activation_offload_modules": ["core_attn", "expert_fc1",
                                                                                          "moe_act"]}),
+    # (compile7: torch.compile'd blocks under fsdp2 -- the MoE experts, the shared experts' silu, op SAC's topk values
+    # and shared w2 output with EP, the w2 reduce-scatter output with TP + SP: terms model.compile: blocks gates)
+    ("fsdp2 compiled blocks x op SAC x MLA x MoE x EP", "configs/deepseek-v2-lite.yaml",
+     {"training.framework": "fsdp2", "training.recompute": "selective", "fsdp2.selective_ac": "op",
+      "fsdp2.grouped_experts": True, "parallel.ep": 2, "parallel.tp": 1, "model.compile": "blocks"}),
+    ("fsdp2 compiled blocks x MoE x no recompute", "configs/deepseek-v2-lite.yaml",
+     {"training.framework": "fsdp2", "training.recompute": "none", "fsdp2.grouped_experts": True, "parallel.ep": 1,
+      "parallel.tp": 1, "model.compile": "blocks"}),
+    ("fsdp2 compiled blocks x op SAC x TP 2 x SP", "configs/llama3-8b.yaml",
+     {"training.framework": "fsdp2", "training.recompute": "selective", "fsdp2.selective_ac": "op", "parallel.tp": 2,
+      "parallel.sequence_parallel": True, "model.compile": "blocks"}),
 )
 
 #: stop 47: configs the loader must REFUSE, kept in the space with their error text as the baseline (``draw R<k>``):

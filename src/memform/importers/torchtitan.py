@@ -917,9 +917,11 @@ def _refusals(s: _Sections, draft: Draft) -> None:
     blocks = (s.compile.boolean("enable", False) and "model" in components) or s.training.boolean("compile", False)
     if blocks:
         draft.set("model.compile", "blocks", "torch.compile of each transformer block (apply_compile)")
-        if draft.get("model.num_experts", 1) > 1 or draft.get("model.attention") == "mla":
-            draft.warn("torch.compile is enabled: memform counts what a compiled dense block saves, but its MoE and "
-                       "MLA blocks as eager ones (an upper bound for them)")
+        # MLA and MoE blocks (with and without EP) and TP'd dense blocks (SP: torchtitan's plan) are measured
+        # compiled (bench/compiled_block.py --titan); a TP'd MoE block is not
+        if draft.get("model.num_experts", 1) > 1 and draft.get("parallel.tp", 1) > 1:
+            draft.warn("torch.compile with tensor parallelism on MoE blocks: memform counts what a compiled MoE block "
+                       "saves without TP (measured), split as eager TP splits it (not measured compiled)")
         if draft.get("fsdp2.float8", "none") != "none":
             draft.warn("torch.compile with Float8: memform counts torchao's eager casts in backward (fsdp2.mf "
                        "f8_bwd), which Inductor fuses (an upper bound for that transient)")
