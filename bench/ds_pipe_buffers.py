@@ -41,15 +41,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
-def POINT():  # noqa: ANN201, N802 - the harness's model point, with the fused SwiGLU (Megatron-style kernels)
+def POINT(world: int = 2):  # noqa: ANN201, N802 - the harness's model point, with the fused SwiGLU (Megatron-style kernels)
+    """One decoder per stage (the harness's L2 at 2 stages, L``world`` beyond)."""
     from memform.validation.distributed import BASE
 
-    return replace(BASE, swiglu_impl="fused")
+    return replace(BASE, swiglu_impl="fused", L=max(2, world))
 
 
 def job_config(m: int, world: int = 2) -> dict:
     """memform's config of the job the ranks run."""
-    cfg = POINT().config()
+    cfg = POINT(world).config()
     cfg["name"] = f"ds-pipe-p{world}-m{m}"
     cfg["training"].update(framework="deepspeed", num_micro_batches=m)
     cfg["parallel"].update(pp=world, zero=0)
@@ -77,7 +78,7 @@ def _measure(item: dict, rank: int, world: int) -> dict:
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed("gloo")
     m = item["m"]
-    point = POINT()
+    point = POINT(world)
     case = Case("1f1b", world=world, point=point, m=m)
     parts = pieces(_model(case), world)
     module = PipelineModule(layers=parts, num_stages=world, loss_fn=pipeline_loss, partition_method="uniform")
@@ -95,6 +96,19 @@ def _measure(item: dict, rank: int, world: int) -> dict:
     # the engine's buffers (the last stage's stale slot); the optimizer's states and the persistent receive
     # buffers, made in the first step, are tagged after it
     trace = Trace(_storages([*params, *engine.module.buffers(), *ids]))
+    # the fused kernels' stand-ins (torch_models._by_rows: the SwiGLU's and RMSNorm's backward, row block by
+    # row block) make FUSED_ROWS-row fp32 temporaries that a fused kernel keeps in registers: tagged, so that
+    # the peak is read with and without them ("activations_peak" without, "activations_peak_raw" with)
+    from memform.validation import torch_models
+
+    by_rows = torch_models._by_rows
+
+    def tagged_rows(fn, out, *inputs, _orig=by_rows):  # noqa: ANN001, ANN202
+        first = trace._next
+        _orig(fn, out, *inputs)
+        for serial in range(first, trace._next):
+            trace.tags.setdefault(serial, "fused_tmp")
+    torch_models._by_rows = tagged_rows
     held: dict[str, int] = {}
     from deepspeed.runtime.pipe import schedule
 
@@ -104,6 +118,9 @@ def _measure(item: dict, rank: int, world: int) -> dict:
         def run(self, *a, **k):  # noqa: ANN001, ANN202
             if name == "OptimizerStep":   # the accumulated gradients, before the step frees them (zero_grad)
                 trace.tag([q.grad for q in params], "grad")
+                if "step2" in trace.marks:    # what the pipe buffers hold when optimizer.step() runs
+                    trace.sample()
+                    trace.mark("step")
             out = orig(self, *a, **k)
             trace.sample()
             timeline.append((f"{name}{k.get('buffer_id', '')}", len(trace.samples) - 1))
@@ -137,50 +154,66 @@ def _measure(item: dict, rank: int, world: int) -> dict:
                               *engine._grad_layer_buf) if isinstance(t, torch.Tensor)]
     trace.tag(_opt_states(opt), "optimizer")
     trace.tag(persistent, "comm")
+    torch_models._by_rows = by_rows
     act = lambda s: s not in trace.tags  # noqa: E731
+    raw = lambda s: trace.tags.get(s, "fused_tmp") == "fused_tmp"  # noqa: E731
     last = trace.samples[-1]
     alive_end = sorted(((trace.op_of.get(sr), n) for sr, n in last if act(sr)), key=lambda x: -x[1])[:8]
-    warm = trace.marks["warmup"]
+    warm, step = trace.marks["warmup"], trace.marks["step"]
     peak, at = trace.peak(act, start=trace.marks["step2"])
     timeline = timeline[first:]
-    return {"activations": trace.at(warm, act), "activations_peak": peak, "between_steps": trace.at(
-                trace.marks["step2"], act),
+    return {"activations": trace.at(warm, act), "activations_peak": peak,
+            "activations_peak_raw": trace.peak(raw, start=trace.marks["step2"])[0],
+            "step": trace.at(step, act), "between_steps": trace.at(trace.marks["step2"], act),
             "pipe_buffers": held, "persistent": _nbytes(persistent), "slots": engine.num_pipe_buffers,
             "warmup_by_op": trace.by_op(warm, act), "peak_by_op": trace.by_op(at, act),
+            "step_by_op": trace.by_op(step, act),
             "timeline": [(a, trace.at(i, act)) for a, i in timeline],
             "peak_after": next((a for a, i in timeline if i >= at), "end"), "alive_end": alive_end}
+
+
+def _row(world: int, m: int, rank: int, r: dict, st) -> dict:  # noqa: ANN001
+    """One rank's measured columns beside memform's, printed."""
+    row = {"stages": world, "m": m, "rank": rank,
+           **{k: r[k] for k in ("activations", "activations_peak", "activations_peak_raw", "step", "pipe_buffers",
+                                "persistent", "slots", "between_steps")},
+           "est_activations": int(st.moments.get("warmup", st.values["activations"])),
+           "est_activations_peak": int(st.values["activations"]),
+           "est_step": int(st.moments.get("step", 0)),
+           "est_persistent": int(st.runtime.get("ds_pipe_p2p", 0))}
+    err = lambda k: (row[f"est_{k}"] - row[k]) / max(1, row[k]) * 100  # noqa: E731
+    print(f"p{world} m{m} rank {rank}: warm-up {row['activations'] / 1024:.1f} / {row['est_activations'] / 1024:.1f}"
+          f" KiB ({err('activations'):+.2f} %), peak {row['activations_peak'] / 1024:.1f} / "
+          f"{row['est_activations_peak'] / 1024:.1f} KiB ({err('activations_peak'):+.2f} %; with the fused stand-ins' "
+          f"row temporaries {row['activations_peak_raw'] / 1024:.1f}), at optimizer.step() {row['step'] / 1024:.1f} / "
+          f"{row['est_step'] / 1024:.1f} KiB; at warm-up's end pipe_buffers hold "
+          f"{', '.join(f'{k} {v / 1024:.1f}' for k, v in r['pipe_buffers'].items())} KiB ({r['slots']} slots); "
+          f"receive buffers {r['persistent'] / 1024:.1f} / {row['est_persistent'] / 1024:.1f} KiB; held between "
+          f"steps {r['between_steps'] / 1024:.1f} KiB")
+    if os.environ.get("MEMFORM_DS_DEBUG"):
+        print("   warmup_by_op", r["warmup_by_op"], "\n   peak_by_op", r["peak_by_op"], "\n   step_by_op",
+              r["step_by_op"], "\n   timeline", r["timeline"], "peak after", r["peak_after"],
+              "\n   alive at the end", r["alive_end"])
+    return row
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--m", type=int, nargs="*", default=[4], help="micro-batches per step (one job each)")
+    ap.add_argument("--stages", type=int, nargs="*", default=[2],
+                    help="pipeline stages (gloo ranks), one decoder each; every --m is run at each")
     ap.add_argument("--json", type=Path, help="also write the rows to PATH")
     args = ap.parse_args()
     import memform
     from memform.validation import ranks
 
-    results = ranks.spawn(2, _measure, [{"m": m} for m in args.m], prefix="memform-dspipe-")
     rows = []
-    for m, per_rank in zip(args.m, results):
-        est = memform.estimate(job_config(m))
-        for rank, r in enumerate(per_rank):
-            st = est.stages[rank]
-            row = {"m": m, "rank": rank, **{k: r[k] for k in ("activations", "activations_peak", "pipe_buffers",
-                                                             "persistent", "slots", "between_steps")},
-                   "est_activations": int(st.moments.get("warmup", st.values["activations"])),
-                   "est_activations_peak": int(st.values["activations"]),
-                   "est_persistent": int(st.runtime.get("ds_pipe_p2p", 0))}
-            rows.append(row)
-            err = lambda k: (row[f"est_{k}"] - row[k]) / row[k] * 100  # noqa: E731
-            print(f"m{m} rank {rank}: activations {row['activations'] / 1024:.1f} / {row['est_activations'] / 1024:.1f}"
-                  f" KiB ({err('activations'):+.2f} %), peak {row['activations_peak'] / 1024:.1f} / "
-                  f"{row['est_activations_peak'] / 1024:.1f} KiB ({err('activations_peak'):+.2f} %); at warm-up's "
-                  f"end pipe_buffers hold {', '.join(f'{k} {v / 1024:.1f}' for k, v in r['pipe_buffers'].items())}"
-                  f" KiB ({r['slots']} slots); persistent receive buffers {r['persistent'] / 1024:.1f} KiB; held between "
-                  f"steps {r['between_steps'] / 1024:.1f} KiB")
-            if os.environ.get("MEMFORM_DS_DEBUG"):
-                print("   warmup_by_op", r["warmup_by_op"], "\n   peak_by_op", r["peak_by_op"], "\n   timeline",
-                      r["timeline"], "peak after", r["peak_after"], "\n   alive at the end", r["alive_end"])
+    for world in args.stages:
+        results = ranks.spawn(world, _measure, [{"m": m} for m in args.m], prefix="memform-dspipe-")
+        for m, per_rank in zip(args.m, results):
+            est = memform.estimate(job_config(m, world))
+            for rank, r in enumerate(per_rank):
+                rows.append(_row(world, m, rank, r, est.stages[rank]))
     if args.json:   # (tests/data/ds-pipe-buffers.json: the measured columns are what the tests hold memform to)
         import deepspeed
         import torch
