@@ -41,20 +41,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
-def POINT(world: int = 2):  # noqa: ANN201, N802 - the harness's model point, with the fused SwiGLU (Megatron-style kernels)
-    """One decoder per stage (the harness's L2 at 2 stages, L``world`` beyond)."""
+def POINT(world: int = 2, bf16: bool = False):  # noqa: ANN201, N802 - the harness's point, fused SwiGLU (Megatron-style)
+    """One decoder per stage (the harness's L2 at 2 stages, L``world`` beyond); fp32, or bf16 parameters with
+    fp32 gradients and master weights (``bf16``: BF16_Optimizer, below)."""
     from memform.validation.distributed import BASE
 
-    return replace(BASE, swiglu_impl="fused", L=max(2, world))
+    return replace(BASE, swiglu_impl="fused", L=max(2, world), precision="bf16-mixed" if bf16 else "fp32")
 
 
-def job_config(m: int, world: int = 2) -> dict:
-    """memform's config of the job the ranks run."""
-    cfg = POINT(world).config()
-    cfg["name"] = f"ds-pipe-p{world}-m{m}"
+def job_config(m: int, world: int = 2, bf16: bool = False) -> dict:
+    """memform's config of the job the ranks run (``bf16``: ZeRO-1 with fp32 gradient accumulation, which
+    DeepSpeed runs with BF16_Optimizer: frameworks/deepspeed.mf grad_mem, keep_lp_grads)."""
+    cfg = POINT(world, bf16).config()
+    cfg["name"] = f"ds-pipe-p{world}-m{m}" + ("-bf16" if bf16 else "")
     cfg["training"].update(framework="deepspeed", num_micro_batches=m)
-    cfg["parallel"].update(pp=world, zero=0)
-    cfg["deepspeed"] = {"modeling": "plain"}
+    cfg["parallel"].update(pp=world, zero=1 if bf16 else 0)
+    cfg["deepspeed"] = {"modeling": "plain", **({"keep_lp_grads": True} if bf16 else {})}
     return cfg
 
 
@@ -73,19 +75,23 @@ def _measure(item: dict, rank: int, world: int) -> dict:
 
     from memform.validation.dist_models import pieces, pipeline_loss
     from memform.validation.distributed import Case, Trace, _model, _nbytes, _opt_states, _storages
+    from memform.validation.torch_models import build
 
     logger.setLevel(logging.ERROR)
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed("gloo")
-    m = item["m"]
-    point = POINT(world)
+    m, bf16 = item["m"], item.get("bf16", False)
+    point = POINT(world, bf16)
     case = Case("1f1b", world=world, point=point, m=m)
-    parts = pieces(_model(case), world)
+    # (bf16: built in bf16, buffers too -- DeepSpeed casts the parameters only, RoPE's cos/sin would stay fp32)
+    parts = pieces(_model(case) if not bf16 else build(point.config(), torch.bfloat16, seed=0), world)
     module = PipelineModule(layers=parts, num_stages=world, loss_fn=pipeline_loss, partition_method="uniform")
     opt = torch.optim.AdamW(module.parameters(), lr=1e-3, foreach=False)
     b = point.b
     cfg = {"train_micro_batch_size_per_gpu": b, "gradient_accumulation_steps": m, "train_batch_size": b * m,
            "zero_optimization": {"stage": 0}, "steps_per_print": 10 ** 9, "zero_allow_untested_optimizer": True}
+    if bf16:   # engine.py: bf16 + ZeRO-1 + fp32 accumulation is BF16_Optimizer (BLOOM's "z0 ... zero stage 1 equivalent")
+        cfg.update(bf16={"enabled": True}, zero_optimization={"stage": 1}, data_types={"grad_accum_dtype": "fp32"})
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=opt, config=cfg)
     gen = torch.Generator().manual_seed(1)
     batches = [(torch.randint(0, point.vocab, (b, point.s), generator=gen),
@@ -109,6 +115,22 @@ def _measure(item: dict, rank: int, world: int) -> dict:
         for serial in range(first, trace._next):
             trace.tags.setdefault(serial, "fused_tmp")
     torch_models._by_rows = tagged_rows
+    # BF16_Optimizer.update_hp_grads, after each micro-batch's backward (pipe/engine.py _exec_backward_pass):
+    # hp_grad.add_(lp.grad.to(fp32)) parameter by parameter (bf16_optimizer.py _update_hp_grad); its windows
+    windows: list[tuple[int, int]] = []
+    if hasattr(engine.optimizer, "update_hp_grads"):
+        update = engine.optimizer.update_hp_grads
+
+        def hp_grads(*a, _orig=update, **k):  # noqa: ANN002, ANN003, ANN202
+            trace.tag([q.grad for q in params], "grad")   # the bf16 .grad, kept (deepspeed.keep_lp_grads)
+            trace.sample()
+            first = len(trace.samples) - 1
+            out = _orig(*a, **k)
+            trace.sample()
+            if "step2" in trace.marks:
+                windows.append((first, len(trace.samples)))
+            return out
+        engine.optimizer.update_hp_grads = hp_grads
     held: dict[str, int] = {}
     from deepspeed.runtime.pipe import schedule
 
@@ -152,7 +174,12 @@ def _measure(item: dict, rank: int, world: int) -> dict:
         trace.sample()
     persistent = [t for t in (engine.pipe_recv_buf, engine.grad_layer, engine.meta_buffer,
                               *engine._grad_layer_buf) if isinstance(t, torch.Tensor)]
-    trace.tag(_opt_states(opt), "optimizer")
+    # (BF16_Optimizer: its fp32 master partitions and gradient buffers too, made before the trace and first seen
+    # as an op's output in it)
+    wrapped = engine.optimizer
+    trace.tag([*_opt_states(opt), *_opt_states(getattr(wrapped, "optimizer", opt)),
+               *getattr(wrapped, "fp32_groups_flat_partition", ()), *getattr(wrapped, "fp32_groups_gradients_flat", ())],
+              "optimizer")
     trace.tag(persistent, "comm")
     torch_models._by_rows = by_rows
     act = lambda s: s not in trace.tags  # noqa: E731
@@ -165,6 +192,7 @@ def _measure(item: dict, rank: int, world: int) -> dict:
     return {"activations": trace.at(warm, act), "activations_peak": peak,
             "activations_peak_raw": trace.peak(raw, start=trace.marks["step2"])[0],
             "step": trace.at(step, act), "between_steps": trace.at(trace.marks["step2"], act),
+            "hp_grads": max((trace.at(i, act) for a, b in windows for i in range(a, b)), default=0),
             "pipe_buffers": held, "persistent": _nbytes(persistent), "slots": engine.num_pipe_buffers,
             "warmup_by_op": trace.by_op(warm, act), "peak_by_op": trace.by_op(at, act),
             "step_by_op": trace.by_op(step, act),
@@ -172,16 +200,20 @@ def _measure(item: dict, rank: int, world: int) -> dict:
             "peak_after": next((a for a, i in timeline if i >= at), "end"), "alive_end": alive_end}
 
 
-def _row(world: int, m: int, rank: int, r: dict, st) -> dict:  # noqa: ANN001
+def _row(world: int, m: int, rank: int, r: dict, st, bf16: bool = False) -> dict:  # noqa: ANN001
     """One rank's measured columns beside memform's, printed."""
-    row = {"stages": world, "m": m, "rank": rank,
-           **{k: r[k] for k in ("activations", "activations_peak", "activations_peak_raw", "step", "pipe_buffers",
-                                "persistent", "slots", "between_steps")},
+    row = {"stages": world, "m": m, "rank": rank, "bf16": bf16,
+           **{k: r[k] for k in ("activations", "activations_peak", "activations_peak_raw", "step", "hp_grads",
+                                "pipe_buffers", "persistent", "slots", "between_steps")},
            "est_activations": int(st.moments.get("warmup", st.values["activations"])),
            "est_activations_peak": int(st.values["activations"]),
            "est_step": int(st.moments.get("step", 0)),
+           "est_hp_grads": int(st.moments.get("hp_grads", 0)),
            "est_persistent": int(st.runtime.get("ds_pipe_p2p", 0))}
     err = lambda k: (row[f"est_{k}"] - row[k]) / max(1, row[k]) * 100  # noqa: E731
+    if bf16:
+        print(f"p{world} m{m} bf16 rank {rank}: in update_hp_grads {row['hp_grads'] / 1024:.1f} / "
+              f"{row['est_hp_grads'] / 1024:.1f} KiB ({err('hp_grads'):+.2f} %); ", end="")
     print(f"p{world} m{m} rank {rank}: warm-up {row['activations'] / 1024:.1f} / {row['est_activations'] / 1024:.1f}"
           f" KiB ({err('activations'):+.2f} %), peak {row['activations_peak'] / 1024:.1f} / "
           f"{row['est_activations_peak'] / 1024:.1f} KiB ({err('activations_peak'):+.2f} %; with the fused stand-ins' "
@@ -202,6 +234,9 @@ def main() -> int:
     ap.add_argument("--m", type=int, nargs="*", default=[4], help="micro-batches per step (one job each)")
     ap.add_argument("--stages", type=int, nargs="*", default=[2],
                     help="pipeline stages (gloo ranks), one decoder each; every --m is run at each")
+    ap.add_argument("--bf16", action="store_true",
+                    help="also run each job in bf16 with ZeRO-1 and fp32 gradient accumulation (BF16_Optimizer): its "
+                         "update_hp_grads moment (rows with bf16: true)")
     ap.add_argument("--json", type=Path, help="also write the rows to PATH")
     args = ap.parse_args()
     import memform
@@ -209,11 +244,12 @@ def main() -> int:
 
     rows = []
     for world in args.stages:
-        results = ranks.spawn(world, _measure, [{"m": m} for m in args.m], prefix="memform-dspipe-")
-        for m, per_rank in zip(args.m, results):
-            est = memform.estimate(job_config(m, world))
+        items = [{"m": m, "bf16": bf16} for bf16 in ([False, True] if args.bf16 else [False]) for m in args.m]
+        results = ranks.spawn(world, _measure, items, prefix="memform-dspipe-")
+        for item, per_rank in zip(items, results):
+            est = memform.estimate(job_config(item["m"], world, item["bf16"]))
             for rank, r in enumerate(per_rank):
-                rows.append(_row(world, m, rank, r, est.stages[rank]))
+                rows.append(_row(world, item["m"], rank, r, est.stages[rank], item["bf16"]))
     if args.json:   # (tests/data/ds-pipe-buffers.json: the measured columns are what the tests hold memform to)
         import deepspeed
         import torch
