@@ -1,19 +1,24 @@
-"""DeepSpeed's PipelineEngine: what a pipeline stage keeps per in-flight micro-batch (2 CPU gloo ranks).
+"""DeepSpeed's PipelineEngine: what a pipeline stage keeps per in-flight micro-batch, at each moment (CPU gloo ranks).
 
-    python bench/ds_pipe_buffers.py --m 1 2 4 [--json tests/data/ds-pipe-buffers.json]
+    python bench/ds_pipe_buffers.py --m 1 2 4 8 --stages 2 3 4 --bf16 [--json tests/data/ds-pipe-buffers.json]
 
-Trains the distributed harness's model (``memform.validation.distributed.BASE``: Llama-style, L2 h64 s32
-b2, vocabulary 256, fp32; here with the fused SwiGLU stand-in, the Megatron-style kernel the profile's
-``deepspeed.modeling: plain`` assumes) as a DeepSpeed ``PipelineModule`` of two pieces
-(:class:`memform.validation.dist_models.Piece`: embedding + block 0; block 1 + final norm + head) on 2 gloo
-ranks: ``deepspeed.initialize`` and ``engine.train_batch`` with ``m`` micro-batches (TrainSchedule, ZeRO 0,
-the client torch AdamW). Two steps are traced from before the first, as the distributed harness traces
-torch's schedules (``Trace``: every storage the steps create, less the parameters' gradients, the
-optimizer's states and the persistent receive buffers); per rank it prints the activation bytes live
-when the second step's first ``BackwardPass`` starts (the end of warm-up) and their peak over that step,
-next to memform's estimate of the same job under ``training.framework: deepspeed``
-(``deepspeed.modeling: plain``, ``parallel.pp: 2``: :func:`job_config`), what ``engine.pipe_buffers`` holds
-at that moment, the receive buffers and what stays alive between the steps.
+Trains the distributed harness's model (``memform.validation.distributed.BASE``: Llama-style, h64 s32 b2,
+vocabulary 256, one decoder per stage; here with the fused SwiGLU stand-in, the Megatron-style kernel the
+profile's ``deepspeed.modeling: plain`` assumes) as a DeepSpeed ``PipelineModule`` of ``--stages`` pieces
+(:class:`memform.validation.dist_models.Piece`: embedding + block 0; block i; last block + final norm + head)
+on as many gloo ranks: ``deepspeed.initialize`` and ``engine.train_batch`` with ``m`` micro-batches
+(TrainSchedule, the client torch AdamW) -- fp32 at ZeRO 0, and with ``--bf16`` also bf16 with ZeRO-1 and fp32
+gradient accumulation (BF16_Optimizer, BLOOM's set-up). Two steps are traced from before the first, as the
+distributed harness traces torch's schedules (``Trace``: every storage the steps create, less the
+parameters' gradients, the optimizer's states and master partitions and the persistent receive buffers).
+Per rank it prints, next to memform's estimate of the same job under ``training.framework: deepspeed``
+(:func:`job_config`), the activation-side bytes live at each moment of the second step: when its first
+``BackwardPass`` starts (the end of warm-up: moment ``warmup``), their peak (the schedule's activations; the
+fused stand-ins' row-block temporaries, ``torch_models._by_rows``, which a fused kernel keeps in registers,
+are tagged and left out, ``activations_peak_raw`` keeps them), when ``OptimizerStep`` starts (moment
+``step``) and, bf16, inside BF16_Optimizer's ``update_hp_grads`` (moment ``hp_grads``); also what
+``engine.pipe_buffers`` holds at the end of warm-up, the receive buffers (runtime ``ds_pipe_p2p``) and what
+stays alive between the steps.
 
 What DeepSpeed 0.19.8 keeps (``deepspeed/runtime/pipe/engine.py``): ``_exec_recv_activations`` stores the
 received activation (``pipe_recv_buf.clone()``, a leaf requiring grad) in ``pipe_buffers['inputs']`` and
@@ -23,9 +28,12 @@ backward writes into it) until ``_exec_send_grads``. On the last stage ``_exec_b
 after ``backward(self.loss)`` without clearing ``pipe_buffers['outputs']``: the logits, and through their
 graph the micro-batch's input and input gradient, stay in their buffer slot until a later micro-batch's
 forward overwrites it (``TrainSchedule.num_pipe_buffers``: ``max(2, min(stages - stage_id,
-micro_batches))`` slots). Recorded in ``formulas/frameworks/deepspeed.mf`` (``ds_pipe_kept``,
-``ds_pipe_stale``, runtime ``ds_pipe_p2p``); ``tests/test_framework_deepspeed.py`` holds memform to the
-recorded rows. ``MEMFORM_DS_DEBUG=1`` also prints each rank's live bytes by op and per instruction.
+micro_batches))`` slots) -- also through the optimizer step. The first stage keeps a clone of each slot's
+token ids. Both receive buffers come from one ``_grad_layer_buf`` per tensor position. Recorded in
+``formulas/frameworks/deepspeed.mf`` (``ds_pipe_kept``, ``ds_pipe_stale``, ``ds_ids``, ``ds_step_stale``,
+moments ``step`` and ``hp_grads``, runtime ``ds_pipe_p2p``); ``tests/test_framework_deepspeed.py`` holds
+memform to the recorded rows. ``MEMFORM_DS_DEBUG=1`` also prints each rank's live bytes by op and per
+instruction.
 """
 
 from __future__ import annotations
