@@ -197,10 +197,18 @@ def _measure(item: dict, rank: int, world: int) -> dict:
     warm, step = trace.marks["warmup"], trace.marks["step"]
     peak, at = trace.peak(act, start=trace.marks["step2"])
     timeline = timeline[first:]
+    # inside ReduceGrads (the data-parallel all-reduce after the last backward): every op's sample between the
+    # instruction before it and its end. BF16_Optimizer's: engine.py _bf16_reduce_grads -> buffered_allreduce_fallback
+    # of its flat fp32 gradient buffer, whose allreduce_bucket flattens it (one tensor: a view) and copies it whole
+    # to the communication dtype (bf16) -- not modelled in deepspeed.mf (README, 'Measured: BLOOM')
+    ends = {name: i for name, i in timeline}
+    before = max((i for name, i in timeline if i < ends.get("ReduceGrads", -1)), default=-1)
+    reduce = max((trace.at(i, act) for i in range(before + 1, ends.get("ReduceGrads", -1) + 1)), default=0)
     return {"activations": trace.at(warm, act), "activations_peak": peak,
             "activations_peak_raw": trace.peak(raw, start=trace.marks["step2"])[0],
             "step": trace.at(step, act), "between_steps": trace.at(trace.marks["step2"], act),
             "hp_grads": max((trace.at(i, act) for a, b in windows for i in range(a, b)), default=0),
+            "reduce": reduce,
             "pipe_buffers": held, "persistent": _nbytes(persistent), "slots": engine.num_pipe_buffers,
             "warmup_by_op": trace.by_op(warm, act), "peak_by_op": trace.by_op(at, act),
             "step_by_op": trace.by_op(step, act),
@@ -211,7 +219,7 @@ def _measure(item: dict, rank: int, world: int) -> dict:
 def _row(world: int, m: int, rank: int, r: dict, st, bf16: bool = False) -> dict:  # noqa: ANN001
     """One rank's measured columns beside memform's, printed."""
     row = {"stages": world, "m": m, "rank": rank, "bf16": bf16,
-           **{k: r[k] for k in ("activations", "activations_peak", "activations_peak_raw", "step", "hp_grads",
+           **{k: r[k] for k in ("activations", "activations_peak", "activations_peak_raw", "step", "hp_grads", "reduce",
                                 "pipe_buffers", "persistent", "slots", "between_steps")},
            "est_activations": int(st.moments.get("warmup", st.values["activations"])),
            "est_activations_peak": int(st.values["activations"]),
@@ -221,7 +229,8 @@ def _row(world: int, m: int, rank: int, r: dict, st, bf16: bool = False) -> dict
     err = lambda k: (row[f"est_{k}"] - row[k]) / max(1, row[k]) * 100  # noqa: E731
     if bf16:
         print(f"p{world} m{m} bf16 rank {rank}: in update_hp_grads {row['hp_grads'] / 1024:.1f} / "
-              f"{row['est_hp_grads'] / 1024:.1f} KiB ({err('hp_grads'):+.2f} %); ", end="")
+              f"{row['est_hp_grads'] / 1024:.1f} KiB ({err('hp_grads'):+.2f} %), in ReduceGrads "
+              f"{row['reduce'] / 1024:.1f} KiB (not modelled); ", end="")
     print(f"p{world} m{m} rank {rank}: warm-up {row['activations'] / 1024:.1f} / {row['est_activations'] / 1024:.1f}"
           f" KiB ({err('activations'):+.2f} %), peak {row['activations_peak'] / 1024:.1f} / "
           f"{row['est_activations_peak'] / 1024:.1f} KiB ({err('activations_peak'):+.2f} %; with the fused stand-ins' "

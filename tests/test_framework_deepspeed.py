@@ -522,6 +522,10 @@ def test_bf16_optimizer_casts_one_gradient_at_a_time_after_each_backward(stages,
             assert st.moments["hp_grads"] == pytest.approx(row["hp_grads"], rel=0.007), at
         else:
             assert 0 <= row["hp_grads"] - st.moments["hp_grads"] - min(m, 2) * 2 * 32 * 2 * 256 <= 64, at  # (loss scalars)
+        # Not modelled (README 'Measured: BLOOM'): at ReduceGrads BF16_Optimizer copies its whole flat fp32 gradient
+        # buffer to bf16 for the all-reduce (engine.py allreduce_bucket), beside what the step holds: 2 bytes per
+        # parameter of the stage, the bf16 parameters' own size
+        assert 0 <= row["reduce"] - row["step"] - st.values["params"] <= 64, at
 
 
 def test_pipeline_engine_with_tensor_parallelism_keeps_output_slices():
