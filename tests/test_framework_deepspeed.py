@@ -15,6 +15,7 @@ tests/fixtures/deepspeed/gpt-7.5b.yaml.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -456,10 +457,13 @@ def test_offload_stages_gradients_in_a_buffer_of_the_stages_largest_parameter(mo
 
 
 # ---- PipelineEngine (parallel.pp > 1): what a stage keeps per micro-batch in flight ------------------------
-# Measured with DeepSpeed's own PipelineEngine (TrainSchedule) on 2 gloo ranks: tests/data/ds-pipe-buffers.json,
-# written by the command it names (bench/ds_pipe_buffers.py, the distributed harness's Llama-style L2 h64 s32 b2
-# model as a PipelineModule of two pieces, fp32, ZeRO 0). Before deepspeed.mf's PipelineEngine terms the
-# warm-up read -6.7 % to -34 % and stage 0's activation peak +38 % to +71 % (schedules.mf's 1f1b moments).
+# Measured with DeepSpeed's own PipelineEngine (TrainSchedule) on 2-4 gloo ranks: tests/data/ds-pipe-buffers.json,
+# written by the command it names (bench/ds_pipe_buffers.py, the distributed harness's Llama-style h64 s32 b2
+# model with one decoder per stage as a PipelineModule, fp32, ZeRO 0, m 1-8). Before deepspeed.mf's PipelineEngine
+# terms the warm-up read -6.7 % to -34 % and stage 0's activation peak +38 % to +71 % (schedules.mf's 1f1b
+# moments); before fc2's released input (deepspeed.mf mlp bwd_grads) and head_not_regrad for the plain modeling,
+# the sending stages' peaks +4.4 % to +7.9 % and the last stage's +4.8 % to +5.7 %.
+@functools.lru_cache(maxsize=None)
 def _ds_pipe():  # noqa: ANN202 - the bench module (its job_config is the memform side of the measured job)
     import importlib.util
 
@@ -470,19 +474,58 @@ def _ds_pipe():  # noqa: ANN202 - the bench module (its job_config is the memfor
 
 
 DS_PIPE = json.loads((ROOT / "tests" / "data" / "ds-pipe-buffers.json").read_text())
+DS_PIPE_JOBS = sorted({(r["stages"], r["m"]) for r in DS_PIPE["rows"] if not r["bf16"]})
+DS_PIPE_BF16 = sorted({(r["stages"], r["m"]) for r in DS_PIPE["rows"] if r["bf16"]})
 
 
-@pytest.mark.parametrize("row", DS_PIPE["rows"], ids=lambda r: f"m{r['m']}-stage{r['rank']}")
-def test_pipeline_engine_keeps_stage_inputs_outputs_and_the_last_stages_logits(row):
+@pytest.mark.parametrize("stages, m", DS_PIPE_JOBS, ids=lambda v: str(v))
+def test_pipeline_engine_keeps_stage_inputs_outputs_and_the_last_stages_logits(stages, m):
     from estimate_helpers import numbers
 
-    st = numbers(_ds_pipe().job_config(row["m"])).stages[row["rank"]]
-    # end of warm-up: within 0.6 % measured on every row (the harness's norms keep an fp32 1/rms memform leaves out)
-    assert st.moments["warmup"] == pytest.approx(row["activations"], rel=0.007)
-    # the activation peak: +4.4 % to +7.9 % over (the fused SwiGLU backward's transients, dense.mf bwd_grads)
-    assert row["activations_peak"] <= st.values["activations"] <= 1.08 * row["activations_peak"]
-    # pipe_recv_buf / grad_layer: allocated once, exactly one micro-batch's h-wide tensor each
-    assert st.runtime["ds_pipe_p2p"] == row["persistent"]
+    est = numbers(_ds_pipe().job_config(m, stages))
+    rows = [r for r in DS_PIPE["rows"] if (r["stages"], r["m"], r["bf16"]) == (stages, m, False)]
+    assert [r["rank"] for r in rows] == list(range(stages))
+    for row in rows:
+        st, at = est.stages[row["rank"]], f"stage {row['rank']}"
+        # end of warm-up: within 0.4 % measured on every row (the harness's norms keep an fp32 1/rms and the
+        # embedding its int64 token ids, which memform leaves out)
+        assert st.moments["warmup"] == pytest.approx(row["activations"], rel=0.005), at
+        # the activation peak: within 0.6 % of what DeepSpeed's step holds less the fused kernels' stand-ins'
+        # row-block temporaries (torch_models._by_rows: FUSED_ROWS-row fp32 intermediates a fused kernel keeps in
+        # registers); with them the measured peak is up to 3.9 % higher
+        assert st.values["activations"] == pytest.approx(row["activations_peak"], rel=0.007), at
+        assert st.values["activations"] <= row["activations_peak_raw"], at
+        # when optimizer.step() runs: the last stage's min(m, 2) stale slots (logits, input, input gradient), the
+        # first stage's token-id clones; exact but for the last stage's loss scalars (4-byte tensors: 12 B at m 1,
+        # 48 B at m 8)
+        assert 0 <= row["step"] - st.moments["step"] <= 64, at
+        # pipe_recv_buf / grad_layer: allocated once, exactly one micro-batch's h-wide tensor each
+        assert st.runtime["ds_pipe_p2p"] == row["persistent"], at
+
+
+@pytest.mark.parametrize("stages, m", DS_PIPE_BF16, ids=lambda v: str(v))
+def test_bf16_optimizer_casts_one_gradient_at_a_time_after_each_backward(stages, m):
+    # The same jobs in bf16 with ZeRO-1 and fp32 accumulation (BF16_Optimizer, deepspeed.mf moment hp_grads):
+    # what is live while update_hp_grads adds each bf16 .grad, cast to fp32, into the fp32 buffer -- the other
+    # in-flight micro-batches, the input gradient, one fp32 copy of the stage's largest tensor (the fused gate/up
+    # matrix, 2·176·64 elements). Within 0.7 % on every stage but the last, where the harness's pipeline piece
+    # returns fp32 logits (Piece: head(...).float()) and the slots keep them: 2 bytes more per slot filled than
+    # the bf16 logits memform keeps (Megatron-DeepSpeed casts inside its loss_fn)
+    from estimate_helpers import numbers
+
+    est = numbers(_ds_pipe().job_config(m, stages, bf16=True))
+    rows = [r for r in DS_PIPE["rows"] if (r["stages"], r["m"], r["bf16"]) == (stages, m, True)]
+    assert [r["rank"] for r in rows] == list(range(stages))
+    for row in rows:
+        st, at = est.stages[row["rank"]], f"stage {row['rank']}"
+        if row["rank"] < stages - 1:
+            assert st.moments["hp_grads"] == pytest.approx(row["hp_grads"], rel=0.007), at
+        else:
+            assert 0 <= row["hp_grads"] - st.moments["hp_grads"] - min(m, 2) * 2 * 32 * 2 * 256 <= 64, at  # (loss scalars)
+        # Not modelled (README 'Measured: BLOOM'): at ReduceGrads BF16_Optimizer copies its whole flat fp32 gradient
+        # buffer to bf16 for the all-reduce (engine.py allreduce_bucket), beside what the step holds: 2 bytes per
+        # parameter of the stage, the bf16 parameters' own size
+        assert 0 <= row["reduce"] - row["step"] - st.values["params"] <= 64, at
 
 
 def test_pipeline_engine_with_tensor_parallelism_keeps_output_slices():
