@@ -132,10 +132,10 @@ class SearchResult:
         simplest first (:func:`complexity`), and dominance drops plans only outside that band: the
         time model cannot tell its plans apart, so no layout in it is dropped for being slower than
         another (by 0.5 %, say). A band plan that a no less simple one beats in both step time and
-        peak memory is listed after every other plan, its ``why`` naming the plan that beats it and by
-        how much; only a variant of a layout listed anyway (another ZeRO stage, recompute mode or
-        micro-batch size that a no less simple variant of it beats in both) is dropped. The first
-        plan's ``why`` says what put it first."""
+        peak memory is listed after the band's other plans and before the rest, its ``why`` naming the
+        plan that beats it and by how much; only a variant of a layout listed anyway (another ZeRO
+        stage, recompute mode or micro-batch size that a no less simple variant of it beats in both) is
+        dropped. The first plan's ``why`` says what put it first."""
         rows = self.ranked(self.default_sort if keys is None else keys)
         if self.timed and keys is None:  # of equal plans the simplest stands for the others
             rows.sort(key=lambda r: (r["step_seconds"], r["peak_bytes"], complexity(r, self.seq_length)[0]))
@@ -149,7 +149,7 @@ class SearchResult:
             fastest = min((r["step_seconds"] for r in band + rows if r["step_seconds"] is not None), default=None)
             rows = [r for r in rows if id(r) in front
                     and (fastest is None or r["step_seconds"] is None or r["step_seconds"] <= FAR_FROM_BEST * fastest)]
-            rows += beaten
+            rows = beaten + rows   # inside the tolerance, then the plans clearly slower
         rows = band + rows
         return rows[:top] if top else rows
 
@@ -547,7 +547,7 @@ def _band_front(band: list[dict[str, Any]], seq_length: int | None) -> tuple[lis
     """(the band's plans that no earlier plan -- one no less simple -- beats in both step time and
     peak memory, in the band's order; the layouts such a plan beats, not listed by another variant,
     each with a ``why`` naming what beats it). Inside :data:`TIE_TOLERANCE` the step times do not say
-    which plan is faster, so the beaten ones are listed, after every other plan, not dropped."""
+    which plan is faster, so the beaten ones are listed (after the others of the band), not dropped."""
     front: list[dict[str, Any]] = []
     beaten: list[tuple[dict[str, Any], dict[str, Any]]] = []
     for r in band:
@@ -567,10 +567,10 @@ def _band_front(band: list[dict[str, Any]], seq_length: int | None) -> tuple[lis
         slower = 100 * (r["step_seconds"] / by["step_seconds"] - 1)
         smaller = (r["peak_bytes"] - by["peak_bytes"]) / 2 ** 30
         out.append(dict(r, why=(
-            f"within {TIE_TOLERANCE:.0%} of the fastest step, so listed, but last: {what} (ZeRO-{by['zero']}, "
+            f"within {TIE_TOLERANCE:.0%} of the fastest step, so listed, after {what} (ZeRO-{by['zero']}, "
             f"recompute {by['recompute']}, micro-batch {by['micro_batch_size']}), "
             f"{'as simple' if complexity(by, seq_length)[0] == complexity(r, seq_length)[0] else 'simpler'}, "
-            + (f"is {slower:.1f} % faster" if slower > 0 else "is as fast")
+            + (f"{slower:.1f} % faster" if slower > 0 else "as fast")
             + (f" and {smaller:.2f} GiB smaller" if smaller > 0 else " and no larger"))))
     return front, out
 

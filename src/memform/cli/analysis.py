@@ -369,15 +369,16 @@ def _table(name: str, devices: int, result: Any, shown: list[dict[str, Any]], to
                      "memory and time merged; plans slower and bigger than another, or more than "
                      f"{FAR_FROM_BEST:g}× slower than the fastest, dropped (--all keeps them); plans within "
                      f"{TIE_TOLERANCE:.0%} of the fastest step ranked simplest first and none of them dropped for "
-                     "being slower (those a no less simple plan beats in both listed last); MFU of the dense BF16 "
-                     "peak")
+                     "being slower (those a no less simple plan beats in both listed after the others); MFU of the "
+                     "dense BF16 peak")
     if shown and shown[0].get("why"):
         prose.append(f"first row: {shown[0]['why']}")
-    last = sum(1 for r in shown[1:] if r.get("why", "").startswith("within"))
-    if last:
-        prose.append(f"last {last} row{'s' if last > 1 else ''}: within {TIE_TOLERANCE:.0%} of the fastest step, "
-                     "which the time model cannot tell apart, but beaten in both step time and peak memory by a "
-                     "no less simple plan (the reason under each)")
+    beaten = [i for i, r in enumerate(shown, 1) if i > 1 and r.get("why", "").startswith("within")]
+    if beaten:
+        where = f"row {beaten[0]}" if len(beaten) == 1 else f"rows {beaten[0]}-{beaten[-1]}"
+        prose.append(f"{where}: within {TIE_TOLERANCE:.0%} of the fastest step, which the time model cannot tell "
+                     "apart, but beaten in both step time and peak memory by a no less simple plan above (the "
+                     "reason under each)")
     wrap = (lambda t: [t]) if wide else \
         textwrap.TextWrapper(TABLE_WIDTH, subsequent_indent="  ", break_on_hyphens=False).wrap
     lines = [line for t in prose for line in wrap(t)]
