@@ -16,8 +16,9 @@ dividing it (the micro-batch count is derived from it).
 When the formula files carry a time model (``cost`` blocks, formulas/time.mf, and a device with
 peak FLOP/s), every row also has its estimated step time, MFU and tokens/s; plans are then ranked
 by step time (memory breaks ties), tensor parallelism is kept inside a node, rows that differ
-only in settings that change neither memory nor time are merged, and plans both slower and
-bigger than another are dropped (:meth:`SearchResult.plans`).
+only in settings that change neither memory nor time are merged, the plans within
+:data:`TIE_TOLERANCE` of the fastest step come first, simplest first, and plans both slower and
+bigger than another are dropped outside that tolerance only (:meth:`SearchResult.plans`).
 """
 
 from __future__ import annotations
