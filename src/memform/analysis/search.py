@@ -507,7 +507,7 @@ def simplest_first(rows: list[dict[str, Any]], seq_length: int | None) -> tuple[
     band.sort(key=lambda r: (complexity(r, seq_length)[0], r["step_seconds"], r["peak_bytes"]))
     if band:
         first, quick = band[0], min(band, key=lambda r: (r["step_seconds"], r["peak_bytes"]))
-        points, traits = complexity(first, seq_length)
+        traits = complexity(first, seq_length)[1]
         others = len({layout(r) for r in band} - {layout(first)})
         if first["step_seconds"] > fastest:
             simpler = [t for t in complexity(quick, seq_length)[1] if t not in traits]
