@@ -52,6 +52,36 @@ def test_the_fp8_preset_predicts_deepgemms_grouped_rows(E, M, N, K, tflops):
     assert _preset_fp8_tflops(K) == pytest.approx(tflops, rel=0.05)
 
 
+# ------------------------------------------------------------- the B200 preset against OpenXLA's table
+
+B200 = parse_yaml((ROOT / "configs" / "devices" / "b200.yaml").read_text())
+#: OpenXLA's GPU cost model table (matmul_interpolator_data.h, kDefaultMatmulPTable, key sm_100,
+#: "f8e4m3fnxf8e4m3fn->bf16"), batch 4 of m x n outputs at depth k: (M = 4·m, N, K, TFLOPS). The fit: its
+#: three largest GEMMs
+XLA_B200_FIT = [(16384, 4096, 1024, 2260.5), (16384, 4096, 2048, 2527.9), (16384, 4096, 4096, 2592.8)]
+#: ... the next-largest, not used by the fit
+XLA_B200_HELD_OUT = [(16384, 2048, 1024, 2198.0), (16384, 2048, 2048, 2362.5), (16384, 2048, 4096, 2501.1),
+                     (16384, 1024, 1024, 1869.0), (16384, 1024, 2048, 2244.0), (16384, 1024, 4096, 2360.5)]
+
+
+def _b200_fp8_tflops(M: int, N: int, K: int) -> float:
+    # time.mf: 2·M·N·K FLOPs + pad's idle tile slots (256 x 128 tiles over sm_count SMs) + 2·M·N·k8, at F8·e8
+    sms = B200["sm_count"]
+    idle = 2 * K * (math.ceil(math.ceil(M / 256) * math.ceil(N / 128) / sms) * sms * 256 * 128 - M * N)
+    flops = 2 * M * N * K
+    return flops * B200["peak_flops_fp8"] * B200["efficiency_fp8"] / (flops + idle + 2 * M * N * B200["gemm_fp8_k0"]) / 1e12
+
+
+@pytest.mark.parametrize("M,N,K,tflops", XLA_B200_FIT)
+def test_the_b200_fp8_preset_reproduces_xlas_largest_gemms(M, N, K, tflops):
+    assert _b200_fp8_tflops(M, N, K) == pytest.approx(tflops, rel=0.02)
+
+
+@pytest.mark.parametrize("M,N,K,tflops", XLA_B200_HELD_OUT)
+def test_the_b200_fp8_preset_predicts_xlas_next_largest_gemms(M, N, K, tflops):
+    assert _b200_fp8_tflops(M, N, K) == pytest.approx(tflops, rel=0.10)
+
+
 # ------------------------------------------------------------------------ exact terms, unit device
 
 def _gpt_fp8(k8=0, hbm=0, sms=0, h=1024, a=16, L=2, s=1024, v=51200, b=1, m=2):

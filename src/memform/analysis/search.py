@@ -16,8 +16,9 @@ dividing it (the micro-batch count is derived from it).
 When the formula files carry a time model (``cost`` blocks, formulas/time.mf, and a device with
 peak FLOP/s), every row also has its estimated step time, MFU and tokens/s; plans are then ranked
 by step time (memory breaks ties), tensor parallelism is kept inside a node, rows that differ
-only in settings that change neither memory nor time are merged, and plans both slower and
-bigger than another are dropped (:meth:`SearchResult.plans`).
+only in settings that change neither memory nor time are merged, the plans within
+:data:`TIE_TOLERANCE` of the fastest step come first, simplest first, and plans both slower and
+bigger than another are dropped outside that tolerance only (:meth:`SearchResult.plans`).
 """
 
 from __future__ import annotations
@@ -129,8 +130,13 @@ class SearchResult:
         ``keep_all``, plans dominated in (step time, peak memory) or slower than
         :data:`FAR_FROM_BEST` × the fastest dropped; then the ``top`` best. With a time model and the
         default ranking, the plans within :data:`TIE_TOLERANCE` of the fastest step come first, the
-        simplest first (:func:`complexity`); among them a plan is dropped only when a plan no less
-        simple beats it in both step time and peak memory."""
+        simplest first (:func:`complexity`), and dominance drops plans only outside that band: the
+        time model cannot tell its plans apart, so no layout in it is dropped for being slower than
+        another (by 0.5 %, say). A band plan that a no less simple one beats in both step time and
+        peak memory is listed after the band's other plans and before the rest, its ``why`` naming the
+        plan that beats it and by how much; only a variant of a layout listed anyway (another ZeRO
+        stage, recompute mode or micro-batch size that a no less simple variant of it beats in both) is
+        dropped. The first plan's ``why`` says what put it first."""
         rows = self.ranked(self.default_sort if keys is None else keys)
         if self.timed and keys is None:  # of equal plans the simplest stands for the others
             rows.sort(key=lambda r: (r["step_seconds"], r["peak_bytes"], complexity(r, self.seq_length)[0]))
@@ -139,11 +145,12 @@ class SearchResult:
         if self.timed and keys is None:
             band, rows = simplest_first(rows, self.seq_length)
         if self.timed and not keep_all:
-            band = _simple_front(band)
-            front = set(map(id, pareto_front(band + rows)))
+            band, beaten = _band_front(_layout_front(band), self.seq_length)
+            front = set(map(id, pareto_front(band + beaten + rows)))
             fastest = min((r["step_seconds"] for r in band + rows if r["step_seconds"] is not None), default=None)
             rows = [r for r in rows if id(r) in front
                     and (fastest is None or r["step_seconds"] is None or r["step_seconds"] <= FAR_FROM_BEST * fastest)]
+            rows = beaten + rows   # inside the tolerance, then the plans clearly slower
         rows = band + rows
         return rows[:top] if top else rows
 
@@ -489,7 +496,7 @@ def complexity(row: dict[str, Any], seq_length: int | None = None) -> tuple[int,
 def simplest_first(rows: list[dict[str, Any]], seq_length: int | None) -> tuple[list[dict[str, Any]],
                                                                               list[dict[str, Any]]]:
     """(the plans within :data:`TIE_TOLERANCE` of the fastest step, simplest first; the rest, in
-    their given order). The first plan of the band gets a ``why`` entry when it is not the fastest."""
+    their given order). The first plan of the band gets a ``why`` entry: what put it first."""
     steps = [r["step_seconds"] for r in rows if r["step_seconds"] is not None]
     if not steps:
         return [], rows
@@ -498,24 +505,75 @@ def simplest_first(rows: list[dict[str, Any]], seq_length: int | None) -> tuple[
     band = [r for r in rows if r["step_seconds"] is not None and r["step_seconds"] <= limit]
     rest = [r for r in rows if not (r["step_seconds"] is not None and r["step_seconds"] <= limit)]
     band.sort(key=lambda r: (complexity(r, seq_length)[0], r["step_seconds"], r["peak_bytes"]))
-    if band and band[0]["step_seconds"] > fastest:
+    if band:
         first, quick = band[0], min(band, key=lambda r: (r["step_seconds"], r["peak_bytes"]))
-        simpler = [t for t in complexity(quick, seq_length)[1] if t not in complexity(first, seq_length)[1]]
-        band[0] = dict(first, why=(
-            f"the simplest of the {len(band)} plans within {TIE_TOLERANCE:.0%} of the fastest step "
-            f"({quick['step_seconds']:.4g} s), which the time model cannot tell apart: "
-            + (f"no {', no '.join(simpler)}" if simpler else "fewer parallel dimensions")))
+        traits = complexity(first, seq_length)[1]
+        others = len({layout(r) for r in band} - {layout(first)})
+        if first["step_seconds"] > fastest:
+            simpler = [t for t in complexity(quick, seq_length)[1] if t not in traits]
+            why = (f"the simplest of the {len(band)} plans within {TIE_TOLERANCE:.0%} of the fastest step "
+                   f"({quick['step_seconds']:.4g} s), which the time model cannot tell apart: "
+                   + (f"no {', no '.join(simpler)}" if simpler else "fewer parallel dimensions"))
+        elif others:
+            why = (f"the fastest step, and none of the {others} other layout{'s' if others > 1 else ''} within "
+                   f"{TIE_TOLERANCE:.0%} of it is simpler")
+        else:
+            why = f"the fastest step; no other layout comes within {TIE_TOLERANCE:.0%} of it"
+        band[0] = dict(first, why=f"{why}; beyond plain data parallelism it uses "
+                                  + (", ".join(traits) if traits else "nothing"))
     return band, rest
 
 
-def _simple_front(band: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The band's plans (in its order: simplest first) that no earlier plan -- one no less simple --
-    beats in both step time and peak memory."""
-    kept: list[dict[str, Any]] = []
+def layout(row: dict[str, Any]) -> tuple[Any, ...]:
+    """A plan's parallel layout: its degrees (dp, tp, pp, vpp, cp, ep), without the settings
+    (ZeRO stage, recompute, micro-batch size) that run on it."""
+    return tuple(row[f] for f in ("dp", "tp", "pp", "vpp", "cp", "ep"))
+
+
+def _layout_front(band: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The band's plans (in its order: simplest first) less those that an earlier plan -- no less
+    simple -- of the same parallel layout beats in both step time and peak memory."""
+    kept: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    out: list[dict[str, Any]] = []
     for r in band:
-        if not any(o["step_seconds"] <= r["step_seconds"] and o["peak_bytes"] <= r["peak_bytes"] for o in kept):
-            kept.append(r)
-    return kept
+        same = kept.setdefault(layout(r), [])
+        if not any(o["step_seconds"] <= r["step_seconds"] and o["peak_bytes"] <= r["peak_bytes"] for o in same):
+            same.append(r)
+            out.append(r)
+    return out
+
+
+def _band_front(band: list[dict[str, Any]], seq_length: int | None) -> tuple[list[dict[str, Any]],
+                                                                              list[dict[str, Any]]]:
+    """(the band's plans that no earlier plan -- one no less simple -- beats in both step time and
+    peak memory, in the band's order; the layouts such a plan beats, not listed by another variant,
+    each with a ``why`` naming what beats it). Inside :data:`TIE_TOLERANCE` the step times do not say
+    which plan is faster, so the beaten ones are listed (after the others of the band), not dropped."""
+    front: list[dict[str, Any]] = []
+    beaten: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for r in band:
+        by = next((o for o in front if o["step_seconds"] <= r["step_seconds"] and o["peak_bytes"] <= r["peak_bytes"]),
+                  None)
+        if by is None:
+            front.append(r)
+        else:
+            beaten.append((r, by))
+    listed = {layout(r) for r in front}
+    out = []
+    for r, by in beaten:
+        if layout(r) in listed:
+            continue
+        listed.add(layout(r))
+        what = " ".join(f"{k}{by[k]}" for k in ("tp", "pp", "dp", "cp", "vpp") if by[k] != 1 or k == "dp")
+        slower = 100 * (r["step_seconds"] / by["step_seconds"] - 1)
+        smaller = (r["peak_bytes"] - by["peak_bytes"]) / 2 ** 30
+        out.append(dict(r, why=(
+            f"within {TIE_TOLERANCE:.0%} of the fastest step, so listed, after {what} (ZeRO-{by['zero']}, "
+            f"recompute {by['recompute']}, micro-batch {by['micro_batch_size']}), "
+            f"{'as simple' if complexity(by, seq_length)[0] == complexity(r, seq_length)[0] else 'simpler'}, "
+            + (f"{slower:.1f} % faster" if slower > 0 else "as fast")
+            + (f" and {smaller:.2f} GiB smaller" if smaller > 0 else " and no larger"))))
+    return front, out
 
 
 def body_layers(model: Model) -> int:

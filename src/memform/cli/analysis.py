@@ -368,9 +368,17 @@ def _table(name: str, devices: int, result: Any, shown: list[dict[str, Any]], to
         prose.append("ranked by estimated step time (formulas/time.mf; memory breaks ties); rows with the same "
                      "memory and time merged; plans slower and bigger than another, or more than "
                      f"{FAR_FROM_BEST:g}× slower than the fastest, dropped (--all keeps them); plans within "
-                     f"{TIE_TOLERANCE:.0%} of the fastest step ranked simplest first; MFU of the dense BF16 peak")
+                     f"{TIE_TOLERANCE:.0%} of the fastest step ranked simplest first and none of them dropped for "
+                     "being slower (those a no less simple plan beats in both listed after the others); MFU of the "
+                     "dense BF16 peak")
     if shown and shown[0].get("why"):
         prose.append(f"first row: {shown[0]['why']}")
+    beaten = [i for i, r in enumerate(shown, 1) if i > 1 and r.get("why", "").startswith("within")]
+    if beaten:
+        where = f"row {beaten[0]}" if len(beaten) == 1 else f"rows {beaten[0]}-{beaten[-1]}"
+        prose.append(f"{where}: within {TIE_TOLERANCE:.0%} of the fastest step, which the time model cannot tell "
+                     "apart, but beaten in both step time and peak memory by a no less simple plan above (the "
+                     "reason under each)")
     wrap = (lambda t: [t]) if wide else \
         textwrap.TextWrapper(TABLE_WIDTH, subsequent_indent="  ", break_on_hyphens=False).wrap
     lines = [line for t in prose for line in wrap(t)]
@@ -383,6 +391,9 @@ def _table(name: str, devices: int, result: Any, shown: list[dict[str, Any]], to
         lines.append(sep.join(str(r[f]).rjust(widths[f]) if f != "equivalent" else str(r[f])
                               for f in cols).rstrip())
         extra = [(f, str(r[f])) for f in below if r[f] not in ("", "-", None)]
+        if r is not shown[0] and r.get("why"):
+            lines += [f"    {r['why']}"] if wide else textwrap.wrap(r["why"], TABLE_WIDTH, initial_indent="    ",
+                                                                     subsequent_indent="    ", break_on_hyphens=False)
         if extra:
             text = "; ".join(f"{label[f]}: {v}" for f, v in extra)
             if len(text) > TABLE_WIDTH - 4:
@@ -395,7 +406,9 @@ def _table(name: str, devices: int, result: Any, shown: list[dict[str, Any]], to
         tail.append(f"... {listed - len(shown)} more (--top 0 for all)")
     if listed < total:
         tail.append(f"({total - listed} of the {total} fitting strategies are merged into an equivalent row or "
-                    f"beaten in both step time and peak memory" + (f", or take over {FAR_FROM_BEST:g}× the "
+                    f"beaten in both step time and peak memory" + (f" (outside {TIE_TOLERANCE:.0%} of the fastest "
+                    f"step, or by a variant of their own layout)" if result.timed else "")
+                    + (f", or take over {FAR_FROM_BEST:g}× the "
                     f"fastest step" if result.timed else "") + ": --all lists them)")
     lines += [line for t in tail for line in wrap(t)]
     return "\n".join(lines) + "\n"
