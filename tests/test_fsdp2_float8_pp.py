@@ -119,3 +119,14 @@ def test_pipeline_last_stage_keeps_the_norm_gradient_s_head_sized_buffer():
     one = config(PP["fsdp2"], {"num_micro_batches": 1, "recompute": "selective"}, {**PP["parallel"]}, PP["model"])
     # one micro-batch: no accumulation, no second reduce-scatter for the norm to share
     assert stage(one, 1).values["grads"] / MiB == pytest.approx(917, rel=0.001)
+
+
+@pytest.mark.parametrize("fp8_all_gather, params", [(True, 2335), (False, 2751)])
+def test_pipeline_stage0_keeps_its_float8_weights_as_all_gathered(fp8_all_gather, params):
+    # stage 0 under PP keeps its blocks' gathered weights from forward to backward: the fp8 all-gather's 1-byte
+    # buffers, or bf16 ones without it (torchtitan <= 2026-04 turns it off at dp_shard 1, the 405B benchmark's
+    # FSDP 1 x CP 8 row). Traced: bench/validate.py --frameworks --only "stage0 b4 float8-tensorwise", MiB
+    from estimate_helpers import numbers
+    cfg = config({**PP["fsdp2"], "float8": "tensorwise", "float8_all_gather": fp8_all_gather},
+                 {**PP["training"], "recompute": "selective"}, PP["parallel"], PP["model"])
+    assert numbers(cfg).stages[0].values["params"] / MiB == pytest.approx(params, rel=0.001)

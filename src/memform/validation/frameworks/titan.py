@@ -682,7 +682,8 @@ def pipeline_sweep() -> list[TitanCase]:
     return [TitanCase("llama3_8b", world=8, layers=4, pp=2, batch=4, stage=0),
             TitanCase("llama3_8b", world=8, layers=4, pp=2, batch=4, stage=0, ac="full"),
             TitanCase("llama3_8b", world=8, layers=4, pp=2, batch=4, stage=1),
-            TitanCase("llama3_8b", world=8, layers=4, pp=2, batch=4, stage=0, float8="tensorwise", fp8_all_gather=True)]
+            TitanCase("llama3_8b", world=8, layers=4, pp=2, batch=4, stage=0, float8="tensorwise", fp8_all_gather=True),
+            TitanCase("llama3_8b", world=8, layers=4, pp=2, batch=4, stage=0, float8="tensorwise")]
 
 
 def deepseek_sweep() -> list[TitanCase]:
