@@ -12,7 +12,10 @@ the MLP's second tensor. By name they sit where the names say (Q, K, V of MLA, t
 the deepspeed profile (here and in the offload data below): DeepSpeed's PipelineEngine keeps each in-flight
 micro-batch's received input and stage output and the last stage's logits (frameworks/deepspeed.mf ds_pipe_kept,
 ds_pipe_stale, runtime ds_pipe_p2p), and a sending stage's first backward adds act[none] - act, measured with
-DeepSpeed's own engine (bench/ds_pipe_buffers.py, tests/data/ds-pipe-buffers.json).
+DeepSpeed's own engine (bench/ds_pipe_buffers.py, tests/data/ds-pipe-buffers.json). And every pipeline-parallel
+job under the fsdp2 profile: torch's pipelining keeps one receive buffer per micro-batch for each stage's input
+and output gradient (frameworks/fsdp2.mf pp_recv_bufs), traced with torchtitan's own pipeline (bench/validate.py
+--frameworks --only pp2).
 
 Activation offloading (formulas/offload-decoder.mf) was loaded by Python (engine/config.py OFFLOAD_KEYS, last,
 for a config setting one of its keys) until dense.mf said it itself (`include "offload-decoder.mf" after profile
@@ -41,9 +44,10 @@ MOVED_MLA = {(c["config"], tuple(c["set"])) for c in DATA
              if c["config"] in ("deepseek-v2-lite.yaml", "deepseek-v3.yaml") and "training.framework=hf-trainer" in c["set"]}
 
 
-def _deepspeed_pipeline(c: dict) -> bool:
-    """A case run under the deepspeed profile with pipeline parallelism (its PipelineEngine buffers moved it)."""
-    if "training.framework=deepspeed" not in c["set"] or isinstance(c["stages"], str):
+def _deepspeed_pipeline(c: dict, framework: str = "deepspeed") -> bool:
+    """A case run under the deepspeed profile with pipeline parallelism (its PipelineEngine buffers moved it);
+    with ``framework`` fsdp2, under that profile (torch pipelining's receive buffers moved it)."""
+    if f"training.framework={framework}" not in c["set"] or isinstance(c["stages"], str):
         return False
     pp = (yaml.safe_load((ROOT / "configs" / c["config"]).read_text()).get("parallel") or {}).get("pp", 1)
     for s in c["set"]:
@@ -53,7 +57,8 @@ def _deepspeed_pipeline(c: dict) -> bool:
 
 
 MOVED_DS = {(c["config"], tuple(c["set"])) for c in DATA if _deepspeed_pipeline(c)}
-MOVED = MOVED_MLA | MOVED_DS
+MOVED_FSDP2 = {(c["config"], tuple(c["set"])) for c in DATA if _deepspeed_pipeline(c, "fsdp2")}
+MOVED = MOVED_MLA | MOVED_DS | MOVED_FSDP2
 #: the cheap ones run by default: the rewritten lets (Megatron's autograd regrad, fsdp2 and torch pipelining,
 #: MemEst's interleaved factors) and the hf-trainer temporaries; the rest with -m slow
 FAST = {("llama2-7b.yaml", ("training.framework=megatron", "megatron.backward_regrad=autograd", "parallel.pp=4", "parallel.vpp=2")),
@@ -78,7 +83,7 @@ def test_peaks_and_reserves_as_before(case):
 
 def test_the_fast_cases_are_in_the_data():
     assert FAST <= {(c["config"], tuple(c["set"])) for c in DATA}
-    assert len(MOVED_MLA) == 6 and len(MOVED_DS) == 30
+    assert len(MOVED_MLA) == 6 and len(MOVED_DS) == 30 and len(MOVED_FSDP2) == 34
 
 
 OFFLOAD = [json.loads(line) for line in
@@ -98,7 +103,8 @@ def _offload_case(c: dict):
     return pytest.param(c, marks=[] if fast else [pytest.mark.slow], id=f"{c['config']}:{' '.join(c['set'])}")
 
 
-@pytest.mark.parametrize("case", [_offload_case(c) for c in OFFLOAD if not _deepspeed_pipeline(c)])
+@pytest.mark.parametrize("case", [_offload_case(c) for c in OFFLOAD
+                                  if not _deepspeed_pipeline(c) and not _deepspeed_pipeline(c, "fsdp2")])
 def test_offload_peaks_reserves_and_host_bytes_as_before(case):
     assert figures(ROOT, case["config"], case["set"], host=True) == case["stages"]
 
