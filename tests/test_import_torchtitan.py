@@ -352,3 +352,21 @@ def test_float8_with_moe_blocks_is_refused_by_the_profile(tmp_path):
             'filter_fqns = ["output"]\n[parallelism]\nexpert_parallel_degree = 8\n')
     draft = import_config("torchtitan", _toml(tmp_path, text), Options(devices=8))
     assert draft.load_error is not None and "fsdp2.float8 with MoE layers" in draft.load_error
+
+
+@pytest.mark.parametrize("text, all_gather", [
+    # FSDP 1 x CP 8 (the Dec-2024 405B benchmark's Table 6 row): torchtitan 9dec370 float8.py:51-54 enables
+    # the fp8 all-gather only with parallel_dims.dp_shard_enabled (dp_shard > 1), so the weights gather in bf16
+    ('[training]\nenable_float8_linear = true\nenable_fsdp_float8_all_gather = true\ndata_parallel_shard_degree = 1\n'
+     '[experimental]\ncontext_parallel_degree = 8\n', False),
+    ('[training]\nenable_float8_linear = true\nenable_fsdp_float8_all_gather = true\ndata_parallel_shard_degree = 2\n'
+     '[experimental]\ncontext_parallel_degree = 4\n', True),
+])
+def test_fp8_all_gather_needs_a_data_parallel_shard_dimension(tmp_path, text, all_gather):
+    draft = import_config("torchtitan", _toml(tmp_path, text), Options(devices=8))
+    assert draft.get("fsdp2.float8_all_gather") == all_gather, draft.entries["fsdp2.float8_all_gather"].note
+    assert draft.get("parallel.cp") == 8 // draft.get("parallel.dp")
+    if not all_gather:   # a value given with --set is kept
+        kept = import_config("torchtitan", _toml(tmp_path, text),
+                             Options(devices=8, overrides={"fsdp2.float8_all_gather": True}))
+        assert kept.get("fsdp2.float8_all_gather") is True

@@ -18,7 +18,10 @@ final norm's and the head's inputs with the plain modeling too (head_not_regrad)
 replay's reserve (its transients), of 18 of the 25 non-pipeline deepspeed cases moved; the other 7 (Nemotron-H
 without full recompute, and offload cases whose peak is set elsewhere) did not. All measured with DeepSpeed's own
 engine (bench/ds_pipe_buffers.py, tests/data/ds-pipe-buffers.json; the transformers Llama's checkpointed ZeRO-3
-peak, bench/validate.py --frameworks --only "ds zero3 L8 h128 b2 s256 sdpa fp32 gc": +0.53 % -> -0.4 %).
+peak, bench/validate.py --frameworks --only "ds zero3 L8 h128 b2 s256 sdpa fp32 gc": +0.53 % -> -0.4 %). And every pipeline-parallel
+job under the fsdp2 profile: torch's pipelining keeps one receive buffer per micro-batch for each stage's input
+and output gradient (frameworks/fsdp2.mf pp_recv_bufs), traced with torchtitan's own pipeline (bench/validate.py
+--frameworks --only pp2).
 
 Activation offloading (formulas/offload-decoder.mf) was loaded by Python (engine/config.py OFFLOAD_KEYS, last,
 for a config setting one of its keys) until dense.mf said it itself (`include "offload-decoder.mf" after profile
@@ -35,6 +38,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -52,8 +56,20 @@ def _deepspeed(c: dict) -> bool:
     return "training.framework=deepspeed" in c["set"] and not isinstance(c["stages"], str)
 
 
+def _fsdp2_pipeline(c: dict) -> bool:
+    """A case run under the fsdp2 profile with pipeline parallelism (torch pipelining's receive buffers moved it)."""
+    if "training.framework=fsdp2" not in c["set"] or isinstance(c["stages"], str):
+        return False
+    pp = (yaml.safe_load((ROOT / "configs" / c["config"]).read_text()).get("parallel") or {}).get("pp", 1)
+    for s in c["set"]:
+        if s.startswith("parallel.pp="):
+            pp = int(s.split("=", 1)[1])
+    return pp > 1
+
+
 MOVED_DS = {(c["config"], tuple(c["set"])) for c in DATA if _deepspeed(c)}
-MOVED = MOVED_MLA | MOVED_DS
+MOVED_FSDP2 = {(c["config"], tuple(c["set"])) for c in DATA if _fsdp2_pipeline(c)}
+MOVED = MOVED_MLA | MOVED_DS | MOVED_FSDP2
 #: the cheap ones run by default: the rewritten lets (Megatron's autograd regrad, fsdp2 and torch pipelining,
 #: MemEst's interleaved factors) and the hf-trainer temporaries; the rest with -m slow
 FAST = {("llama2-7b.yaml", ("training.framework=megatron", "megatron.backward_regrad=autograd", "parallel.pp=4", "parallel.vpp=2")),
@@ -78,7 +94,7 @@ def test_peaks_and_reserves_as_before(case):
 
 def test_the_fast_cases_are_in_the_data():
     assert FAST <= {(c["config"], tuple(c["set"])) for c in DATA}
-    assert len(MOVED_MLA) == 6 and len(MOVED_DS) == 42
+    assert len(MOVED_MLA) == 6 and len(MOVED_DS) == 42 and len(MOVED_FSDP2) == 34
 
 
 OFFLOAD = [json.loads(line) for line in
@@ -98,7 +114,7 @@ def _offload_case(c: dict):
     return pytest.param(c, marks=[] if fast else [pytest.mark.slow], id=f"{c['config']}:{' '.join(c['set'])}")
 
 
-@pytest.mark.parametrize("case", [_offload_case(c) for c in OFFLOAD if not _deepspeed(c)])
+@pytest.mark.parametrize("case", [_offload_case(c) for c in OFFLOAD if not _deepspeed(c) and not _fsdp2_pipeline(c)])
 def test_offload_peaks_reserves_and_host_bytes_as_before(case):
     assert figures(ROOT, case["config"], case["set"], host=True) == case["stages"]
 

@@ -988,6 +988,28 @@ def finish(draft: Draft) -> None:
     s = _Sections(read_toml(draft.source), draft.source)
     _world(s, draft)
     _global_batch(draft)
+    _float8_all_gather_shard(draft)
+
+
+def _float8_all_gather_shard(draft: Draft) -> None:
+    """torchtitan turns torchao's fp8 all-gather on only where FSDP has a data-parallel shard dimension:
+    ``enable_fsdp_float8_all_gather = parallel_dims.dp_shard_enabled and float8.enable_fsdp_float8_all_gather``
+    (torchtitan/float8.py:51-54 at 9dec370, Dec 2024; components/float8.py:80-83 at 01424cb, Apr 2025; from
+    2a25f4d, Sep 2024, until 6348d93, Apr 2026, which dropped the key). With data_parallel_shard_degree 1 --
+    context parallelism alone, FSDP 1 × CP 8 in the Dec-2024 405B benchmark -- the Float8Linear weights are
+    all-gathered in bf16 (and kept so from forward to backward under PP) although fully_shard still shards
+    them over the CP ranks. A value given with --set is kept."""
+    entry = draft.entries.get("fsdp2.float8_all_gather")
+    if entry is None or entry.value is not True or entry.note == "set on the command line":
+        return
+    dp, cp = draft.get("parallel.dp", 1), draft.get("parallel.cp", 1)
+    group = draft.get("parallel.zero_shard_max")          # HSDP: the shard group is dp_shard × cp
+    shard = group // cp if isinstance(group, int) and isinstance(cp, int) and cp > 0 else dp
+    if shard == 1:
+        draft.set("fsdp2.float8_all_gather", False,
+                  f"enable_fsdp_float8_all_gather is true, but data_parallel_shard_degree is 1 (cp {cp}): torchtitan "
+                  f"all-gathers in fp8 only with dp_shard > 1 (float8.py: parallel_dims.dp_shard_enabled and ...), "
+                  f"so the weights are gathered in bf16")
 
 
 def _global_batch(draft: Draft) -> None:
