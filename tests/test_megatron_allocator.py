@@ -110,6 +110,23 @@ def test_selective_mlp_tensors_are_megatrons(modules, mlp_in):
     assert dec.act_tensor[-5:] == (mlp_in, 2 * 8192 * 2 * 28672 // 8, 0, 0, 2 * 8192 * 28672 // 8)
 
 
+# The attention's saved tensors under selective recompute (megatron-core.mf mc_attn_sel_tensors), Llama-3-70B as
+# bundled but two sequences per micro-batch (s 8192, b 2, h 8192, 64 heads and 8 KV heads of 128, TP 8 + SP, bf16):
+# after the first norm's tensor, the QKV GEMM's input sharded along the sequence ([s/t, b, h], Korthikanti et al.
+# 2022 §4.2.2), then the checkpointed core's inputs attention.py _checkpointed_attention_forward keeps: Q [s, b,
+# a/t, d], K and V [s, b, g/t, d]. (issue 35: seed 808's megatron-core.mf:291:112, K's `s * b` -> `s / b`, equal at
+# b = 1, the bundled micro-batch)
+def test_selective_attention_keeps_the_cores_inputs_per_sequence():
+    from estimate_helpers import numbers
+    est = numbers(Path(__file__).resolve().parent.parent / "configs" / "llama3-70b.yaml",
+                  {"training.framework": "megatron", "training.recompute_modules": ["core_attn"],
+                   "training.micro_batch_size": 2})
+    dec = alloc_estimate.layer_blocks(est.stages[0], est.model, est.model.evaluator())[1]
+    sb = 8192 * 2
+    assert dec.act_tensor[2:6] == (2 * sb * 8192 // 8, 2 * sb * 64 * 128 // 8, 2 * sb * 8 * 128 // 8,
+                                   2 * sb * 8 * 128 // 8)
+
+
 def test_llama2_70b_last_stage_reserve_against_the_trace():
     """The megatron-core fake trace's figures of this stage (bench/validate.py --frameworks --only mcore,
     recorded in memform/validation/bounds.yaml): reserve 280,921,788 of 37,343,985,664 reserved bytes."""
