@@ -1161,7 +1161,10 @@ PAIR_RECOMPUTE_BASES = ("configs/llama3-8b.yaml", "toy-hybrid", "configs/mixtral
 #: (mindspore/moe.mf mtp, mtp_embedding), a MoE layer's attention groups offloaded under selective recompute
 #: (offload-moe.mf off_dev[selective]), torchtitan's one-round interleaved schedule with unsharded fp32
 #: accumulators (fsdp2.mf titan_one_round), 8-bit AdamW's fp32 states of tensors under 4096 values at h < 4096
-#: (finetune.mf small_params) and DualPipeV's rank 0 where the loss chunk's backward sets the peak (torch.mf)
+#: (finetune.mf small_params), DualPipeV's rank 0 where the loss chunk's backward sets the peak (torch.mf), NAS
+#: linear sublayers under layernorm recompute (nas.mf), Muon's step temporaries under hf-trainer when the step sets
+#: the peak (hf-trainer.mf optimizer_step), the unfused core's tensors on either side of the offload threshold
+#: (offload-decoder.mf) and the local core's held QKV output with MHA (megatron-core.mf qkv_held)
 STOP48_PAIR_DRAWS: tuple[tuple[str, str, dict], ...] = (
     ("mindspore x MTP", "configs/deepseek-v3.yaml", {"training.framework": "mindspore", "parallel.pp": 2,
                                                     "model.num_layers": 4}),
@@ -1178,6 +1181,23 @@ STOP48_PAIR_DRAWS: tuple[tuple[str, str, dict], ...] = (
     ("torch dualpipev x few layers (loss-bound rank 0)", "configs/llama3-8b.yaml",
      {"training.framework": "torch", "parallel.pp": 4, "parallel.vpp": 2, "training.num_micro_batches": 8,
       "parallel.pp_schedule": "torch-dualpipev", "model.num_layers": 8, "training.recompute": "none"}),
+    ("megatron NAS x linear sublayers x layernorm recompute", "configs/llama-3.3-nemotron-super-49b.yaml",
+     {"training.framework": "megatron", "training.recompute": "selective", "model.layer_attention": "L" * 80,
+      "model.layer_ffn": "L" * 80, "training.recompute_modules": ["core_attn", "layernorm"]}),
+    ("hf-trainer muon x foreach x short sequence (step-bound peak)", "configs/llama3-8b.yaml",
+     {**_HF, "hf_trainer.optim": "muon", "hf_trainer.muon_adamw": "foreach", "model.seq_length": 16,
+      "training.recompute": "full"}),
+    ("core offload x unfused x many sequences", "configs/llama3-8b.yaml",
+     {"training.framework": "megatron", "parallel.pp": 1, "model.flash_attention": False, "model.seq_length": 512,
+      "training.micro_batch_size": 16, "training.recompute": "none", "training.activation_offload": "modules",
+      "training.activation_offload_modules": ["core_attn"]}),
+    ("core offload x unfused x tp 8 x short sequence", "configs/llama3-8b.yaml",
+     {"training.framework": "megatron", "parallel.pp": 1, "model.flash_attention": False, "model.dropout": False,
+      "model.seq_length": 256, "parallel.tp": 8, "training.recompute": "none", "training.activation_offload": "modules",
+      "training.activation_offload_modules": ["core_attn"]}),
+    ("megatron local core x MHA x rope x b 2", "configs/llama2-7b.yaml",
+     {"training.framework": "megatron", "megatron.transformer_impl": "local", "training.micro_batch_size": 2,
+      "training.recompute": "none", "model.flash_attention": False}),
 )
 
 

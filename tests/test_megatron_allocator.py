@@ -127,6 +127,21 @@ def test_selective_attention_keeps_the_cores_inputs_per_sequence():
                                    2 * sb * 8 * 128 // 8)
 
 
+# With --transformer-impl local and RoPE on multi-head attention, get_query_key_value_tensors' query, key and value
+# are torch.split views of the fused QKV output (attention.py), RoPE replaces Q and K by new tensors and the core
+# keeps V as such: the whole output stays held, qw + kv of it beyond the q/k/v dense.mf counts (megatron-core.mf
+# qkv_held). Llama-2-7B (MHA, s 4096, h 4096, TP 2), bf16, two sequences per micro-batch: 2·s·b·(qw + kv)/t per
+# layer. (issue 35: stop 47's unargued megatron-core.mf:240:58, `s * b` -> `s / b`, equal at b = 1; the local-core
+# draws were GQA, where nothing of the output stays held)
+def test_local_core_keeps_the_fused_qkv_output_per_sequence():
+    from estimate_helpers import numeric_model
+    m = numeric_model(Path(__file__).resolve().parent.parent / "configs" / "llama2-7b.yaml", {
+        "training.framework": "megatron", "megatron.transformer_impl": "local", "training.micro_batch_size": 2,
+        "training.recompute": "none", "model.flash_attention": False, "parallel.tp": 2, "parallel.cp": 1})
+    s, b, h = 4096, 2, 4096
+    assert int(m.evaluator().let("qkv_held")) == 2 * s * b * (h + h) // 2
+
+
 def test_llama2_70b_last_stage_reserve_against_the_trace():
     """The megatron-core fake trace's figures of this stage (bench/validate.py --frameworks --only mcore,
     recorded in memform/validation/bounds.yaml): reserve 280,921,788 of 37,343,985,664 reserved bytes."""

@@ -97,6 +97,23 @@ def test_threshold_keeps_small_tensors():
     assert freed(st) == (L - 1) * Q
 
 
+# The unfused core's a·s² tensors (scores, softmax output) are one tensor each of a·s²·b/(t·cp) elements on a
+# rank: the threshold reads that count (Megatron's --min-offloaded-tensor-size, 1 Mi elements). At s 512 and 16
+# sequences per micro-batch each is 33.5 Mi elements (TP 4): all of the core group leaves, as with no threshold;
+# at s 256, b 1, TP 8 each is 256 Ki elements and Q/K/V at most 128 Ki: nothing leaves the device. (issue 35:
+# stop 47's unargued offload-decoder.mf:123:96 `s * b` -> `s / b` and :124:136 `t` -> `cp` in those counts)
+@pytest.mark.parametrize("sets, all_leave", [
+    ({"model.seq_length": 512, "training.micro_batch_size": 16}, True),
+    ({"model.seq_length": 256, "parallel.tp": 8, "model.dropout": False}, False),
+])
+def test_unfused_core_tensors_meet_the_threshold_per_rank(sets, all_leave):
+    unfused = {"model.flash_attention": False, "parallel.pp": 1, **sets}
+    st = numbers(modules("core_attn"), unfused).stages[0]
+    none_kept = numbers(modules("core_attn", activation_offload_min_elements=0), unfused).stages[0]
+    assert none_kept.host_bytes > 0
+    assert st.host_bytes == (none_kept.host_bytes if all_leave else 0)
+
+
 def test_recomputed_core_opens_no_group():
     """--recompute-modules core_attn: attention.py's checkpointed branch runs outside the core_attn group."""
     st = numbers(modules("core_attn", "attn_proj", recompute="selective")).stages[0]
