@@ -320,3 +320,21 @@ def test_layernorm_recompute_drops_the_linear_replacements_inputs():
 
     s, b, h, t = 8192, 1, 8192, 8
     assert per_layer(["core_attn"]) - per_layer(["core_attn", "layernorm"]) == 2 * (2 * s * b * h // t)
+
+
+# The residual dropout after a linear replacement (nas.mf linear_sublayer act[none]): as after dense attention and
+# MLP, a 1-byte mask per element of the sublayer's s·b·h output (Korthikanti et al. 2022 §4.1), sharded over the
+# sequence under SP: every sublayer of the all-linear Nemotron-Super shape (TP 8 + SP, s 8192) adds s·h/t bytes per
+# layer and sublayer with model.dropout. (issue 35: seed 909's survivor nas.mf:71:24, that term dropped)
+def test_linear_replacements_keep_their_residual_dropout_masks():
+    from estimate_helpers import numbers
+    cfg = ROOT / "configs" / "llama-3.3-nemotron-super-49b.yaml"
+    lin = {"training.framework": "megatron", "training.recompute": "none", "model.layer_attention": "L" * 80,
+           "model.layer_ffn": "L" * 80}
+
+    def per_layer(dropout):
+        est = numbers(cfg, {**lin, "model.dropout": dropout})
+        (act,) = {g.per_layer_values["activations"] for g in est.stages[0].layers if g.block == "decoder"}
+        return act
+
+    assert per_layer(True) - per_layer(False) == 2 * (8192 * 1 * 8192 // 8)
