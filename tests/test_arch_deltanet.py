@@ -328,3 +328,23 @@ def test_omitted_linear_shape_keys_take_transformers_defaults(kernel):
     over = {"model.num_layers": 4, "model.mtp_layers": 0, "model.gdn_kernel": kernel}
     bare, spelled = numbers(raw, over), numbers(ROOT / "configs" / "qwen3-next-80b-a3b.yaml", over)
     assert [(s.param_count, s.exprs) for s in bare.stages] == [(s.param_count, s.exprs) for s in spelled.stages]
+
+
+# The fla kernel's causal conv (deltanet.mf gdn fla_conv): causal_conv1d_fn keeps its input x, conv_dim =
+# 2·key_dim + v_dim wide (causal-conv1d causal_conv1d_interface.py CausalConv1dFn.forward: ctx.save_for_backward(x,
+# weight, bias, ...); the fused silu's output is not kept), in the activation dtype -- Qwen3-Next's released shapes
+# (16 key heads and 32 value heads of 128): 2·2048 + 4096 = 8192 channels, bf16, 16,384 B per token (per_token is
+# the whole layer's; act divides it over t, the conv splitting with its channels). The kernel is CUDA-only (no CPU build; transformers
+# falls back to F.conv1d, the torch kernel measured above), so the source is the check here; a CUDA run of
+# Qwen3NextGatedDeltaNet with causal-conv1d and fla installed, saved_tensors_hooks per layer as the torch kernel's
+# cases do, would measure it. (issue 35: seed 808's survivor deltanet.mf:139:27, fla_conv dropped from fla's
+# per-token figure)
+def test_fla_per_token_figure_keeps_the_causal_conv_input():
+    from estimate_helpers import numeric_model
+
+    model = numeric_model(ROOT / "configs" / "qwen3-next-80b-a3b.yaml", {
+        "model.num_layers": 4, "model.mtp_layers": 0, "model.gdn_kernel": "fla", "parallel.tp": 1,
+        "parallel.sequence_parallel": False, "parallel.ep": 1, "parallel.pp": 1, "parallel.dp": 1})
+    ev = model.evaluator()
+    others = sum(int(ev.quantity("gdn", q)) for q in ("fla_gates", "fla_kernel", "fla_norm", "proj_in"))
+    assert int(ev.quantity("gdn", "per_token")) - others == 2 * (2 * 16 * 128 + 32 * 128)

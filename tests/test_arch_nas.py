@@ -297,3 +297,44 @@ def test_checkpointed_peak_depends_on_where_the_largest_layer_is(reverse, low, h
     row = frameworks.compare(replace(hf_nas.BASE, blocks=blocks, gc=True), hf_nas)
     assert low < row.error("activations_peak") < high
     assert abs(row.error("activations")) < 0.02
+
+
+# --recompute-modules layernorm with linear replacements (nas.mf linear_sublayer act[selective]): Megatron-LM's
+# ColumnParallelLinearGathered (transformer/heterogeneous/linear_replacements.py) is a GEMM on the sublayer norm's
+# output like the QKV GEMM, which keeps that output as its weight-gradient input (PyTorch derivatives.yaml mm);
+# layernorm recompute (transformer_layer.py: the norm under CheckpointWithoutOutput) discards it, as dense.mf's
+# qkv_in and mlp_in. Nemotron-Super's shape with every attention and FFN sublayer a linear (DeciLM
+# replace_with_linear): each layer loses its two norm outputs, bf16, sharded over the sequence under SP (s·b·h/t;
+# Korthikanti et al. 2022 §4.2.2). (issue 35: stop 47's unargued nas.mf:73:40 `rc_norm * lin_in` -> `/`, reached
+# by no draw with linear sublayers)
+def test_layernorm_recompute_drops_the_linear_replacements_inputs():
+    from estimate_helpers import numbers
+    cfg = ROOT / "configs" / "llama-3.3-nemotron-super-49b.yaml"
+    lin = {"training.framework": "megatron", "training.recompute": "selective", "model.layer_attention": "L" * 80,
+           "model.layer_ffn": "L" * 80}
+
+    def per_layer(modules):
+        est = numbers(cfg, {**lin, "training.recompute_modules": modules})
+        (act,) = {g.per_layer_values["activations"] for g in est.stages[0].layers if g.block == "decoder"}
+        return act
+
+    s, b, h, t = 8192, 1, 8192, 8
+    assert per_layer(["core_attn"]) - per_layer(["core_attn", "layernorm"]) == 2 * (2 * s * b * h // t)
+
+
+# The residual dropout after a linear replacement (nas.mf linear_sublayer act[none]): as after dense attention and
+# MLP, a 1-byte mask per element of the sublayer's s·b·h output (Korthikanti et al. 2022 §4.1), sharded over the
+# sequence under SP: every sublayer of the all-linear Nemotron-Super shape (TP 8 + SP, s 8192) adds s·h/t bytes per
+# layer and sublayer with model.dropout. (issue 35: seed 909's survivor nas.mf:71:24, that term dropped)
+def test_linear_replacements_keep_their_residual_dropout_masks():
+    from estimate_helpers import numbers
+    cfg = ROOT / "configs" / "llama-3.3-nemotron-super-49b.yaml"
+    lin = {"training.framework": "megatron", "training.recompute": "none", "model.layer_attention": "L" * 80,
+           "model.layer_ffn": "L" * 80}
+
+    def per_layer(dropout):
+        est = numbers(cfg, {**lin, "model.dropout": dropout})
+        (act,) = {g.per_layer_values["activations"] for g in est.stages[0].layers if g.block == "decoder"}
+        return act
+
+    assert per_layer(True) - per_layer(False) == 2 * (8192 * 1 * 8192 // 8)

@@ -256,6 +256,31 @@ def test_zero_bubble_pending_weight_pass_holds_the_measured_gradients(tmp_path, 
             assert got == past * ZB_HOLD_ONE_DECODER, (kind, r, got / ZB_HOLD_ONE_DECODER, past)
 
 
+# The same pending W for a MoE layer (frameworks/torch/moe.mf moe_decoder zb_grads; no pipelined MoE case is
+# measured): its attention half is the measured dense piece's -- the two norms' output gradients, Q/K/V's, the
+# output projection's and the layer's output gradient, (2·64 + 128 + 64 + 64) · 256 B at the same shapes -- and
+# its MoE half follows the same rule (stage_backward_input keeps the output gradient of every node whose weight
+# gradient W computes): the router's logits (n_exp per token) and, per routed row (s·b·k of them, dropless),
+# fc1's (gate and up: 2·f_exp) and fc2's (h) outputs. (issue 35: seed 808's survivor torch/moe.mf:25:52, Q/K/V's
+# gradients dropped from a MoE layer's W state, read by no test: the zero-bubble tests above are dense)
+def test_zero_bubble_moe_layer_holds_the_dense_pieces_attention_gradients_and_every_routed_rows():
+    from estimate_helpers import numeric_model
+
+    n_exp, k, f_exp = 4, 2, 176
+    model = numeric_model(ROOT / "configs" / "mixtral-8x7b.yaml", {
+        "training.framework": "torch", "model.hidden_size": P.h, "model.num_heads": 4, "model.num_kv_heads": 2,
+        "model.num_layers": 4, "model.seq_length": P.s, "model.num_experts": n_exp, "model.moe_top_k": k,
+        "model.moe_ffn_hidden_size": f_exp, "model.capacity_factor": 0, "model.vocab_size": 256,
+        "training.micro_batch_size": P.b, "training.global_batch_size": 4 * P.b, "training.recompute": "none",
+        "training.precision.activations": "fp32", "training.precision.params": "fp32", "parallel.dp": 1,
+        "parallel.tp": 1, "parallel.ep": 1, "parallel.pp": 2, "parallel.vpp": 2, "parallel.pp_schedule": "torch-zbv"})
+    sb = P.s * P.b
+    assert sb == 64 and P.h == 64
+    attention = (2 * 64 + 128 + 64 + 64) * 256          # the measured piece's, less fc1's 352 · 256
+    assert int(model.evaluator().quantity("moe_decoder", "zb_grads")) == (
+        attention + 4 * sb * n_exp + 4 * sb * k * (2 * f_exp + P.h))
+
+
 # What a piece keeps per in-flight micro-batch beyond its stored activations (torch.mf pp_keep), with the
 # non-runtime schedules (Schedule1F1B, ScheduleGPipe wait for each send): stage.py forward_one_chunk caches
 # the stage output in fwd_cache until its backward. The first piece's is its h-wide output (s·b·h·4 B);

@@ -567,3 +567,55 @@ def test_import_maps_the_pipeline_section(tmp_path):
     src.write_text(json.dumps({"zero_optimization": {"stage": 1}, "pipeline": {"activation_checkpoint_interval": 1}}))
     r = memform_in_process("import", "deepspeed", src, "--model", GPT)
     assert r.returncode == 2 and "'pipeline.activation_checkpoint_interval'" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- deepspeed.modeling: transformers -- LlamaRMSNorm / Qwen3RMSNorm as autograd keeps them ---------------
+# deepspeed.mf hf_rms: x.to(float32), pow(2).mean(-1), x * rsqrt(var + eps), weight * y.to(dtype) keep the fp32
+# input copy (w per row), the fp32 1/rms (one per row) and the normalised tensor in the input's dtype (w per row);
+# in fp32 the copies are the input and y themselves. Measured here with saved_tensors_hooks on transformers' own
+# modules, one decoder norm (rows = tokens) and Qwen3's q/k norms (one row per head per token), each storage once,
+# the weight left out (a parameter). (issue 35: seed 808's survivor deepspeed.mf:30:40, hf_rms's `+ bytes_norm_in
+# * w` -> `-`: no test read a transformers-modeling norm without a DeepSpeed run, which is too slow to mutate)
+def _saved_bytes(module, *inputs) -> int:
+    torch = pytest.importorskip("torch")
+    weights = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in weights:
+            kept[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        outs = [module(x) for x in inputs]
+    assert all(o.requires_grad for o in outs)
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("block", ["norm", "qk_norm_block"])
+def test_transformers_rmsnorm_keeps_what_autograd_saves(block, dtype):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    from estimate_helpers import numeric_model
+
+    h, a, g, d, s, b = 256, 4, 2, 64, 32, 2
+    tdtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    if block == "norm":
+        inputs = [torch.randn(b, s, h, dtype=tdtype, requires_grad=True)]
+        measured = _saved_bytes(LlamaRMSNorm(h).to(tdtype), *inputs)
+    else:   # Qwen3Attention: q_norm over [b, s, a, d], k_norm over [b, s, g, d]
+        norm = Qwen3RMSNorm(d).to(tdtype)
+        measured = _saved_bytes(norm, torch.randn(b, s, a, d, dtype=tdtype, requires_grad=True)) \
+            + _saved_bytes(norm, torch.randn(b, s, g, d, dtype=tdtype, requires_grad=True))
+    model = numeric_model(ROOT / "configs" / "llama3-8b.yaml", {
+        "training.framework": "deepspeed", "deepspeed.modeling": "transformers", "model.hidden_size": h,
+        "model.num_heads": a, "model.num_kv_heads": g, "model.qk_norm": True, "model.seq_length": s,
+        "training.micro_batch_size": b, "training.global_batch_size": b, "parallel.tp": 1, "parallel.pp": 1,
+        "parallel.dp": 1, "parallel.zero": 0, "training.precision.activations": dtype,
+        "training.precision.params": dtype})
+    assert int(model.evaluator().quantity(block, "act")) == measured

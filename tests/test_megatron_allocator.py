@@ -110,6 +110,38 @@ def test_selective_mlp_tensors_are_megatrons(modules, mlp_in):
     assert dec.act_tensor[-5:] == (mlp_in, 2 * 8192 * 2 * 28672 // 8, 0, 0, 2 * 8192 * 28672 // 8)
 
 
+# The attention's saved tensors under selective recompute (megatron-core.mf mc_attn_sel_tensors), Llama-3-70B as
+# bundled but two sequences per micro-batch (s 8192, b 2, h 8192, 64 heads and 8 KV heads of 128, TP 8 + SP, bf16):
+# after the first norm's tensor, the QKV GEMM's input sharded along the sequence ([s/t, b, h], Korthikanti et al.
+# 2022 §4.2.2), then the checkpointed core's inputs attention.py _checkpointed_attention_forward keeps: Q [s, b,
+# a/t, d], K and V [s, b, g/t, d]. (issue 35: seed 808's megatron-core.mf:291:112, K's `s * b` -> `s / b`, equal at
+# b = 1, the bundled micro-batch)
+def test_selective_attention_keeps_the_cores_inputs_per_sequence():
+    from estimate_helpers import numbers
+    est = numbers(Path(__file__).resolve().parent.parent / "configs" / "llama3-70b.yaml",
+                  {"training.framework": "megatron", "training.recompute_modules": ["core_attn"],
+                   "training.micro_batch_size": 2})
+    dec = alloc_estimate.layer_blocks(est.stages[0], est.model, est.model.evaluator())[1]
+    sb = 8192 * 2
+    assert dec.act_tensor[2:6] == (2 * sb * 8192 // 8, 2 * sb * 64 * 128 // 8, 2 * sb * 8 * 128 // 8,
+                                   2 * sb * 8 * 128 // 8)
+
+
+# With --transformer-impl local and RoPE on multi-head attention, get_query_key_value_tensors' query, key and value
+# are torch.split views of the fused QKV output (attention.py), RoPE replaces Q and K by new tensors and the core
+# keeps V as such: the whole output stays held, qw + kv of it beyond the q/k/v dense.mf counts (megatron-core.mf
+# qkv_held). Llama-2-7B (MHA, s 4096, h 4096, TP 2), bf16, two sequences per micro-batch: 2·s·b·(qw + kv)/t per
+# layer. (issue 35: stop 47's unargued megatron-core.mf:240:58, `s * b` -> `s / b`, equal at b = 1; the local-core
+# draws were GQA, where nothing of the output stays held)
+def test_local_core_keeps_the_fused_qkv_output_per_sequence():
+    from estimate_helpers import numeric_model
+    m = numeric_model(Path(__file__).resolve().parent.parent / "configs" / "llama2-7b.yaml", {
+        "training.framework": "megatron", "megatron.transformer_impl": "local", "training.micro_batch_size": 2,
+        "training.recompute": "none", "model.flash_attention": False, "parallel.tp": 2, "parallel.cp": 1})
+    s, b, h = 4096, 2, 4096
+    assert int(m.evaluator().let("qkv_held")) == 2 * s * b * (h + h) // 2
+
+
 def test_llama2_70b_last_stage_reserve_against_the_trace():
     """The megatron-core fake trace's figures of this stage (bench/validate.py --frameworks --only mcore,
     recorded in memform/validation/bounds.yaml): reserve 280,921,788 of 37,343,985,664 reserved bytes."""
