@@ -327,6 +327,7 @@ def test_real_deepspeed_bf16_master_states_match():
     from memform.validation.frameworks import deepspeed as ds
 
     cases = [replace(ds.BASE, zero=zero, bf16=True, master16=True, rank=rank) for zero in (2, 3) for rank in (0, 1)]
+    ds.run(cases)                      # both jobs in one spawned group (one DeepSpeed import per rank, not two)
     rows = [frameworks.compare(c, ds) for c in cases]
     over = [f"{r.case.label()}: {c} {r.error(c):+.2%}" for r in rows for c in ("params", "grads", "optimizer")
             if abs(r.error(c)) > r.limits()[c]]   # each case's own recorded bound, within the suite's

@@ -16,6 +16,7 @@ from memform.errors import MemformError
 from memform.engine.model import load_model
 
 from cli_helpers import ROOT, run_memform
+from cli_inprocess import memform_in_process
 
 CFG = ROOT / "configs" / "llama3-8b.yaml"
 SMALL = ("--zero", "1", "--mbs", "1,2")
@@ -147,10 +148,11 @@ def test_the_simplest_plan_within_the_tolerance_comes_first_and_says_why():
     top = result.plans()[0]
     assert (top["dp"], top["tp"], top["pp"], top["cp"]) == (8, 1, 1, 1) and top["zero"] != 3
     assert "no ZeRO-3" in top["why"] and f"within {TIE_TOLERANCE:.0%}" in top["why"]
-    r = run_memform("search", CFG, "--devices", "8", "--format", "json", "--no-progress", "--top", "3")
+    # the command's JSON and table, in this process (the search just run is cached: tests/cli_inprocess.py)
+    r = memform_in_process("search", CFG, "--devices", "8", "--format", "json", "--no-progress", "--top", "3")
     rows = json.loads(r.stdout)["rows"]
     assert "why" in rows[0] and all("why" not in x for x in rows[1:])
-    r = run_memform("search", CFG, "--devices", "8", "--no-progress", "--top", "3")
+    r = memform_in_process("search", CFG, "--devices", "8", "--no-progress", "--top", "3")
     assert "first row: the simplest of the" in r.stdout
 
 
