@@ -307,16 +307,21 @@ def test_checkpointed_peak_depends_on_where_the_largest_layer_is(reverse, low, h
 # replace_with_linear): each layer loses its two norm outputs, bf16, sharded over the sequence under SP (s·b·h/t;
 # Korthikanti et al. 2022 §4.2.2). (issue 35: stop 47's unargued nas.mf:73:40 `rc_norm * lin_in` -> `/`, reached
 # by no draw with linear sublayers)
-def test_layernorm_recompute_drops_the_linear_replacements_inputs():
+def _all_linear_decoder_activations(sets: dict) -> int:
+    """Per-layer activations of Nemotron-Super's shape with every attention and FFN sublayer a linear replacement,
+    under the megatron profile (the numeric path); every decoder layer of stage 0 must agree."""
     from estimate_helpers import numbers
     cfg = ROOT / "configs" / "llama-3.3-nemotron-super-49b.yaml"
-    lin = {"training.framework": "megatron", "training.recompute": "selective", "model.layer_attention": "L" * 80,
-           "model.layer_ffn": "L" * 80}
+    est = numbers(cfg, {"training.framework": "megatron", "model.layer_attention": "L" * 80,
+                        "model.layer_ffn": "L" * 80, **sets})
+    (act,) = {g.per_layer_values["activations"] for g in est.stages[0].layers if g.block == "decoder"}
+    return act
 
+
+def test_layernorm_recompute_drops_the_linear_replacements_inputs():
     def per_layer(modules):
-        est = numbers(cfg, {**lin, "training.recompute_modules": modules})
-        (act,) = {g.per_layer_values["activations"] for g in est.stages[0].layers if g.block == "decoder"}
-        return act
+        return _all_linear_decoder_activations({"training.recompute": "selective",
+                                                "training.recompute_modules": modules})
 
     s, b, h, t = 8192, 1, 8192, 8
     assert per_layer(["core_attn"]) - per_layer(["core_attn", "layernorm"]) == 2 * (2 * s * b * h // t)
@@ -327,14 +332,7 @@ def test_layernorm_recompute_drops_the_linear_replacements_inputs():
 # sequence under SP: every sublayer of the all-linear Nemotron-Super shape (TP 8 + SP, s 8192) adds s·h/t bytes per
 # layer and sublayer with model.dropout. (issue 35: seed 909's survivor nas.mf:71:24, that term dropped)
 def test_linear_replacements_keep_their_residual_dropout_masks():
-    from estimate_helpers import numbers
-    cfg = ROOT / "configs" / "llama-3.3-nemotron-super-49b.yaml"
-    lin = {"training.framework": "megatron", "training.recompute": "none", "model.layer_attention": "L" * 80,
-           "model.layer_ffn": "L" * 80}
-
     def per_layer(dropout):
-        est = numbers(cfg, {**lin, "model.dropout": dropout})
-        (act,) = {g.per_layer_values["activations"] for g in est.stages[0].layers if g.block == "decoder"}
-        return act
+        return _all_linear_decoder_activations({"training.recompute": "none", "model.dropout": dropout})
 
     assert per_layer(True) - per_layer(False) == 2 * (8192 * 1 * 8192 // 8)
