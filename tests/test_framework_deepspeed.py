@@ -522,10 +522,14 @@ def test_bf16_optimizer_casts_one_gradient_at_a_time_after_each_backward(stages,
             assert st.moments["hp_grads"] == pytest.approx(row["hp_grads"], rel=0.007), at
         else:
             assert 0 <= row["hp_grads"] - st.moments["hp_grads"] - min(m, 2) * 2 * 32 * 2 * 256 <= 64, at  # (loss scalars)
-        # Not modelled (README 'Measured: BLOOM'): at ReduceGrads BF16_Optimizer copies its whole flat fp32 gradient
-        # buffer to bf16 for the all-reduce (engine.py allreduce_bucket), beside what the step holds: 2 bytes per
-        # parameter of the stage, the bf16 parameters' own size
+        # at ReduceGrads BF16_Optimizer copies its whole flat fp32 gradient buffer to bf16 for the all-reduce
+        # (engine.py allreduce_bucket), beside what the step holds: 2 bytes per parameter of the stage (moment
+        # reduce, layer quantity after_bwd); the last stage's excess is the same loss scalars as its step's
         assert 0 <= row["reduce"] - row["step"] - st.values["params"] <= 64, at
+        assert 0 <= row["reduce"] - st.moments["reduce"] <= (64 if row["rank"] < stages - 1 else row["step"] - st.moments["step"] + 64), at
+        # and no IPG bucket: BF16_Optimizer builds none (the job keeps DeepSpeed's reduce_bucket_size, 5e8: a
+        # DeepSpeedZeroOptimizer's bucket would be 1 GB of the measured peak)
+        assert st.values["comm"] == 0 and row["activations_peak"] < 2 ** 20, at
 
 
 def test_pipeline_engine_with_tensor_parallelism_keeps_output_slices():

@@ -121,14 +121,14 @@ def from_settings_dict(d: dict[str, Any], outs: Sequence[int] = ()) -> tuple[All
 #: the layer quantities (formulas/common.mf ``layer``) the replay reads besides the categories, with the
 #: value taken where a program's formula files do not define them
 GRANULARITY = (("bwd_transient", 0), ("weight_tensors", 1), ("act_tensor", 0), ("fwd_extra", 0), ("bwd_tensor", 0),
-               ("fwd_tensor", 0), ("fwd_slot", 0), ("fwd_until", 0))
+               ("fwd_tensor", 0), ("fwd_slot", 0), ("fwd_until", 0), ("after_bwd", 0))
 #: those that may be lists (``tensors(...)``)
 LISTS = ("weight_tensors", "act_tensor", "bwd_tensor", "fwd_tensor", "fwd_slot", "fwd_until")
 
 
 def granularity_exprs(model: "Model", ev: Any, block: str, mode: str, bindings: tuple = ()) -> list[Any]:
     """The layer's ``bwd_transient``, ``weight_tensors``, ``act_tensor``, ``fwd_extra``, ``bwd_tensor``,
-    ``fwd_tensor``, ``fwd_slot`` and ``fwd_until`` (see ``formulas/common.mf``),
+    ``fwd_tensor``, ``fwd_slot``, ``fwd_until`` and ``after_bwd`` (see ``formulas/common.mf``),
     each at least 0 (``weight_tensors`` at least 1); the last two may be lists (``tensors(...)``: the
     sizes of the layer's tensors), given as tuples of expressions, each entry at least 0."""
     out: list[Any] = []

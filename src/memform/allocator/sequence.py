@@ -25,7 +25,10 @@ Two sources:
   saved tensors' bytes, what a fully recomputed layer rebuilds). A forward's short-lived temporaries are
   replayed where the formulas list them (``fwd_tensor``, placed among the saved tensors by ``fwd_slot`` /
   ``fwd_until``: :func:`forward_plan`; a fully recomputed layer's in its backward's rebuild); elsewhere
-  they are not: a lower bound on the trace's reserve where they fragment.
+  they are not: a lower bound on the trace's reserve where they fragment. What the framework allocates
+  after the backward and frees before the optimizer step (``after_bwd``: a gradient reduction's flat copy
+  of the whole stage, DeepSpeed's BF16_Optimizer) is one tensor of the layers' summed shares, allocated
+  once the step's activations are freed.
 """
 
 from __future__ import annotations
@@ -123,6 +126,10 @@ class LayerBlocks:
     #: the index of the ``act_tensor`` entry after which each is freed (``fwd_until``); a number: after its
     #: slot's entry
     fwd_until: int | tuple[int, ...] = 0
+    #: its share of one tensor the framework allocates once the step's backward has ended and frees before
+    #: the optimizer step (``after_bwd``: BF16_Optimizer's bf16 copy of its flat fp32 gradient buffer for the
+    #: all-reduce); the stage's layers' shares are replayed as that one tensor, after the last activation is freed
+    after_backward: int = 0
 
 
 #: at most this many tensors per block: a layer saves a few dozen tensors for its backward, so the cap
@@ -317,7 +324,7 @@ def coarsen(layers: Sequence[LayerBlocks], budget: int = MAX_EVENTS) -> list[Lay
         out.append(lb if n == 1 else LayerBlocks(
             lb.params * n, lb.grads * n, lb.optimizer * n, lb.activations * n, lb.comm * n, lb.inflight,
             lb.transient, lb.weight_tensors, _scaled(lb.act_tensor, n), lb.fwd_transient * n,
-            lb.transient_tensor, _scaled(lb.fwd_temps, n), lb.fwd_slots, lb.fwd_until))
+            lb.transient_tensor, _scaled(lb.fwd_temps, n), lb.fwd_slots, lb.fwd_until, lb.after_backward * n))
         i = j
     # micro-batches: thousands in flight (GPipe at a huge batch) are replayed as groups of m, each one
     # tensor set m times larger
@@ -327,7 +334,8 @@ def coarsen(layers: Sequence[LayerBlocks], budget: int = MAX_EVENTS) -> list[Lay
         m = min(held, -(-total // budget))
         out = [LayerBlocks(lb.params, lb.grads, lb.optimizer, lb.activations * m, lb.comm, -(-lb.inflight // m),
                            lb.transient, lb.weight_tensors, _scaled(lb.act_tensor, m), lb.fwd_transient * m,
-                           lb.transient_tensor, _scaled(lb.fwd_temps, m), lb.fwd_slots, lb.fwd_until)
+                           lb.transient_tensor, _scaled(lb.fwd_temps, m), lb.fwd_slots, lb.fwd_until,
+                           lb.after_backward)
                for lb in out]
     return out
 
@@ -426,6 +434,8 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False,
     fwds = [[lb.fwd_transient] if lb.fwd_transient else [] for lb in layers]
     comms = [lb.comm for lb in layers]
     inflight = [lb.inflight for lb in layers]
+    # the post-backward tensor (after_bwd): one flat tensor over the stage's layers
+    after = sum(lb.after_backward for lb in layers)
     counter = [0]
 
     def step(tag: str) -> list[Event]:
@@ -483,6 +493,10 @@ def from_estimate(layers: Sequence[LayerBlocks], grads_persist: bool = False,
                 if k < inflight[i]:
                     first, m = act_key[k, i], len(acts[i])
                     ev += zip(repeat("free", m), range(first, first + m))
+        # after the backward, before the optimizer step: the gradient reduction's flat copy (after_bwd)
+        if after:
+            ev += [("alloc", key, after, COMPUTE), ("free", key)]
+            key += 1
         counter[0] = key
         return ev
 

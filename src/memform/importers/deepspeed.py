@@ -423,6 +423,10 @@ def _precision(top: Fields, draft: Draft) -> None:
             # fp16 with fp32 accumulation: stage_1_and_2.py's grad_accum attribute (param.grad = None once copied)
             draft.set("deepspeed.keep_lp_grads", False, "fp16 with fp32 accumulation: the 16-bit .grad freed once "
                       "copied into grad_accum (stage_1_and_2.py use_grad_accum_attribute)")
+            # engine.py _do_optimizer_sanity_check: only a bf16 model gets BF16_Optimizer (ZeRO-1); fp16 keeps
+            # DeepSpeedZeroOptimizer, its IPG bucket included
+            draft.set("deepspeed.bf16_optimizer", False, "fp16 with fp32 accumulation: DeepSpeedZeroOptimizer, not "
+                      "BF16_Optimizer (engine.py _do_optimizer_sanity_check)")
     if types.has("param_dtype"):  # engine.py _assert_valid_mixed_precision_config: must be the fp16/bf16 mode's
         param = dtype_name(types.string("param_dtype"), types, "param_dtype")
         if param != draft.get("training.precision.params"):
