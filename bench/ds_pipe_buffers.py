@@ -16,7 +16,8 @@ Per rank it prints, next to memform's estimate of the same job under ``training.
 ``BackwardPass`` starts (the end of warm-up: moment ``warmup``), their peak (the schedule's activations; the
 fused stand-ins' row-block temporaries, ``torch_models._by_rows``, which a fused kernel keeps in registers,
 are tagged and left out, ``activations_peak_raw`` keeps them), when ``OptimizerStep`` starts (moment
-``step``) and, bf16, inside BF16_Optimizer's ``update_hp_grads`` (moment ``hp_grads``); also what
+``step``) and, bf16, inside BF16_Optimizer's ``update_hp_grads`` (moment ``hp_grads``) and inside ``ReduceGrads``
+(moment ``reduce``: the bf16 copy of its flat gradient buffer, layer quantity ``after_bwd``); also what
 ``engine.pipe_buffers`` holds at the end of warm-up, the receive buffers (runtime ``ds_pipe_p2p``) and what
 stays alive between the steps.
 
@@ -31,7 +32,7 @@ forward overwrites it (``TrainSchedule.num_pipe_buffers``: ``max(2, min(stages -
 micro_batches))`` slots) -- also through the optimizer step. The first stage keeps a clone of each slot's
 token ids. Both receive buffers come from one ``_grad_layer_buf`` per tensor position. Recorded in
 ``formulas/frameworks/deepspeed.mf`` (``ds_pipe_kept``, ``ds_pipe_stale``, ``ds_ids``, ``ds_step_stale``,
-moments ``step`` and ``hp_grads``, runtime ``ds_pipe_p2p``); ``tests/test_framework_deepspeed.py`` holds
+moments ``step``, ``hp_grads`` and ``reduce``, runtime ``ds_pipe_p2p``); ``tests/test_framework_deepspeed.py`` holds
 memform to the recorded rows. ``MEMFORM_DS_DEBUG=1`` also prints each rank's live bytes by op and per
 instruction.
 """
@@ -200,7 +201,7 @@ def _measure(item: dict, rank: int, world: int) -> dict:
     # inside ReduceGrads (the data-parallel all-reduce after the last backward): every op's sample between the
     # instruction before it and its end. BF16_Optimizer's: engine.py _bf16_reduce_grads -> buffered_allreduce_fallback
     # of its flat fp32 gradient buffer, whose allreduce_bucket flattens it (one tensor: a view) and copies it whole
-    # to the communication dtype (bf16) -- not modelled in deepspeed.mf (README, 'Measured: BLOOM')
+    # to the communication dtype (bf16): deepspeed.mf moment reduce, layer quantity after_bwd
     ends = {name: i for name, i in timeline}
     before = max((i for name, i in timeline if i < ends.get("ReduceGrads", -1)), default=-1)
     reduce = max((trace.at(i, act) for i in range(before + 1, ends.get("ReduceGrads", -1) + 1)), default=0)
@@ -225,12 +226,14 @@ def _row(world: int, m: int, rank: int, r: dict, st, bf16: bool = False) -> dict
            "est_activations_peak": int(st.values["activations"]),
            "est_step": int(st.moments.get("step", 0)),
            "est_hp_grads": int(st.moments.get("hp_grads", 0)),
+           "est_reduce": int(st.moments.get("reduce", 0)),
            "est_persistent": int(st.runtime.get("ds_pipe_p2p", 0))}
     err = lambda k: (row[f"est_{k}"] - row[k]) / max(1, row[k]) * 100  # noqa: E731
     if bf16:
         print(f"p{world} m{m} bf16 rank {rank}: in update_hp_grads {row['hp_grads'] / 1024:.1f} / "
               f"{row['est_hp_grads'] / 1024:.1f} KiB ({err('hp_grads'):+.2f} %), in ReduceGrads "
-              f"{row['reduce'] / 1024:.1f} KiB (not modelled); ", end="")
+              f"{row['reduce'] / 1024:.1f} / {row['est_reduce'] / 1024:.1f} KiB ({row['reduce'] - row['est_reduce']} B "
+              f"more measured); ", end="")
     print(f"p{world} m{m} rank {rank}: warm-up {row['activations'] / 1024:.1f} / {row['est_activations'] / 1024:.1f}"
           f" KiB ({err('activations'):+.2f} %), peak {row['activations_peak'] / 1024:.1f} / "
           f"{row['est_activations_peak'] / 1024:.1f} KiB ({err('activations_peak'):+.2f} %; with the fused stand-ins' "

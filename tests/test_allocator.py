@@ -291,3 +291,29 @@ def test_max_split_size_never_releases_an_expandable_segment():
     events = [("alloc", 0, 50 * MIB, 0), ("free", 0), ("alloc", 1, MIB, 0), ("alloc", 2, 70 * MIB, 0)]
     with pytest.raises(OutOfMemory):
         replay(events, cfg)
+
+
+def test_the_post_backward_tensor_is_one_block_after_the_activations():
+    """after_bwd (formulas/common.mf; BF16_Optimizer's bf16 copy of its flat gradient buffer at ReduceGrads,
+    deepspeed.mf): the layers' shares are one tensor, allocated in each step once its activations are freed
+    and freed before the optimizer's states. By hand (MiB): two layers, weights and kept gradients 8 each (20 MiB
+    segments: 40 reserved), activations 40 + 40 per layer (one segment each: 160); without the copy the states
+    (4 × 8) split freed activation blocks and step 2 needs one 40 more: 240. A copy of 2 × 15 fits a freed
+    activation block: 240 still; one of 2 × 30 fits none and takes a 60 segment (40 + 160 + 60 = 260), in which
+    step 2's activations and copy then find room. The requested peak is the backward's either way."""
+    def layer(share: int) -> LayerBlocks:
+        return LayerBlocks(params=8 * MIB, grads=8 * MIB, optimizer=16 * MIB, activations=80 * MIB, comm=0,
+                           inflight=1, act_tensor=40 * MIB, after_backward=share)
+
+    events = from_estimate([layer(30 * MIB)] * 2, grads_persist=True)
+    copies = [i for i, e in enumerate(events) if e[0] == "alloc" and e[2] == 60 * MIB]
+    assert len(copies) == 2                                    # one per step, the two shares as one tensor
+    for start, i in zip([0] + copies, copies):                 # after the step's last activation is freed
+        acts = {e[1] for e in events[start:i] if e[0] == "alloc" and e[2] == 40 * MIB}
+        assert len(acts) == 4 and acts <= {e[1] for e in events[start:i] if e[0] == "free"}
+        assert events[i + 1] == ("free", events[i][1])
+    for share, reserved in ((0, 240), (15, 240), (30, 260)):
+        r = replay(from_estimate([layer(share * MIB)] * 2, grads_persist=True))
+        assert (r.peak_reserved, r.peak_requested) == (reserved * MIB, 224 * MIB), share
+    merged = coarsen([layer(30 * MIB)] * 10_000)               # a coarsened stage keeps the tensor's size
+    assert len(merged) < 10_000 and sum(lb.after_backward for lb in merged) == 10_000 * 30 * MIB
