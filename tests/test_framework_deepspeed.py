@@ -378,6 +378,9 @@ def test_import_maps_where_the_16_bit_gradient_is_freed(tmp_path, precision, kee
     draft = import_config("deepspeed", src, Options(model=str(GPT)))
     assert draft.get("training.precision.grads") == "fp32"
     assert draft.get("deepspeed.keep_lp_grads", None) is keep
+    # ZeRO-1 with fp32 accumulation is BF16_Optimizer in bf16 only (engine.py _do_optimizer_sanity_check): fp16
+    # keeps DeepSpeedZeroOptimizer and its IPG bucket
+    assert draft.get("deepspeed.bf16_optimizer", None) is (False if "fp16" in precision else None)
 
 
 def test_import_refuses_unread_keys_unless_accepted(tmp_path):
