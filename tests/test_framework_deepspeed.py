@@ -535,6 +535,20 @@ def test_bf16_optimizer_casts_one_gradient_at_a_time_after_each_backward(stages,
         assert st.values["comm"] == 0 and row["activations_peak"] < 2 ** 20, at
 
 
+def test_zero1_with_fp32_accumulation_in_fp16_keeps_the_ipg_bucket():
+    # deepspeed.bf16_optimizer false (an fp16 model: DeepSpeedZeroOptimizer, engine.py _do_optimizer_sanity_check):
+    # the IPG bucket (reduce_bucket_size 5e8 16-bit elements) and the flat copy of the stage's gradients are back,
+    # and no ReduceGrads copy
+    from estimate_helpers import numbers
+
+    cfg = _ds_pipe().job_config(2, 2, bf16=True)
+    bf16, fp16 = (numbers(cfg, {"deepspeed.bf16_optimizer": flag}).stages[0] for flag in (True, False))
+    assert bf16.values["comm"] == 0 and bf16.moments["reduce"] > 0
+    # (the flat copy: 2 bytes × the stages' mean parameter count, ds_phi, 64 more than stage 0's here)
+    assert fp16.values["comm"] - 2 * 500_000_000 == pytest.approx(2 * bf16.param_count, rel=0.01)
+    assert fp16.moments["reduce"] == 0
+
+
 def test_pipeline_engine_with_tensor_parallelism_keeps_output_slices():
     # pipeline.pipe_partitioned / grad_partitioned (default true, deepspeed 0.19.8 runtime/config.py) with TP:
     # _exec_forward_pass keeps PartitionedTensor(output).data(), the TP rank's 1/t slice, and rebuilds the whole
