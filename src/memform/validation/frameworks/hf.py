@@ -58,6 +58,8 @@ class HFCase:
     lora_r: int = 0           # PEFT LoRA rank (0: full fine-tuning); the base model frozen, as PEFT does
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj")   # PEFT's default for Llama
     lora_dropout: float = 0.0
+    # PEFT's DoRA (LoraConfig use_dora, Liu et al. 2024): a trained magnitude per output of each adapted matrix
+    dora: bool = False
     # with gc: activation_checkpointing_kwargs {"offload": true} (transformers 5.25 trainer.py): each
     # checkpoint's saved input in (pinned) host memory, torch save_on_cpu (formulas/offload-decoder.mf checkpoint)
     offload: bool = False
@@ -67,7 +69,7 @@ class HFCase:
         moe = f" moe{self.experts}x{self.top_k}" if self.experts else ""
         if self.lora_r:
             moe += (f" lora{self.lora_r}[{'+'.join(t.split('_')[0] for t in self.lora_targets)}]"
-                    f"{f' drop{self.lora_dropout:g}' if self.lora_dropout else ''}")
+                    f"{f' drop{self.lora_dropout:g}' if self.lora_dropout else ''}{' dora' if self.dora else ''}")
         return (f"hf {self.model} {shape}{moe} b{self.b} s{self.s} {self.attn}"
                 f"{' gc' if self.gc else ''}{'-offload' if getattr(self, 'offload', False) else ''} {self.dtype}{' fake' if self.fake else ''}"
                 f"{'' if self.device == 'cpu' else ' ' + self.device}")
@@ -127,7 +129,7 @@ class HFCase:
         from peft import LoraConfig
 
         return LoraConfig(r=self.lora_r, lora_alpha=2 * self.lora_r, lora_dropout=self.lora_dropout,
-                          target_modules=list(self.lora_targets), task_type="CAUSAL_LM")
+                          target_modules=list(self.lora_targets), task_type="CAUSAL_LM", use_dora=self.dora)
 
     def memform_config(self) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
@@ -384,7 +386,9 @@ LORA = [replace(BASE, lora_r=8), replace(BASE, lora_r=8, lora_targets=ALL_LINEAR
         replace(BASE, lora_r=8, lora_dropout=0.1), replace(BASE, lora_r=8, dtype="bf16"),
         replace(BASE, lora_r=8, dtype="amp-bf16"), replace(BASE, lora_r=8, gc=True),
         replace(BASE, lora_r=16, lora_targets=ALL_LINEAR, L=8, dtype="bf16"),
-        replace(BASE, lora_r=8, attn="eager", lora_targets=ALL_LINEAR, dtype="amp-bf16")]
+        replace(BASE, lora_r=8, attn="eager", lora_targets=ALL_LINEAR, dtype="amp-bf16"),
+        # DoRA (PEFT use_dora; formulas/finetune.mf dora): PEFT's default targets and every projection, bf16
+        replace(BASE, lora_r=8, dtype="bf16", dora=True), replace(BASE, lora_r=8, lora_targets=ALL_LINEAR, dtype="bf16", dora=True)]
 #: LoRA over a frozen MoE block (transformers 5's fused experts: adapters on the attention only;
 #: formulas/finetune-moe.mf). fp32 with checkpointing (the experts' backward sets the peak) read -18.2 %
 #: activation peak until finetune-moe.mf kept the product's place in the backward moment: -5.0 %
