@@ -388,7 +388,8 @@ LORA = [replace(BASE, lora_r=8), replace(BASE, lora_r=8, lora_targets=ALL_LINEAR
         replace(BASE, lora_r=16, lora_targets=ALL_LINEAR, L=8, dtype="bf16"),
         replace(BASE, lora_r=8, attn="eager", lora_targets=ALL_LINEAR, dtype="amp-bf16"),
         # DoRA (PEFT use_dora; formulas/finetune.mf dora): PEFT's default targets and every projection, bf16
-        replace(BASE, lora_r=8, dtype="bf16", dora=True), replace(BASE, lora_r=8, lora_targets=ALL_LINEAR, dtype="bf16", dora=True)]
+        replace(BASE, lora_r=8, dtype="bf16", dora=True), replace(BASE, lora_r=8, lora_targets=ALL_LINEAR, dtype="bf16", dora=True),
+        replace(BASE, lora_r=8, dtype="bf16", dora=True, lora_dropout=0.1)]
 #: LoRA over a frozen MoE block (transformers 5's fused experts: adapters on the attention only;
 #: formulas/finetune-moe.mf). fp32 with checkpointing (the experts' backward sets the peak) read -18.2 %
 #: activation peak until finetune-moe.mf kept the product's place in the backward moment: -5.0 %
