@@ -60,6 +60,8 @@ class HFCase:
     lora_dropout: float = 0.0
     # PEFT's DoRA (LoraConfig use_dora, Liu et al. 2024): a trained magnitude per output of each adapted matrix
     dora: bool = False
+    # tie_word_embeddings (Qwen2.5 up to 3B, Llama-3.2 1B / 3B, Gemma): the head is the embedding matrix
+    tied: bool = False
     # with gc: activation_checkpointing_kwargs {"offload": true} (transformers 5.25 trainer.py): each
     # checkpoint's saved input in (pinned) host memory, torch save_on_cpu (formulas/offload-decoder.mf checkpoint)
     offload: bool = False
@@ -70,7 +72,7 @@ class HFCase:
         if self.lora_r:
             moe += (f" lora{self.lora_r}[{'+'.join(t.split('_')[0] for t in self.lora_targets)}]"
                     f"{f' drop{self.lora_dropout:g}' if self.lora_dropout else ''}{' dora' if self.dora else ''}")
-        return (f"hf {self.model} {shape}{moe} b{self.b} s{self.s} {self.attn}"
+        return (f"hf {self.model} {shape}{' tied' if getattr(self, 'tied', False) else ''}{moe} b{self.b} s{self.s} {self.attn}"
                 f"{' gc' if self.gc else ''}{'-offload' if getattr(self, 'offload', False) else ''} {self.dtype}{' fake' if self.fake else ''}"
                 f"{'' if self.device == 'cpu' else ' ' + self.device}")
 
@@ -81,7 +83,7 @@ class HFCase:
         kw: dict[str, Any] = dict(hidden_size=self.h, intermediate_size=self.ffn, num_hidden_layers=self.L,
                                   num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
                                   vocab_size=self.vocab, max_position_embeddings=self.s,
-                                  tie_word_embeddings=False)
+                                  tie_word_embeddings=self.tied)
         if self.head_dim:
             kw["head_dim"] = self.head_dim
         if self.model == "mixtral":
@@ -389,7 +391,9 @@ LORA = [replace(BASE, lora_r=8), replace(BASE, lora_r=8, lora_targets=ALL_LINEAR
         replace(BASE, lora_r=8, attn="eager", lora_targets=ALL_LINEAR, dtype="amp-bf16"),
         # DoRA (PEFT use_dora; formulas/finetune.mf dora): PEFT's default targets and every projection, bf16
         replace(BASE, lora_r=8, dtype="bf16", dora=True), replace(BASE, lora_r=8, lora_targets=ALL_LINEAR, dtype="bf16", dora=True),
-        replace(BASE, lora_r=8, dtype="bf16", dora=True, lora_dropout=0.1)]
+        replace(BASE, lora_r=8, dtype="bf16", dora=True, lora_dropout=0.1),
+        # tied embeddings (the Trainer + PEFT on a small model with tie_word_embeddings), with and without checkpointing
+        replace(BASE, lora_r=8, dtype="bf16", tied=True), replace(BASE, lora_r=8, dtype="bf16", tied=True, gc=True)]
 #: LoRA over a frozen MoE block (transformers 5's fused experts: adapters on the attention only;
 #: formulas/finetune-moe.mf). fp32 with checkpointing (the experts' backward sets the peak) read -18.2 %
 #: activation peak until finetune-moe.mf kept the product's place in the backward moment: -5.0 %
