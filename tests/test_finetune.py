@@ -198,3 +198,26 @@ def test_each_mlp_adapter_keeps_its_a_output(rank):
     # keep, and its A output
     assert per_layer(gate_proj=True, up_proj=True, down_proj=True) - per_layer(gate_proj=True, up_proj=True) \
         == 2 * 4096 * 1 * (11008 + rank)
+
+
+@pytest.mark.xfail(strict=True, reason="memform's LoRA decoder does not count the SDPA output the flash kernel keeps "
+                   "(the o_proj input: counted only with an o_proj adapter or lora.bnb_keeps_input), and counts the "
+                   "first layer's norm input that a frozen embedding leaves unsaved: the two cancel at L = 2, the "
+                   "harness's LoRA cases; per layer they do not (needs a first-layer block, not yet in the stacks)")
+def test_lora_decoder_layers_save_what_memform_counts_per_layer():
+    # bench/lora_layer_saved.py --json: transformers + PEFT, bf16, SDPA, r 8 on q and v, L 4: saved bytes per layer;
+    # memform's side is `memform import hf` of that case's config.json and adapter (written out: no transformers here)
+    import json
+
+    rec = {r["case"]: r for r in json.loads((ROOT / "bench" / "results" / "lora_layer_saved.json").read_text())}
+    measured = rec["hf llama L4 h128 a8/4 lora8[q+v] b2 s256 sdpa bf16"]["measured_per_layer"]
+    job = {"formulas": ["dense.mf"], "model": {
+        "hidden_size": 128, "num_heads": 8, "num_kv_heads": 4, "num_layers": 4, "ffn_hidden_size": 352, "vocab_size": 1024,
+        "activation": "swiglu", "norm": "rmsnorm", "bias": False, "dropout": False, "flash_attention": True,
+        "tied_embeddings": False, "position_embedding": "rope", "seq_length": 256},
+        "parallel": {"dp": 1, "tp": 1, "pp": 1}, "device": {"capacity_gib": 80},
+        "training": {"framework": "hf-trainer", "micro_batch_size": 2, "recompute": "none", "precision": {"params": "bf16"}},
+        "lora": {"rank": 8, "q_proj": True, "v_proj": True}}
+    stage = numbers(job).stages[0]
+    per_layer = next(g for g in stage.layers if g.block == "decoder").per_layer_values["activations"]
+    assert measured[1:] == [per_layer] * 3 and measured[0] == per_layer
