@@ -212,11 +212,13 @@ def test_lora_decoder_layers_save_what_memform_counts_per_layer():
     rec = {r["case"]: r for r in json.loads((ROOT / "bench" / "results" / "lora_layer_saved.json").read_text())}
     measured = rec["hf llama L4 h128 a8/4 lora8[q+v] b2 s256 sdpa bf16"]["measured_per_layer"]
     job = {"formulas": ["dense.mf"], "model": {
-        "hidden_size": 128, "num_heads": 8, "num_kv_heads": 4, "num_layers": 4, "ffn_hidden_size": 352, "vocab_size": 1024,
+        "hidden_size": 128, "num_heads": 8, "num_kv_heads": 4, "num_layers": 4, "ffn_hidden_size": 352,
+        "vocab_size": 1024,
         "activation": "swiglu", "norm": "rmsnorm", "bias": False, "dropout": False, "flash_attention": True,
         "tied_embeddings": False, "position_embedding": "rope", "seq_length": 256},
         "parallel": {"dp": 1, "tp": 1, "pp": 1}, "device": {"capacity_gib": 80},
-        "training": {"framework": "hf-trainer", "micro_batch_size": 2, "recompute": "none", "precision": {"params": "bf16"}},
+        "training": {"framework": "hf-trainer", "micro_batch_size": 2, "recompute": "none",
+                     "precision": {"params": "bf16"}},
         "lora": {"rank": 8, "q_proj": True, "v_proj": True}}
     stage = numbers(job).stages[0]
     per_layer = next(g for g in stage.layers if g.block == "decoder").per_layer_values["activations"]

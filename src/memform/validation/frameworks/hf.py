@@ -390,7 +390,8 @@ LORA = [replace(BASE, lora_r=8), replace(BASE, lora_r=8, lora_targets=ALL_LINEAR
         replace(BASE, lora_r=16, lora_targets=ALL_LINEAR, L=8, dtype="bf16"),
         replace(BASE, lora_r=8, attn="eager", lora_targets=ALL_LINEAR, dtype="amp-bf16"),
         # DoRA (PEFT use_dora; formulas/finetune.mf dora): PEFT's default targets and every projection, bf16
-        replace(BASE, lora_r=8, dtype="bf16", dora=True), replace(BASE, lora_r=8, lora_targets=ALL_LINEAR, dtype="bf16", dora=True),
+        replace(BASE, lora_r=8, dtype="bf16", dora=True),
+        replace(BASE, lora_r=8, lora_targets=ALL_LINEAR, dtype="bf16", dora=True),
         replace(BASE, lora_r=8, dtype="bf16", dora=True, lora_dropout=0.1),
         # tied embeddings (the Trainer + PEFT on a small model with tie_word_embeddings), with and without checkpointing
         replace(BASE, lora_r=8, dtype="bf16", tied=True), replace(BASE, lora_r=8, dtype="bf16", tied=True, gc=True)]

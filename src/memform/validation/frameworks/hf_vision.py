@@ -291,7 +291,8 @@ def sweep() -> list[VLCase]:
             replace(TOWER, frozen="all"), replace(TOWER, dtype="bf16"), replace(TOWER, dtype="amp-bf16"),
             replace(TOWER, gc=True, dtype="amp-bf16"), replace(TOWER, deepstack=()), GEMMA3, replace(GEMMA3, frozen="encoder"), replace(GEMMA3, gc=True),
             # LoRA on the language model, the tower frozen by PEFT (model.vision.frozen: all)
-            replace(TOWER, frozen="all", lora_r=8, dtype="bf16"), replace(TOWER, frozen="all", lora_r=8, dtype="bf16", gc=True)]
+            replace(TOWER, frozen="all", lora_r=8, dtype="bf16"),
+            replace(TOWER, frozen="all", lora_r=8, dtype="bf16", gc=True)]
 
 
 def quick_sweep() -> list[VLCase]:
