@@ -75,7 +75,7 @@ def test_import_hf_adapter_sets_the_lora_keys():
 
 
 @pytest.mark.parametrize("field, value, fragment", [
-    ("use_dora", True, "field 'use_dora' is true: it trains more than the LoRA adapters"),
+    ("use_qalora", True, "field 'use_qalora' is true: it trains more than the LoRA adapters"),
     ("modules_to_save", ["lm_head"], "field 'modules_to_save'"),
     ("bias", "all", "field 'bias'"),
     ("target_modules", ["c_attn"], "'c_attn'"),
@@ -105,6 +105,36 @@ def test_cli_import_with_adapter_then_estimate(tmp_path):
     assert est.stages[0].values["grads"] == 3_407_872 * 4
     proc = run("import", "megatron", str(DATA / "llama3-8b.args.txt"), "--adapter", str(out))
     assert proc.returncode == 2 and "--adapter is read by 'memform import hf' only" in proc.stderr
+
+
+def test_import_dora_adapter_and_its_magnitudes(tmp_path):
+    # use_dora: lora.dora (formulas/finetune.mf dora). Llama-3-8B, r 8 on q (4096 outputs) and v (1024): each adapted
+    # matrix gains a trained magnitude per output, 32 · (4096 + 1024) values in the adapters' fp32, with gradients and
+    # two AdamW moments; each layer keeps, per token, the base GEMMs' outputs and the adapters' outputs (the
+    # magnitude's gradient reads both; under lora_dropout 0.05 DoRA recomputes the base output in fp32 from an fp32
+    # cast of the weight, which F.linear keeps: 4096·4096 + 1024·4096 values per layer), + three fp32 d-vectors
+    # (measured: bench/validate.py --frameworks --only dora, every category within 0.2 % without dropout)
+    import json
+
+    data = json.loads((DATA / "peft" / "llama3-8b-qv.adapter_config.json").read_text())
+    data["use_dora"] = True
+    path = tmp_path / "adapter_config.json"
+    path.write_text(json.dumps(data))
+    draft = import_config("hf", DATA / "llama3-8b.config.json", Options(adapter=str(path)))
+    cfg = draft.config()
+    assert cfg["lora"]["dora"] is True
+    cfg["model"]["seq_length"] = 2048
+    cfg["training"].update({"framework": "hf-trainer", "precision": {"params": "bf16"}})
+    dora = numbers(cfg).stages[0]
+    cfg["lora"]["dora"] = False
+    plain = numbers(cfg).stages[0]
+    mags = 32 * (4096 + 1024)
+    assert dora.values["grads"] - plain.values["grads"] == 4 * mags
+    assert dora.values["optimizer"] - plain.values["optimizer"] == 2 * 4 * mags
+    tokens = 2048 * cfg["training"]["micro_batch_size"]
+    assert dora.moments["warmup"] - plain.moments["warmup"] == mags * (tokens * (4 + 4) + 3 * 4) + 4 * 32 * (4096 + 1024) * 4096
+    with pytest.raises(MemformError, match="lora.dora"):
+        numbers(ROOT / "configs" / "llama2-7b.yaml", overrides={"lora.dora": True})
 
 
 def test_a_frozen_vision_tower_keeps_no_gradients_states_or_activations():
@@ -168,3 +198,28 @@ def test_each_mlp_adapter_keeps_its_a_output(rank):
     # keep, and its A output
     assert per_layer(gate_proj=True, up_proj=True, down_proj=True) - per_layer(gate_proj=True, up_proj=True) \
         == 2 * 4096 * 1 * (11008 + rank)
+
+
+@pytest.mark.xfail(strict=True, reason="memform's LoRA decoder does not count the SDPA output the flash kernel keeps "
+                   "(the o_proj input: counted only with an o_proj adapter or lora.bnb_keeps_input), and counts the "
+                   "first layer's norm input that a frozen embedding leaves unsaved: the two cancel at L = 2, the "
+                   "harness's LoRA cases; per layer they do not (needs a first-layer block, not yet in the stacks)")
+def test_lora_decoder_layers_save_what_memform_counts_per_layer():
+    # bench/lora_layer_saved.py --json: transformers + PEFT, bf16, SDPA, r 8 on q and v, L 4: saved bytes per layer;
+    # memform's side is `memform import hf` of that case's config.json and adapter (written out: no transformers here)
+    import json
+
+    rec = {r["case"]: r for r in json.loads((ROOT / "bench" / "results" / "lora_layer_saved.json").read_text())}
+    measured = rec["hf llama L4 h128 a8/4 lora8[q+v] b2 s256 sdpa bf16"]["measured_per_layer"]
+    job = {"formulas": ["dense.mf"], "model": {
+        "hidden_size": 128, "num_heads": 8, "num_kv_heads": 4, "num_layers": 4, "ffn_hidden_size": 352,
+        "vocab_size": 1024,
+        "activation": "swiglu", "norm": "rmsnorm", "bias": False, "dropout": False, "flash_attention": True,
+        "tied_embeddings": False, "position_embedding": "rope", "seq_length": 256},
+        "parallel": {"dp": 1, "tp": 1, "pp": 1}, "device": {"capacity_gib": 80},
+        "training": {"framework": "hf-trainer", "micro_batch_size": 2, "recompute": "none",
+                     "precision": {"params": "bf16"}},
+        "lora": {"rank": 8, "q_proj": True, "v_proj": True}}
+    stage = numbers(job).stages[0]
+    per_layer = next(g for g in stage.layers if g.block == "decoder").per_layer_values["activations"]
+    assert measured[1:] == [per_layer] * 3 and measured[0] == per_layer

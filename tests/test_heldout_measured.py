@@ -180,15 +180,22 @@ def test_import_torchtitan_compile_components_refused(tmp_path):
 # "Memory used: {torch.cuda.max_memory_allocated() / 1e9:.02f} GB" (43c44323 lora.py:212): allocated bytes in 1e9,
 # compared with memform's allocated peak. LoRA files (llama-2-7b, llama-3-8b, mistral-7b): r 32, lora_query and
 # lora_value only, lora_dropout 0.05. Written with the hf-trainer profile (transformers-style modules: RMSNorm
-# upcast to fp32, eager SwiGLU, the loss on fp32 logits); LitGPT's own GPT differs in small ways memform does not
-# follow: its chunked loss keeps bf16 logits and bf16 log-probs (less), it expands grouped K/V to every head
-# before SDPA (llama-3-8b, mistral-7b: more), one dropout shared by the q and v adapters (less).
+# upcast to fp32, eager SwiGLU, the loss on fp32 logits). The LoRA files' loop (finetune/lora.py) holds `logits`, fp32
+# after Fabric's convert_output, until the next forward returns, and chunks its loss per 128 positions
+# (LITGPT_LOOP: training.keeps_last_output, output_dtype fp32, loop_loss_chunk 128; they read -4.5 / -1.1 / -2.7 %
+# with the Trainer's loss instead: the held logits add at the forward's end, the chunked backward takes 6·s·b·v
+# off the loss's backward). LitGPT's own GPT differs in small ways memform does not follow: it expands grouped K/V
+# to every head before SDPA (llama-3-8b, mistral-7b: more), one dropout shared by the q and v adapters (less);
+# full.py (tiny-llama) reshapes its unchunked logits' shifted view for the loss (a copy): no LITGPT_LOOP there.
 LLAMA2_7B = {"hidden_size": 4096, "num_heads": 32, "num_layers": 32, "ffn_hidden_size": 11008, "vocab_size": 32000}
 LLAMA3_8B = {"hidden_size": 4096, "num_heads": 32, "num_kv_heads": 8, "num_layers": 32, "ffn_hidden_size": 14336,
              "vocab_size": 128256}
 MISTRAL_7B = {**LLAMA3_8B, "vocab_size": 32000}
 TINYLLAMA = {"hidden_size": 2048, "num_heads": 32, "num_kv_heads": 4, "num_layers": 22, "ffn_hidden_size": 5632,
              "vocab_size": 32000}
+
+
+LITGPT_LOOP = {"keeps_last_output": True, "output_dtype": "fp32", "loop_loss_chunk": 128}
 
 
 def _litgpt(shape, micro, gbs, lora=None):
@@ -201,6 +208,10 @@ def _litgpt(shape, micro, gbs, lora=None):
            "device": {"capacity_gib": 22.5, "context_mib": 0, "fragmentation": 0}}
     if lora is not None:
         job["lora"] = {"rank": 32, "q_proj": True, "v_proj": True, "dropout": 0.05, "adapter_dtype": "bf16", **lora}
+        # finetune/lora.py's loop: `logits` (fp32 after Fabric's convert_output) held until the next forward
+        # returns, the loss chunked per 128-position lm_head chunk (formulas/finetune.mf keep_last, bytes_out,
+        # loop_ce_chunk; measured: bench/validate.py --frameworks --only keep-last)
+        job["training"].update(LITGPT_LOOP)
     return job
 
 
@@ -210,9 +221,9 @@ def _allocated_gb(job):
 
 # (case, job, measured GB, recorded error of memform's allocated peak, bound)
 LITGPT = [
-    ("litgpt llama-2-7b lora b2", _litgpt(LLAMA2_7B, 2, 8, {}), 19.77, -0.045, 0.08),
-    ("litgpt llama-3-8b lora b1", _litgpt(LLAMA3_8B, 1, 8, {}), 19.73, -0.011, 0.08),
-    ("litgpt mistral-7b lora b2", _litgpt(MISTRAL_7B, 2, 8, {}), 20.66, -0.027, 0.08),
+    ("litgpt llama-2-7b lora b2", _litgpt(LLAMA2_7B, 2, 8, {}), 19.77, -0.048, 0.08),
+    ("litgpt llama-3-8b lora b1", _litgpt(LLAMA3_8B, 1, 8, {}), 19.73, -0.017, 0.08),
+    ("litgpt mistral-7b lora b2", _litgpt(MISTRAL_7B, 2, 8, {}), 20.66, -0.030, 0.08),
     ("litgpt tiny-llama full b4", _litgpt(TINYLLAMA, 4, 32), 14.10, -0.039, 0.08),
 ]
 
@@ -232,15 +243,18 @@ def test_heldout_litgpt_peak_allocated(case, job, measured, recorded, bound):
 # micro-batch's graph, and LitGPT's loop holds that graph through the next micro-batch's forward (finetune/lora.py
 # :276-292: `logits`, each chunk with its grad_fn, is rebound only when the next `model(...)` returns; `loss` becomes
 # a float every log_interval = 1): training.keeps_last_output (finetune.mf keep_last; measured on the CPU,
-# bench/validate.py --frameworks --only bnb0.42: peak -0.7 / -2.4 %). Lightning's plugin also quantizes the output
-# head (every nn.Linear; transformers skips lm_head) from an fp16 copy of each weight, so every dequantized weight
+# bench/validate.py --frameworks --only bnb0.42: peak +4.0 / +1.8 % with LitGPT's loop). Lightning's plugin also
+# quantizes the output head (every nn.Linear; transformers skips lm_head) from an fp16 copy of each weight, so
+# every dequantized weight
 # comes out fp16 and MatMul4Bit casts it to bf16 (0.42.0 _functions.py:516, :546): the 4-bit head's fp16 + bf16
 # copies, 4 bytes per head weight, live at the end of the forward beside the held inputs: lora.quantize_head,
 # lora.dequant_cast (finetune.mf q4_head, q4_cast; measured as above with a 4-bit head and fp16 QuantStates: peak
-# +2.7 / +3.0 %). memform reads 12.65 / 16.38 / 13.59 GB: -7.5 / -5.9 / -4.9 %, its peak at the end of the forward
-# (with keeps_last_output but a bf16 head -8.7 / -9.2 / -6.0 %; bnb_keeps_input alone -18.9 / -16.2 / -17.3 %; none
-# -30.1 / -26.3 / -29.5 %). Not followed: the held `logits` are fp32 (Fabric's _FabricModule.forward convert_output
-# casts outputs to the default dtype), 4·s·b·v bytes more at that moment: +0.13 / +0.53 / +0.13 GB.
+# +2.6 / +2.9 %). The held `logits` are fp32 (Fabric's _FabricModule.forward convert_output casts outputs to the
+# default dtype): training.output_dtype fp32, 4·s·b·v more at that moment, and this micro-batch's own copy beside the
+# model's bf16 logits (LITGPT_LOOP above; measured on the CPU with hf.py's LitGPT loop, --only keep-last: peak
+# +4.0 / +1.8 / +2.6 / +2.9 %). memform reads 12.78 / 16.90 / 13.72 GB: -6.6 / -2.9 / -4.0 %, its peak at the end of
+# the forward (with the Trainer's loss and no held logits -7.5 / -5.9 / -4.9 %; a bf16 head -8.7 / -9.2 / -6.0 %;
+# bnb_keeps_input alone -18.9 / -16.2 / -17.3 %; none -30.1 / -26.3 / -29.5 %).
 QLORA_Q4 = {"base_quant": "nf4", "bnb_keeps_input": True}
 
 
@@ -252,9 +266,9 @@ def _litgpt_qlora(shape):
 
 # (case, job, measured GB, recorded error, bound)
 QLORA = [
-    ("litgpt llama-2-7b qlora b2", _litgpt_qlora(LLAMA2_7B), 13.68, -0.075, 0.10),
-    ("litgpt llama-3-8b qlora b2", _litgpt_qlora(LLAMA3_8B), 17.41, -0.059, 0.10),
-    ("litgpt mistral-7b qlora b2", _litgpt_qlora(MISTRAL_7B), 14.29, -0.049, 0.10),
+    ("litgpt llama-2-7b qlora b2", _litgpt_qlora(LLAMA2_7B), 13.68, -0.066, 0.10),
+    ("litgpt llama-3-8b qlora b2", _litgpt_qlora(LLAMA3_8B), 17.41, -0.029, 0.10),
+    ("litgpt mistral-7b qlora b2", _litgpt_qlora(MISTRAL_7B), 14.29, -0.040, 0.10),
 ]
 
 
@@ -265,19 +279,35 @@ def test_heldout_litgpt_qlora(case, job, measured, recorded, bound):
     assert abs(error) <= bound
 
 
+def _no_loop(job):
+    """``job`` without LitGPT's loop (the hf-trainer profile's: nothing held, the loss inside the forward)."""
+    for key in LITGPT_LOOP:
+        job["training"].pop(key)
+    return job
+
+
 def test_litgpt_loop_holds_the_previous_micro_batch_inputs():
     # training.keeps_last_output: the previous micro-batch's kept 4-bit inputs (QKV and gate/up inputs h wide,
     # attention output qw, down f; bf16) live at the end of the next forward, 2·(2h + qw + f) bytes per token and
-    # layer: the peak moves there. Without bitsandbytes 0.42's kept inputs the held graph holds nothing.
-    held = _litgpt(LLAMA2_7B, 2, 8, QLORA_Q4)
-    held["training"]["keeps_last_output"] = True
-    st, base = numbers(held).stages[0], numbers(_litgpt(LLAMA2_7B, 2, 8, QLORA_Q4)).stages[0]
-    assert st.moments["forward_end"] - base.moments["forward_end"] == 2 * (2 * 4096 + 4096 + 11008) * (2 * 512) * 32
+    # layer: the peak moves there. And its fp32 logits (training.output_dtype: Fabric's convert_output), 4·t·v, with
+    # this micro-batch's own fp32 copy (in act, 4·t·v) beside the model's bf16 logits (2·t·v) before the loss has
+    # saved its log-probs (4·t·v) -- where the Trainer's eager loss holds its fp32 logits (4·t·v) there: + 2·t·v.
+    # The loop's loss backward, chunked per 128 positions (4 chunks of 512): 8·t·v/4 over act where the Trainer's
+    # adds 8·t·v (the log-probs' and the logits' fp32 gradients), with 4·t·v more in act: - 2·t·v.
+    tok, v, graph = 2 * 512, 32000, 2 * (2 * 4096 + 4096 + 11008) * (2 * 512) * 32
+    st = numbers(_litgpt(LLAMA2_7B, 2, 8, QLORA_Q4)).stages[0]
+    base = numbers(_no_loop(_litgpt(LLAMA2_7B, 2, 8, QLORA_Q4))).stages[0]
+    assert st.moments["forward_end"] - base.moments["forward_end"] == graph + 2 * tok * v
+    assert st.moments["backward"] - base.moments["backward"] == -2 * tok * v
     assert st.peak_moment == "forward_end" and base.peak_moment == "backward"
-    new = _litgpt(LLAMA2_7B, 2, 8, {"base_quant": "nf4"})
-    new["training"]["keeps_last_output"] = True
-    unheld = numbers(_litgpt(LLAMA2_7B, 2, 8, {"base_quant": "nf4"})).stages[0]
-    assert numbers(new).stages[0].peak_bytes == unheld.peak_bytes
+    # without bitsandbytes 0.42's kept inputs the held graph holds nothing: the logits only
+    new = numbers(_litgpt(LLAMA2_7B, 2, 8, {"base_quant": "nf4"})).stages[0]
+    unheld = numbers(_no_loop(_litgpt(LLAMA2_7B, 2, 8, {"base_quant": "nf4"}))).stages[0]
+    assert new.moments["forward_end"] - unheld.moments["forward_end"] == 2 * tok * v
+    # a loss over the whole micro-batch (loop_loss_chunk 0): the Trainer's backward, with the held logits in act
+    whole = _litgpt(LLAMA2_7B, 2, 8, {"base_quant": "nf4"})
+    whole["training"]["loop_loss_chunk"] = 0
+    assert numbers(whole).stages[0].moments["backward"] - unheld.moments["backward"] == 4 * tok * v
 
 
 def test_lightning_4bit_head_and_fp16_quant_states():
@@ -285,10 +315,10 @@ def test_lightning_4bit_head_and_fp16_quant_states():
     # code table) instead of bf16; lora.dequant_cast: its dequantized fp16 copy and the bf16 cast, 4 bytes per head
     # weight, at the end of the forward (the loss's log-probs not yet saved, the bf16 logits live)
     v, h, tok = 32000, 4096, 2 * 512
-    plain = numbers(_litgpt(LLAMA2_7B, 2, 8, QLORA_Q4)).stages[0]
-    head = numbers(_litgpt(LLAMA2_7B, 2, 8, {**QLORA_Q4, "quantize_head": True})).stages[0]
+    plain = numbers(_no_loop(_litgpt(LLAMA2_7B, 2, 8, QLORA_Q4))).stages[0]
+    head = numbers(_no_loop(_litgpt(LLAMA2_7B, 2, 8, {**QLORA_Q4, "quantize_head": True}))).stages[0]
     assert plain.values["params"] - head.values["params"] == v * h * (2 - 0.5 - 4 / 64) - 16 * 4
-    cast = numbers(_litgpt(LLAMA2_7B, 2, 8, {**QLORA_Q4, "quantize_head": True, "dequant_cast": True})).stages[0]
+    cast = numbers(_no_loop(_litgpt(LLAMA2_7B, 2, 8, {**QLORA_Q4, "quantize_head": True, "dequant_cast": True}))).stages[0]
     # the forward's end: + the head's input (bitsandbytes 0.42 keeps it), the dequantized head and the bf16 logits,
     # less the fp32 log-probs the loss has not saved yet and the fp32 logits it reads (dense.mf output fwd_extra)
     end = cast.moments["forward_end"] - plain.moments["forward_end"]
@@ -304,8 +334,8 @@ def test_old_bitsandbytes_keeps_each_4bit_input():
     # attention-output inputs (h, a·d_h), the gate/up input (h, one tensor for both) and the down input (f), bf16,
     # per token and layer: 2·(3h + f) · (2 x 512 tokens) · 32 layers for llama-2-7b (q and v adapters keep their own
     # dropout copies either way)
-    base = _litgpt(LLAMA2_7B, 2, 8, {"base_quant": "nf4"})
-    old = _litgpt(LLAMA2_7B, 2, 8, QLORA_Q4)
+    base = _no_loop(_litgpt(LLAMA2_7B, 2, 8, {"base_quant": "nf4"}))
+    old = _no_loop(_litgpt(LLAMA2_7B, 2, 8, QLORA_Q4))
     extra = numbers(old).stages[0].peak_bytes - numbers(base).stages[0].peak_bytes
     assert extra == 2 * (3 * 4096 + 11008) * (2 * 512) * 32
     # no 4-bit base, no effect: the key reads only under lora.base_quant

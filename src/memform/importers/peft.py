@@ -54,7 +54,7 @@ NEUTRAL: dict[str, str] = {
 }
 #: fields that, set to anything but these values, train something the lora keys do not describe
 MUST_BE: dict[str, tuple[object, ...]] = {
-    "use_dora": (False, None), "bias": ("none", None), "modules_to_save": (None, []), "rank_pattern": ({}, None),
+    "bias": ("none", None), "modules_to_save": (None, []), "rank_pattern": ({}, None),
     "layers_to_transform": (None, []), "lora_bias": (False, None), "trainable_token_indices": (None, {}, []),
     "target_parameters": (None, []), "layer_replication": (None, []), "use_qalora": (False, None),
     "use_bdlora": (None, False), "kasa_config": (None,), "monteclora_config": (None,), "velora_config": (None,),
@@ -79,6 +79,8 @@ def convert(path: Path, draft: Draft) -> None:
     r = cfg.integer("r", minimum=1)
     draft.set("lora.rank", r, f"r ({path.name})")
     draft.set("lora.dropout", float(cfg.number("lora_dropout", 0.0)), "lora_dropout")
+    if cfg.boolean("use_dora", False):       # null / false: plain LoRA (the key's default)
+        draft.set("lora.dora", True, "use_dora")
     on = _targets(cfg)
     for key in TARGETS:
         draft.set(f"lora.{key}", key in on, "target_modules")

@@ -58,6 +58,10 @@ class HFCase:
     lora_r: int = 0           # PEFT LoRA rank (0: full fine-tuning); the base model frozen, as PEFT does
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj")   # PEFT's default for Llama
     lora_dropout: float = 0.0
+    # PEFT's DoRA (LoraConfig use_dora, Liu et al. 2024): a trained magnitude per output of each adapted matrix
+    dora: bool = False
+    # tie_word_embeddings (Qwen2.5 up to 3B, Llama-3.2 1B / 3B, Gemma): the head is the embedding matrix
+    tied: bool = False
     # with gc: activation_checkpointing_kwargs {"offload": true} (transformers 5.25 trainer.py): each
     # checkpoint's saved input in (pinned) host memory, torch save_on_cpu (formulas/offload-decoder.mf checkpoint)
     offload: bool = False
@@ -67,8 +71,8 @@ class HFCase:
         moe = f" moe{self.experts}x{self.top_k}" if self.experts else ""
         if self.lora_r:
             moe += (f" lora{self.lora_r}[{'+'.join(t.split('_')[0] for t in self.lora_targets)}]"
-                    f"{f' drop{self.lora_dropout:g}' if self.lora_dropout else ''}")
-        return (f"hf {self.model} {shape}{moe} b{self.b} s{self.s} {self.attn}"
+                    f"{f' drop{self.lora_dropout:g}' if self.lora_dropout else ''}{' dora' if self.dora else ''}")
+        return (f"hf {self.model} {shape}{' tied' if getattr(self, 'tied', False) else ''}{moe} b{self.b} s{self.s} {self.attn}"
                 f"{' gc' if self.gc else ''}{'-offload' if getattr(self, 'offload', False) else ''} {self.dtype}{' fake' if self.fake else ''}"
                 f"{'' if self.device == 'cpu' else ' ' + self.device}")
 
@@ -79,7 +83,7 @@ class HFCase:
         kw: dict[str, Any] = dict(hidden_size=self.h, intermediate_size=self.ffn, num_hidden_layers=self.L,
                                   num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
                                   vocab_size=self.vocab, max_position_embeddings=self.s,
-                                  tie_word_embeddings=False)
+                                  tie_word_embeddings=self.tied)
         if self.head_dim:
             kw["head_dim"] = self.head_dim
         if self.model == "mixtral":
@@ -127,7 +131,7 @@ class HFCase:
         from peft import LoraConfig
 
         return LoraConfig(r=self.lora_r, lora_alpha=2 * self.lora_r, lora_dropout=self.lora_dropout,
-                          target_modules=list(self.lora_targets), task_type="CAUSAL_LM")
+                          target_modules=list(self.lora_targets), task_type="CAUSAL_LM", use_dora=self.dora)
 
     def memform_config(self) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
@@ -210,24 +214,44 @@ def _step(case: HFCase, seed: int) -> Step:
         return contextlib.nullcontext()
 
     # a loop that holds the previous micro-batch's output until the next forward returns (hf_qlora's
-    # keep_last: LitGPT's `logits`): its autograd graph, and what a custom Function stored on its ctx, lives on
+    # keep_last): LitGPT's fine-tuning loop (finetune/lora.py at 01fe959, the `while` loop: `logits =
+    # model(input_ids, lm_head_chunk_size=128)`; `logits[-1] = logits[-1][..., :-1, :]`; `loss =
+    # chunked_cross_entropy(logits, targets[..., 1:])`; `fabric.backward(loss / accum)`; `loss` rebound to a
+    # float every log_interval = 1). Lightning Fabric's _FabricModule.forward passes the output through the
+    # precision plugin's convert_output, which casts every floating tensor to the default dtype, fp32
+    # (fabric/plugins/precision/half.py, bitsandbytes.py: _convert_fp_tensor(.., torch.get_default_dtype())):
+    # the model's 128-token chunks of bf16 logits become fp32 chunks, held under the name `logits` -- with
+    # their autograd graph, and what a custom Function stored on its ctx -- until the next forward returns
     held: list[Any] = []
     keep_last = getattr(case, "keep_last", False)
 
+    def forward_loss() -> Any:
+        if not keep_last:
+            return model(input_ids=ids, labels=ids).loss   # Trainer.compute_loss: the loss only
+        out = model(input_ids=ids).logits   # the same bytes as LitGPT's list of 128-token lm_head chunks
+        logits = [c.float() for c in out.split(128, dim=1)]   # Fabric convert_output
+        del out                                               # the wrapper's bf16 output, freed as it returns
+        if trace_of[0] is not None and held:
+            trace_of[0].mark("held")
+        held.clear()                      # the loop's name `logits` now refers to this micro-batch's output
+        if trace_of[0] is not None:
+            trace_of[0].mark("released")
+        held.append(logits)
+        logits[-1] = logits[-1][..., :-1, :]
+        return litgpt_chunked_cross_entropy(logits, ids[..., 1:])
+
+    trace_of: list[StepSamples | None] = [None]
+
     def train_step(trace: StepSamples | None) -> float:
+        trace_of[0] = trace
         with autocast, offload():
-            loss = model(input_ids=ids, labels=ids).loss   # Trainer.compute_loss: the loss only
-        if trace is not None and held:
-            trace.mark("held")
-        held.clear()                      # the loop's name now refers to this micro-batch's output
+            loss = forward_loss()
         if trace is not None:
             trace.mark("forward")
         with offload():
             loss.backward()
         if trace is not None:
             trace.mark("backward")
-        if keep_last:
-            held.append(loss)
         return float(loss.detach()) if not case.fake else 0.0
 
     train_step(None)                      # warm-up: the optimizer creates its states
@@ -266,8 +290,9 @@ def _step(case: HFCase, seed: int) -> Step:
         # the host copies live when the forward has returned (one per checkpointed layer)
         measured["host"] = trace.at(trace.marks["forward"], lambda serial: serial in host)
     if keep_last:
-        # what the previous micro-batch's graph held when this forward returned: freed as the name is rebound
-        measured["held"] = trace.at(trace.marks["held"], act) - trace.at(trace.marks["forward"], act)
+        # what the previous micro-batch's output and graph held when this forward returned: freed as the name
+        # `logits` is rebound
+        measured["held"] = trace.at(trace.marks["held"], act) - trace.at(trace.marks["released"], act)
     measured["comm"] = 0   # one process: no communication buffers
     replayed = replay_reserved(trace, [*params, *kept, *model.buffers(), ids], states, host=host)
     measured.update(replayed_figures(replayed))
@@ -275,6 +300,19 @@ def _step(case: HFCase, seed: int) -> Step:
     opt.step()
     opt.zero_grad(set_to_none=True)
     return Step({**measured, "activations_peak": peak}, trace.by_op(where, act, 10), loss, allocator, replayed)
+
+
+def litgpt_chunked_cross_entropy(logits: list[Any], targets: Any, ignore_index: int = -1) -> Any:
+    """LitGPT's ``chunked_cross_entropy`` for a chunked lm_head (litgpt/utils.py at 01db2ec, the ``list``
+    branch, chunk_size 128): one ``cross_entropy(reduction="none")`` per logits chunk (each saves its fp32
+    log-probs), the per-token losses concatenated, summed and divided by the unmasked count."""
+    import torch
+
+    logit_chunks = [c.reshape(-1, c.size(-1)) for c in logits]
+    target_chunks = [c.reshape(-1) for c in targets.split(logits[0].size(1), dim=1)]
+    losses = [torch.nn.functional.cross_entropy(lc, tc, ignore_index=ignore_index, reduction="none")
+              for lc, tc in zip(logit_chunks, target_chunks)]
+    return torch.cat(losses).sum() / max(1, int((targets != ignore_index).sum()))
 
 
 def case_per_layer(case: Any, seed: int = 0, layers_of: Any = lambda model: model.model.layers) -> list[int]:
@@ -350,7 +388,13 @@ LORA = [replace(BASE, lora_r=8), replace(BASE, lora_r=8, lora_targets=ALL_LINEAR
         replace(BASE, lora_r=8, lora_dropout=0.1), replace(BASE, lora_r=8, dtype="bf16"),
         replace(BASE, lora_r=8, dtype="amp-bf16"), replace(BASE, lora_r=8, gc=True),
         replace(BASE, lora_r=16, lora_targets=ALL_LINEAR, L=8, dtype="bf16"),
-        replace(BASE, lora_r=8, attn="eager", lora_targets=ALL_LINEAR, dtype="amp-bf16")]
+        replace(BASE, lora_r=8, attn="eager", lora_targets=ALL_LINEAR, dtype="amp-bf16"),
+        # DoRA (PEFT use_dora; formulas/finetune.mf dora): PEFT's default targets and every projection, bf16
+        replace(BASE, lora_r=8, dtype="bf16", dora=True),
+        replace(BASE, lora_r=8, lora_targets=ALL_LINEAR, dtype="bf16", dora=True),
+        replace(BASE, lora_r=8, dtype="bf16", dora=True, lora_dropout=0.1),
+        # tied embeddings (the Trainer + PEFT on a small model with tie_word_embeddings), with and without checkpointing
+        replace(BASE, lora_r=8, dtype="bf16", tied=True), replace(BASE, lora_r=8, dtype="bf16", tied=True, gc=True)]
 #: LoRA over a frozen MoE block (transformers 5's fused experts: adapters on the attention only;
 #: formulas/finetune-moe.mf). fp32 with checkpointing (the experts' backward sets the peak) read -18.2 %
 #: activation peak until finetune-moe.mf kept the product's place in the backward moment: -5.0 %

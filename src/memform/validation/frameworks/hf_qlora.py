@@ -69,7 +69,9 @@ class QLoRACase(HFCase):
         if self.old_bnb:
             over["lora.bnb_keeps_input"] = True
         if self.keep_last:
-            over["training.keeps_last_output"] = True
+            # hf.py's LitGPT loop: the fp32 logits (Fabric convert_output) held with the graph
+            over.update({"training.keeps_last_output": True, "training.output_dtype": "fp32",
+                         "training.loop_loss_chunk": 128})
         if self.quant_head:
             over["lora.quantize_head"] = True
         if self.fp16_source:

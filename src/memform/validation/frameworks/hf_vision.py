@@ -61,11 +61,15 @@ class VLCase:
     dtype: str = "fp32"
     frozen: str = "none"        # model.vision.frozen: none, encoder, all
     device: str = "cpu"
+    # PEFT LoRA of this rank on the language model's q_proj and v_proj (PEFT's Llama default; the Qwen3-VL tower's
+    # attention is one fused qkv and a proj: no adapter there); get_peft_model freezes everything else, the tower too
+    lora_r: int = 0
 
     def label(self) -> str:
         return (f"hf {self.model} L{self.L} h{self.h} vit{self.Lv}x{self.hv} ds{len(self.deepstack)} "
                 f"{self.images}x{self.image}px b{self.b} s{self.s} {self.attn}{' gc' if self.gc else ''} "
-                f"{self.dtype}{'' if self.frozen == 'none' else ' frozen-' + self.frozen}")
+                f"{self.dtype}{'' if self.frozen == 'none' else ' frozen-' + self.frozen}"
+                f"{f' lora{self.lora_r}[q+v]' if self.lora_r else ''}")
 
     @property
     def patches(self) -> int:
@@ -131,6 +135,8 @@ class VLCase:
             "model.vision.images_per_sample": self.images,
             "model.vision.frozen": self.frozen,
         }
+        if self.lora_r:   # what memform import hf --adapter sets from the case's LoraConfig
+            over.update({"lora.rank": self.lora_r, "lora.q_proj": True, "lora.v_proj": True})
         if self.dtype == "amp-bf16":
             over.update({"hf_trainer.amp": "bf16", "hf_trainer.autocast_device": self.device})
         return over
@@ -219,6 +225,11 @@ def _step(case: VLCase, seed: int) -> Step:
             module.requires_grad_(False)
     if case.gc:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if case.lora_r:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=case.lora_r, lora_alpha=2 * case.lora_r, lora_dropout=0.0,
+                                                 target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
     params = list(model.parameters())
     opt = torch.optim.AdamW([p for p in params if p.requires_grad], lr=1e-4)
     batch = _batch(case, case.device)
@@ -278,7 +289,10 @@ def sweep() -> list[VLCase]:
     """The cases of ``bench/validate.py --frameworks`` (``--only qwen3_vl``, ``--only gemma3``)."""
     return [BASE, TOWER, replace(TOWER, attn="eager"), replace(TOWER, gc=True), replace(TOWER, frozen="encoder"),
             replace(TOWER, frozen="all"), replace(TOWER, dtype="bf16"), replace(TOWER, dtype="amp-bf16"),
-            replace(TOWER, gc=True, dtype="amp-bf16"), replace(TOWER, deepstack=()), GEMMA3, replace(GEMMA3, frozen="encoder"), replace(GEMMA3, gc=True)]
+            replace(TOWER, gc=True, dtype="amp-bf16"), replace(TOWER, deepstack=()), GEMMA3, replace(GEMMA3, frozen="encoder"), replace(GEMMA3, gc=True),
+            # LoRA on the language model, the tower frozen by PEFT (model.vision.frozen: all)
+            replace(TOWER, frozen="all", lora_r=8, dtype="bf16"),
+            replace(TOWER, frozen="all", lora_r=8, dtype="bf16", gc=True)]
 
 
 def quick_sweep() -> list[VLCase]:
