@@ -39,8 +39,9 @@ the eager HOP's math forward and backward run) and torchtitan's nested ``torch.c
 its eager function (inlined by the block's compile either way). It writes bench/results/compiled_block_titan.json
 (read by tests/test_compiled_block.py) and prints each case beside memform's figures. Measured (2026-12-07, 20 cases,
 about 5 minutes of CPU): op SAC and full AC exact but for flex's block mask (64-96 bytes); no AC 2.4-3.7 % above
-memform's compiled figure for MLA / MoE (the norms' rstd, MLA's v keeping wkv_b's whole output, the router's ints:
-EP's permutation indices: tests/test_compiled_block.py _titan_uncounted), 0.08 % with TP + SP; TP without SP keeps more than eager (not
+memform's compiled figure for MLA / MoE until issue 30 counted MLA's v keeping wkv_b's whole output (dense.mf
+mla_v_view; re-run 2026-12-08: -0.18..+0.27 %, the norms' rstd and the router's ints: EP's permutation indices:
+tests/test_compiled_block.py _titan_uncounted), 0.08 % with TP + SP; TP without SP keeps more than eager (not
 modelled). backend="inductor" does not compile the MLA block on the CPU (flex attention's backward: "IndexError: tuple
 index out of range" in its lowering); on the MoE part alone (the base shape's ffn_norm + MoE, x + moe(ffn_norm(x)))
 it saves the same tensors as the partition-only backend, 1,525,792 bytes without AC and 200,704 under op SAC

@@ -155,10 +155,10 @@ def _titan_uncounted(block):  # noqa: ANN001, ANN202
     mask = 4 * 4 * b["b"] * (n + n * n)
     if b["ac"] != "none":
         return mask
-    # no AC: the norms' fp32 rstd (attention, kv latent, query latent, FFN: 4 bytes a token each); MLA's v, a view of
-    # wkv_b's output, keeps its a·(d_nope + d_v) storage, a·d_nope more than memform's a·d_v (eager alike)
+    # no AC: the norms' fp32 rstd (attention, kv latent, query latent, FFN: 4 bytes a token each). (MLA's v, a view
+    # of wkv_b's output that keeps its a·(d_nope + d_v) storage, is memform's: dense.mf mla_v_view, fsdp2.mf)
     norms = 3 + (b["q_rank"] > 0)
-    extra = mask + norms * 4 * tokens + 2 * b["heads"] * b["dn"] * tokens
+    extra = mask + norms * 4 * tokens
     if b["kind"] == "moe":
         # the router as measured -- the gate's output (bf16 on the CPU, whose autocast ignores torchtitan's fp32),
         # the topk ids, the sort's and the token indices (int64, one per routed token), the sorted scores, the

@@ -464,7 +464,7 @@ def test_offload_stages_gradients_in_a_buffer_of_the_stages_largest_parameter(mo
 # written by the command it names (bench/ds_pipe_buffers.py, the distributed harness's Llama-style h64 s32 b2
 # model with one decoder per stage as a PipelineModule, fp32, ZeRO 0, m 1-8). Before deepspeed.mf's PipelineEngine
 # terms the warm-up read -6.7 % to -34 % and stage 0's activation peak +38 % to +71 % (schedules.mf's 1f1b
-# moments); before fc2's released input (deepspeed.mf mlp bwd_grads) and head_not_regrad for the plain modeling,
+# moments); before fc2's released input (dense.mf mlp.bwd_grads, then deepspeed.mf's) and head_not_regrad for the plain modeling,
 # the sending stages' peaks +4.4 % to +7.9 % and the last stage's +4.8 % to +5.7 %.
 @functools.lru_cache(maxsize=None)
 def _ds_pipe():  # noqa: ANN202 - the bench module (its job_config is the memform side of the measured job)

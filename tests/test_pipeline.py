@@ -314,8 +314,9 @@ def test_dualpipev_holds_pp_plus_one():
     step's first F0 (overlapped with a B1) makes PP + 1 (the README's memory table). DualPipeV
     runs the same steps with H = p ranks.
 
-    Regression test, not a reference: the backward transient 3·2·s·b·f is restated from dense.mf
-    (mlp.bwd_grads). What checks that term independently is the PyTorch harness's activation peak
+    Regression test, not a reference: the backward transient (2·2·f + 2·h)·s·b is restated from dense.mf
+    (mlp.bwd_grads: the SwiGLU's 3·2·s·b·f gradients less fc2's released input, 2·s·b·f, plus the layer
+    output's gradient mlp_dy, 2·s·b·h). What checks that term independently is the PyTorch harness's activation peak
     (bench/validate.py, tests/test_validate.py: within memform.validation.compare.THRESHOLDS, not exact).
     """
     e = est(parallel__vpp=2, parallel__pp_schedule="dualpipev")
@@ -323,7 +324,7 @@ def test_dualpipev_holds_pp_plus_one():
     assert {sum(inflight(e, i).values()) for i in range(4)} == {2 * 4}
     s = e.stages[2]   # 6 decoder layers per chunk: the F0 of the main step adds one chunk-0 pass
     chunk_act = 6 * decoder_act(e)
-    bwd = 3 * 2 * 2048 * 1 * 4096   # the layer in backward: SwiGLU gradients (dense.mf mlp.bwd_grads)
+    bwd = (2 * 2 * 4096 + 2 * 1024) * 2048 * 1   # the layer in backward: SwiGLU gradients (dense.mf mlp.bwd_grads)
     assert s.moments["backward"] - s.moments["warmup"] == max(chunk_act + bwd, decoder_act(e) + bwd)
 
 
@@ -333,16 +334,17 @@ def test_zero_bubble_v_backward_overlap_rule():
     overhead = max(Σ act(chunk 0) + max recomputed chunk-1 layer, last layer + max recomputed chunk-0
     layer), added to the warm-up activations; a recomputed layer rebuilds act[none] - act[full]
     (MemEst adds act[none]; the layer's stored input is already in the warm-up sum). The layer in
-    backward also holds its SwiGLU gradients, 3·2·s·b·f bytes (dense.mf mlp.bwd_grads).
+    backward also holds its SwiGLU gradients, (2·2·f + 2·h)·s·b bytes (dense.mf mlp.bwd_grads).
 
-    Regression test, not a reference: the backward transient 3·2·s·b·f is restated from dense.mf
-    (mlp.bwd_grads). What checks that term independently is the PyTorch harness's activation peak
+    Regression test, not a reference: the backward transient (2·2·f + 2·h)·s·b is restated from dense.mf
+    (mlp.bwd_grads: the SwiGLU's 3·2·s·b·f gradients less fc2's released input, 2·s·b·f, plus the layer
+    output's gradient mlp_dy, 2·s·b·h). What checks that term independently is the PyTorch harness's activation peak
     (bench/validate.py, tests/test_validate.py: within memform.validation.compare.THRESHOLDS, not exact).
     """
     e = est(parallel__vpp=2, parallel__pp_schedule="zero-bubble-v", training__recompute="full")
     s = e.stages[2]  # 6 decoder layers per chunk, nothing pinned
     full, none = decoder_act(e, "full"), decoder_act(est())
-    bwd = 3 * 2 * 2048 * 1 * 4096
+    bwd = (2 * 2 * 4096 + 2 * 1024) * 2048 * 1
     a_term = 6 * full + (none - full) + bwd
     b_term = none + bwd + (none - full)
     assert s.moments["backward"] - s.moments["warmup"] == max(a_term, b_term)
@@ -369,15 +371,17 @@ def test_1f1b_in_flight_and_backward_moment():
     """1F1B (Narayanan et al. 2021 §2.2.1): stage i holds min(p - i, m) micro-batches; the first
     backward adds one micro-batch of the last layer's activations (MemEst _bwd_overhead.py §2.4)
     and what that layer's backward allocates on top: with flash attention the SwiGLU backward's
-    gradients of its f-wide output and 2f-wide input, 3·2·s·b·f bytes (dense.mf mlp.bwd_grads).
+    gradients of its f-wide output and 2f-wide input less fc2's released input, and the layer output's
+    gradient: (2·2·f + 2·h)·s·b bytes (dense.mf mlp.bwd_grads).
 
-    Regression test, not a reference: the backward transient 3·2·s·b·f is restated from dense.mf
-    (mlp.bwd_grads). What checks that term independently is the PyTorch harness's activation peak
+    Regression test, not a reference: the backward transient (2·2·f + 2·h)·s·b is restated from dense.mf
+    (mlp.bwd_grads: the SwiGLU's 3·2·s·b·f gradients less fc2's released input, 2·s·b·f, plus the layer
+    output's gradient mlp_dy, 2·s·b·h). What checks that term independently is the PyTorch harness's activation peak
     (bench/validate.py, tests/test_validate.py: within memform.validation.compare.THRESHOLDS, not exact).
     """
     e = est()
     act = decoder_act(e)
-    bwd = 3 * 2 * 2048 * 1 * 4096
+    bwd = (2 * 2 * 4096 + 2 * 1024) * 2048 * 1
     for i, s in enumerate(e.stages[:3]):
         assert s.moments["warmup"] == (4 - i) * 12 * act
         assert s.moments["backward"] == s.moments["warmup"] + act + bwd
@@ -391,15 +395,16 @@ def test_backward_moment_recomputes_a_full_layer():
     """Full recompute: the layer in backward rebuilds one micro-batch of its activations
     (Korthikanti et al. 2022 §5; MemEst adds the layer as not-recomputed, mf = 1, §2.4).
 
-    Regression test, not a reference: the backward transient 3·2·s·b·f is restated from dense.mf
-    (mlp.bwd_grads). What checks that term independently is the PyTorch harness's activation peak
+    Regression test, not a reference: the backward transient (2·2·f + 2·h)·s·b is restated from dense.mf
+    (mlp.bwd_grads: the SwiGLU's 3·2·s·b·f gradients less fc2's released input, 2·s·b·f, plus the layer
+    output's gradient mlp_dy, 2·s·b·h). What checks that term independently is the PyTorch harness's activation peak
     (bench/validate.py, tests/test_validate.py: within memform.validation.compare.THRESHOLDS, not exact).
     """
     e = est(training__recompute="full")
     s = e.stages[1]
     assert s.moments["warmup"] == 3 * 12 * decoder_act(e, "full")
-    # + the SwiGLU backward's gradients, 3·2·s·b·f bytes (dense.mf mlp.bwd_grads)
-    assert s.moments["backward"] - s.moments["warmup"] == decoder_act(est()) + 3 * 2 * 2048 * 1 * 4096
+    # + the SwiGLU backward's gradients, (2·2·f + 2·h)·s·b bytes (dense.mf mlp.bwd_grads)
+    assert s.moments["backward"] - s.moments["warmup"] == decoder_act(est()) + (2 * 2 * 4096 + 2 * 1024) * 2048 * 1
 
 
 def test_seqpipe_counts_sequence_chunks_at_the_chunk_length():
@@ -551,8 +556,9 @@ def test_zero_shard_limit_and_unsharded_accumulation(zero_model):
 def test_moments_are_declared_in_formula_files(tmp_path: Path):
     """A schedule written in a test file: its own moments decide the peak and its name is reported.
 
-    Regression test, not a reference: the backward transient 3·2·s·b·f is restated from dense.mf
-    (mlp.bwd_grads). What checks that term independently is the PyTorch harness's activation peak
+    Regression test, not a reference: the backward transient (2·2·f + 2·h)·s·b is restated from dense.mf
+    (mlp.bwd_grads: the SwiGLU's 3·2·s·b·f gradients less fc2's released input, 2·s·b·f, plus the layer
+    output's gradient mlp_dy, 2·s·b·h). What checks that term independently is the PyTorch harness's activation peak
     (bench/validate.py, tests/test_validate.py: within memform.validation.compare.THRESHOLDS, not exact).
     """
     mf = tmp_path / "mine.mf"
@@ -566,7 +572,7 @@ def test_moments_are_declared_in_formula_files(tmp_path: Path):
     e = numbers(cfg)
     s = e.stages[1]
     act = decoder_act(e)
-    bwd = 3 * 2 * 2048 * 1 * 4096   # the SwiGLU backward's gradients (dense.mf mlp.bwd_grads)
+    bwd = (2 * 2 * 4096 + 2 * 1024) * 2048 * 1   # the SwiGLU backward's gradients (dense.mf mlp.bwd_grads)
     assert s.moments == {"warmup": 12 * act, "backward": 13 * act + bwd, "early": 36 * act, "late": 13 * act}
     assert s.peak_moment == "early" and s.values["activations"] == 36 * act
 
