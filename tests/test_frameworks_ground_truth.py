@@ -184,15 +184,13 @@ def test_dtensor_ops_are_traced_as_their_local_shard_ops():
     # DTensor wrapper (which holds no memory of its own) unless it defers to DTensor, which then runs the
     # local-shard ops -- the all-gather's output among them -- back through the mode
     import torch
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from memform.validation.ranks import fake_group
     from memform.validation.samples import StorageSamples
 
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
-    try:
+    with fake_group(4):
         mesh = init_device_mesh("cpu", (4,))
         x = distribute_tensor(torch.zeros(64, 256), mesh, [Shard(0)])   # 16 × 256 fp32 local = 16 KiB
         seen = {}
@@ -205,5 +203,3 @@ def test_dtensor_ops_are_traced_as_their_local_shard_ops():
             del y
         assert seen[False] == 0
         assert seen[True] >= 64 * 256 * 4          # at least the gathered 64 × 256 result
-    finally:
-        dist.destroy_process_group()
