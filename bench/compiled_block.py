@@ -366,20 +366,19 @@ def _dsv3_saved(tb: TitanBlock, compiled: bool, backend=None) -> dict[int, tuple
     # AllToAllTokenDispatcher exchanges the per-expert counts (an all-to-all whose output the fake group leaves
     # uninitialised): here each rank receives what it sends, as under balanced routing, so the splits agree;
     # the data all-to-alls return buffers of those sizes
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
     from torchtitan.distributed import utils as dist_utils
     from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher
 
+    from memform.validation.ranks import fake_group
+
     exchange = AllToAllTokenDispatcher._token_count_exchange
     AllToAllTokenDispatcher._token_count_exchange = lambda self, counts, pg, ep: counts.view(ep, -1).clone()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tb.ep)
     try:
-        dist_utils.set_spmd_backend("partial_dtensor")
-        return _dsv3_block_saved(tb, compiled, backend, init_device_mesh("cpu", (tb.ep,), mesh_dim_names=("ep",)))
+        with fake_group(tb.ep):
+            dist_utils.set_spmd_backend("partial_dtensor")
+            return _dsv3_block_saved(tb, compiled, backend, init_device_mesh("cpu", (tb.ep,), mesh_dim_names=("ep",)))
     finally:
-        dist.destroy_process_group()
         AllToAllTokenDispatcher._token_count_exchange = exchange
 
 
@@ -422,30 +421,18 @@ def _tp_case(tb: TitanBlock):  # noqa: ANN202
 
 
 def _tp_saved(tb: TitanBlock, compiled: bool, backend=None) -> dict[int, tuple]:  # noqa: ANN001
-    import torch.distributed as dist
     from torch.distributed.tensor import DTensor
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-    from torchtitan.distributed import utils as dist_utils
-    from torchtitan.distributed.parallel_dims import ParallelDims
-    from torchtitan.tools.utils import set_default_dtype
+
+    from memform.validation.frameworks.titan import fake_rank, parallelize
 
     config = _tp_case(tb).job()
     if tb.ac == "none":
         config.activation_checkpoint = None
     config.parallelism.enable_sequence_parallel = tb.sp
     _norms(compiled)
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tb.tp)
-    try:
-        dims = ParallelDims.from_config(config.parallelism, tb.tp)
-        dims.build_mesh()
-        dist_utils.set_spmd_backend(config.parallelism.spmd_backend)
+    with fake_rank(config, tb.tp) as (dims, model):     # the titan harness's set-up (training.dtype float32)
         mc = config.model_spec.model
-        mc.update_from_config(config=config)
-        with torch.device("meta"), set_default_dtype(torch.float32):
-            model = mc.build()
-        model = config.model_spec.parallelize_fn(
-            model, parallel_dims=dims, training=config.training, parallelism=config.parallelism,
-            compile_config=config.compile, ac_config=config.activation_checkpoint, dump_folder=config.dump_folder)
+        model = parallelize(config, dims, model)
         model.to_empty(device="cpu")
         torch.manual_seed(0)
         with torch.no_grad():
@@ -468,8 +455,6 @@ def _tp_saved(tb: TitanBlock, compiled: bool, backend=None) -> dict[int, tuple]:
         shapes = frozenset({tuple(local(p).shape) for p in block.parameters()}
                            | {tuple(local(p).shape)[::-1] for p in block.parameters()})
         return _saved(block, (x, *got["args"][1:]), got["kwargs"], skip, backend, compiled, shapes)
-    finally:
-        dist.destroy_process_group()
 
 
 def moe_part_saved_bytes(tb: TitanBlock, backend=None) -> int:  # noqa: ANN001

@@ -25,11 +25,26 @@ from cli_helpers import ROOT  # noqa: E402
 CASES = hf.quick_sweep()
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.label() for c in CASES])
-def test_estimate_within_thresholds_of_transformers_step(case):
-    row = frameworks.compare(case, hf)
+def row_within_thresholds(case, mod):
+    """The case's row against memform (``frameworks.compare``), every category within the thresholds."""
+    row = frameworks.compare(case, mod)
     errors = ", ".join(f"{c} {row.error(c):+.2%}" for c in frameworks.CATEGORIES)
     assert not row.failures(), f"{case.label()}: {errors}; at the peak: {row.peak_by_op}"
+    return row
+
+
+def _titan():
+    """memform.validation.frameworks.titan; skipped, with this reason, where torchtitan is not installed (it
+    is not in the frameworks extra: it imports triton, ~1 GB)."""
+    pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install torchtitan==0.3.0 "
+                                             "&& pip install --no-deps triton)")
+    from memform.validation.frameworks import titan
+    return titan
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.label() for c in CASES])
+def test_estimate_within_thresholds_of_transformers_step(case):
+    row = row_within_thresholds(case, hf)
     if case == hf.LLAMA31_8B:  # the same traced step (about 10 CPU-s) holds the published count
         fake_trace_has_the_published_parameter_count(row.measured)
 
@@ -91,31 +106,29 @@ def test_bench_frameworks_only_nothing_is_a_usage_error():
     assert "matches no case" in proc.stderr
 
 
-def test_gpu_truth_without_a_gpu_says_so_and_dry_run_estimates_every_job():
+def test_gpu_truth_without_a_gpu_says_so_and_dry_run_estimates_every_job(capsys):
+    # bench/gpu_truth.py's main in this process (it imports torch, transformers and the hf harness, which this
+    # module has loaded: two interpreters' start-up less than as subprocesses, the same code and output)
+    import importlib.util
+
     import torch
 
-    script = str(ROOT / "bench" / "gpu_truth.py")
+    spec = importlib.util.spec_from_file_location("memform_bench_gpu_truth", ROOT / "bench" / "gpu_truth.py")
+    gpu_truth = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_truth)
     if not torch.cuda.is_available():
-        proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr
-        assert "no CUDA GPU here" in proc.stdout
-    proc = subprocess.run([sys.executable, script, "--dry-run"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert "5 jobs in" in proc.stdout and "estimates only" in proc.stdout
-    assert proc.stdout.count(" cuda ") == 5
+        assert gpu_truth.main([]) == 0, capsys.readouterr().err
+        assert "no CUDA GPU here" in capsys.readouterr().out
+    assert gpu_truth.main(["--dry-run"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "5 jobs in" in out and "estimates only" in out
+    assert out.count(" cuda ") == 5
 
 
 def test_torchtitan_llama3_8b_recipe_within_thresholds():
-    # torchtitan is not in the frameworks extra (it imports triton, ~1 GB): skipped, with this reason, where
-    # it is not installed (pip install torchtitan==0.3.0 && pip install --no-deps triton)
-    pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install torchtitan==0.3.0 "
-                                             "&& pip install --no-deps triton)")
-    from memform.validation.frameworks import titan
-
+    titan = _titan()
     case = titan.quick_sweep()[0]
-    row = frameworks.compare(case, titan)
-    errors = ", ".join(f"{c} {row.error(c):+.2%}" for c in frameworks.CATEGORIES)
-    assert not row.failures(), f"{case.label()}: {errors}; at the peak: {row.peak_by_op}"
+    row = row_within_thresholds(case, titan)
     # what FSDP2 measured, not what the formulas say: rank 0's shard of 2 blocks, the embedding and the head
     # of Llama-3.1-8B in fp32 over 8 ranks (torchtitan builds the model in float32)
     n = 128256 * 4096 * 2 + 4096 + 2 * (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096)
@@ -125,31 +138,21 @@ def test_torchtitan_llama3_8b_recipe_within_thresholds():
 def test_torchtitan_llama3_70b_fsdp_tp_recipe_cut_within_thresholds():
     # issue 29: torchtitan's 70B recipe (FSDP 32 x TP 8, sequence parallel, full AC) cut to 2 blocks; its
     # activation peak is a block's forward re-run in backward (all-gathered GEMM inputs, w2's partial sums)
-    pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install torchtitan==0.3.0 "
-                                             "&& pip install --no-deps triton)")
-    from memform.validation.frameworks import titan
-
+    titan = _titan()
     case = titan.quick_sweep()[1]
     assert case.tp == 8 and case.memform_config()["parallel"]["sequence_parallel"] is True
-    row = frameworks.compare(case, titan)
-    errors = ", ".join(f"{c} {row.error(c):+.2%}" for c in frameworks.CATEGORIES)
-    assert not row.failures(), f"{case.label()}: {errors}; at the peak: {row.peak_by_op}"
+    row_within_thresholds(case, titan)
 
 
 def test_torchtitan_float8_recipe_cut_within_thresholds():
     # issue 29/30: torchtitan's Float8LinearConverter (torchao Float8Linear, rowwise, the head filtered) on the
     # 8B recipe cut to 2 blocks: activations are bf16's (Float8Linear saves its bf16 operands), the peak is w2's
     # eager fp8 input cast in backward (fsdp2.mf f8_bwd), 210 MiB above the bf16 step's (traced 3,246 / 3,036)
-    pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install torchtitan==0.3.0 "
-                                             "&& pip install --no-deps triton)")
+    titan = _titan()
     pytest.importorskip("torchao", reason="torchao is not installed (pip install torchao==0.18.0)")
-    from memform.validation.frameworks import titan
-
     case = titan.TitanCase("llama3_8b", world=8, layers=2, float8="rowwise")
     assert case in titan.sweep()
-    row = frameworks.compare(case, titan)
-    errors = ", ".join(f"{c} {row.error(c):+.2%}" for c in frameworks.CATEGORIES)
-    assert not row.failures(), f"{case.label()}: {errors}; at the peak: {row.peak_by_op}"
+    row = row_within_thresholds(case, titan)
     assert row.measured["activations_peak"] > 3_200 * 2 ** 20 and row.peak_by_op.get("clamp", 0) >= 448 * 2 ** 20
 
 
@@ -157,21 +160,14 @@ def test_torchtitan_float8_recipe_cut_within_thresholds():
 def test_torchtitan_pipeline_stage0_within_thresholds():
     # torchtitan's pipeline_llm + torch's Schedule1F1B, PP 2 x FSDP 4 (about 60 s): FSDP's fp32 gradient
     # accumulation without sync counted as gradients, the stage output kept in fwd_cache per in-flight micro-batch
-    pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install torchtitan==0.3.0 "
-                                             "&& pip install --no-deps triton)")
-    from memform.validation.frameworks import titan
-
+    titan = _titan()
     case = titan.pipeline_sweep()[1]
-    row = frameworks.compare(case, titan)
-    errors = ", ".join(f"{c} {row.error(c):+.2%}" for c in frameworks.CATEGORIES)
-    assert not row.failures(), f"{case.label()}: {errors}; at the peak: {row.peak_by_op}"
+    row = row_within_thresholds(case, titan)
     assert row.measured["grads"] == row.estimated["grads"]
 
 
 def test_memform_config_of_a_titan_case_reads_torchtitan_objects():
-    pytest.importorskip("torchtitan", reason="torchtitan is not installed")
-    from memform.validation.frameworks import titan
-
+    titan = _titan()
     cfg = titan.TitanCase("llama3_8b").memform_config()
     # torchtitan/models/llama3/__init__.py _8b and config_registry.py llama3_8b
     assert cfg["model"]["ffn_hidden_size"] == 14336 and cfg["model"]["num_kv_heads"] == 8
@@ -184,15 +180,13 @@ def test_dtensor_ops_are_traced_as_their_local_shard_ops():
     # DTensor wrapper (which holds no memory of its own) unless it defers to DTensor, which then runs the
     # local-shard ops -- the all-gather's output among them -- back through the mode
     import torch
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from memform.validation.ranks import fake_group
     from memform.validation.samples import StorageSamples
 
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
-    try:
+    with fake_group(4):
         mesh = init_device_mesh("cpu", (4,))
         x = distribute_tensor(torch.zeros(64, 256), mesh, [Shard(0)])   # 16 × 256 fp32 local = 16 KiB
         seen = {}
@@ -205,5 +199,3 @@ def test_dtensor_ops_are_traced_as_their_local_shard_ops():
             del y
         assert seen[False] == 0
         assert seen[True] >= 64 * 256 * 4          # at least the gathered 64 × 256 result
-    finally:
-        dist.destroy_process_group()

@@ -156,12 +156,16 @@ def _write(path: Path, text: str) -> None:
 @given(mutated_sources())
 def test_mutated_bundled_files_fail_cleanly(case):
     name, text = case
-    try:
-        parse_text(text, name)
-    except MemformError as exc:
-        assert_located(exc, {name})
     tmp = _tree_with(name, text)
     try:
+        # the mutated file parsed once, where load_program reads it (parse_file keeps the tree per path and
+        # text): a syntax error must name the mutated file; load_program would stop at the same error
+        # (parsing the same text first), so there is nothing more to check
+        try:
+            parse_file(display_path(tmp / name))
+        except MemformError as exc:
+            assert_located(exc, {name})
+            return
         try:
             load_program([tmp / name])
         except MemformError as exc:

@@ -448,12 +448,7 @@ def trace_step(model, static, forward, step, states,  # noqa: ANN001
     # params, grads (the accumulated unsharded ones too); the backend's scratch
     out = kept_serials | sampler.serials(grads) | sampler.tagged("backend") | sampler.tagged("accum")
     accumulated, _ = sampler.peak(lambda s: sampler.tags.get(s) == "accum")
-    peak, at = sampler.peak(lambda s: s not in out)
-    act_peak, act_at = sampler.peak(lambda s: s not in out and sampler.tags.get(s) != "fsdp")
-    fsdp_peak, fsdp_at = sampler.peak(lambda s: s not in out and sampler.tags.get(s) == "fsdp")
-    by_op = {"peak": sampler.by_op(at, lambda s: s not in out),
-             "activations_peak": sampler.by_op(act_at, lambda s: s not in out and sampler.tags.get(s) != "fsdp"),
-             "comm": sampler.by_op(fsdp_at, lambda s: s not in out and sampler.tags.get(s) == "fsdp")}
+    peak, act_peak, fsdp_peak, by_op = fsdp_peaks(sampler, out)
     step()
     measured = {"params": storage_bytes(shards) + kept_bytes, "grads": sum(st.nbytes() for st in grads) + accumulated,
                 "optimizer": storage_bytes(_local(t) for t in states()), "activations": activations, "activations_peak": act_peak,
@@ -462,6 +457,25 @@ def trace_step(model, static, forward, step, states,  # noqa: ANN001
     replayed = replay_reserved(sampler, static, [_local(t) for t in states()], sampler.stream_of)
     measured.update(replayed_figures(replayed))
     return measured, by_op
+
+
+def fsdp_peaks(sampler: _Samples, out: set[int]) -> tuple[int, int, int, dict[str, dict[str, int]]]:
+    """The step's peaks over every storage but ``out`` (the static ones, gradients, the backend's scratch):
+    all of them, the activations (all but FSDP's buffers, tagged "fsdp") and FSDP's buffers alone, and the
+    bytes per creating op live at each ("peak", "activations_peak", "comm"). :func:`trace_step`'s, and the
+    FSDP1 harness's (frameworks/hf_fsdp1.py)."""
+    def rest(s: int) -> bool:
+        return s not in out
+
+    def acts(s: int) -> bool:
+        return s not in out and sampler.tags.get(s) != "fsdp"
+
+    def fsdp(s: int) -> bool:
+        return s not in out and sampler.tags.get(s) == "fsdp"
+
+    (peak, at), (act_peak, act_at), (fsdp_peak, fsdp_at) = sampler.peak(rest), sampler.peak(acts), sampler.peak(fsdp)
+    return peak, act_peak, fsdp_peak, {"peak": sampler.by_op(at, rest), "activations_peak": sampler.by_op(act_at, acts),
+                                       "comm": sampler.by_op(fsdp_at, fsdp)}
 
 
 def format_table(rows: list[Row], thresholds: dict[str, float] | None = None) -> str:

@@ -7,6 +7,11 @@ and calls ``measure(payload_item, rank, world)`` for every item, in order, with 
 previous case's model, often held in reference cycles by hooks, is gone before the next is measured).
 The results travel back as JSON files, one per rank. ``measure`` must be a module-level function (it is
 pickled into the child processes) returning something JSON can hold.
+
+The fake-tensor harnesses (:mod:`.frameworks.titan`, :mod:`.frameworks.mcore`, ``bench/compiled_block.py``)
+trace one rank of a large job in this process instead: :func:`fake_group` opens torch's ``fake`` process
+group (``torch.testing._internal.distributed.fake_pg``: collectives return at once, nothing is sent) of the
+job's world size as that rank, and destroys it afterwards.
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ import json
 import os
 import socket
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 Measure = Callable[[Any, int, int], Any]
 
@@ -37,6 +43,19 @@ def spawn(world: int, measure: Measure, payload: list[Any], prefix: str = "memfo
         mp.spawn(_worker, args=(world, measure, payload, free_port(), tmp), nprocs=world, join=True)
         per_rank = [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(world)]
     return [[per_rank[r][i] for r in range(world)] for i in range(len(payload))]
+
+
+@contextmanager
+def fake_group(world: int, rank: int = 0) -> Iterator[None]:
+    """This process as rank ``rank`` of a ``fake`` process group of ``world`` ranks, for the ``with`` block."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def _worker(rank: int, world: int, measure: Measure, payload: list[Any], port: int, out_dir: str) -> None:

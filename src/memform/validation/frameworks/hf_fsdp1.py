@@ -201,7 +201,7 @@ def _stream_of(sampler: Any):  # noqa: ANN202
 def _run_rank(case: FSDP1Case, rank: int, world: int) -> tuple[dict[str, int], dict[str, Any]]:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    from ..fsdp2 import _Samples
+    from ..fsdp2 import _Samples, fsdp_peaks
     from ..tracker import storage_bytes, storages_of
     from .tracking import replay_reserved, replayed_figures
 
@@ -252,12 +252,7 @@ def _run_rank(case: FSDP1Case, rank: int, world: int) -> tuple[dict[str, int], d
                  if t is not None], "fsdp")
     grads = storages_of([*(h.flat_param.grad for h in handles), *(p.grad for p in params)])
     out = kept_serials | sampler.serials(grads) | sampler.tagged("backend")
-    peak, at = sampler.peak(lambda s: s not in out)
-    act_peak, act_at = sampler.peak(lambda s: s not in out and sampler.tags.get(s) != "fsdp")
-    fsdp_peak, fsdp_at = sampler.peak(lambda s: s not in out and sampler.tags.get(s) == "fsdp")
-    by_op = {"peak": sampler.by_op(at, lambda s: s not in out),
-             "activations_peak": sampler.by_op(act_at, lambda s: s not in out and sampler.tags.get(s) != "fsdp"),
-             "comm": sampler.by_op(fsdp_at, lambda s: s not in out and sampler.tags.get(s) == "fsdp")}
+    peak, act_peak, fsdp_peak, by_op = fsdp_peaks(sampler, out)
     grad_bytes = sum(st.nbytes() for st in grads)
     opt.step()
     measured = {"params": storage_bytes(shards) + kept_bytes + kept_static, "grads": grad_bytes + accumulated,

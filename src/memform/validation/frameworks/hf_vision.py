@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import imported_config
-from .hf import Step, _bytes
+from .hf import HFCase, Step, _bytes
 from .tracking import StepSamples, replay_reserved, replayed_figures
 
 #: the special tokens' ids (Qwen3-VL's are 151652, 151653, 151655; here the toy vocabulary's last rows)
@@ -124,21 +124,11 @@ class VLCase:
 
     # ---- memform's side ---------------------------------------------------------------------------
     def overrides(self) -> dict[str, Any]:
-        over: dict[str, Any] = {
-            "training.framework": "hf-trainer",
-            "model.seq_length": self.s,
-            "training.micro_batch_size": self.b,
-            "training.recompute": "full" if self.gc else "none",
-            "model.flash_attention": self.attn == "sdpa",
-            "training.precision.params": "bf16" if self.dtype == "bf16" else "fp32",
-            "model.vision.image_size": self.image,
-            "model.vision.images_per_sample": self.images,
-            "model.vision.frozen": self.frozen,
-        }
+        """:class:`.hf.HFCase`'s training set-up (the same fields) plus the vision keys."""
+        over: dict[str, Any] = {**HFCase.overrides(self), "model.vision.image_size": self.image,  # type: ignore[arg-type]
+                                "model.vision.images_per_sample": self.images, "model.vision.frozen": self.frozen}
         if self.lora_r:   # what memform import hf --adapter sets from the case's LoraConfig
             over.update({"lora.rank": self.lora_r, "lora.q_proj": True, "lora.v_proj": True})
-        if self.dtype == "amp-bf16":
-            over.update({"hf_trainer.amp": "bf16", "hf_trainer.autocast_device": self.device})
         return over
 
     def memform_config(self) -> dict[str, Any]:

@@ -283,22 +283,19 @@ _FAKE: dict[McoreCase, dict[int, dict[str, Any]]] = {}
 def _fake_job(d: dict[str, Any], stages: list[int]) -> list[dict[str, Any]]:
     """Rank 0 of each pipeline stage in ``stages`` of a fake job (only the stages asked for: the trace of a
     whole published stage takes minutes), one after the other in this process, each on a fresh ``fake``
-    process group of the job's world size with that rank (``torch.distributed.init_process_group("fake",
-    store=FakeStore())``: collectives and the schedule's p2p return at once, nothing is sent)."""
+    process group of the job's world size with that rank (:func:`..ranks.fake_group`: collectives and the
+    schedule's p2p return at once, nothing is sent)."""
     import torch
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from ..ranks import fake_group
 
     torch.set_num_threads(1)
     case = McoreCase(**d)
     out = []
     for stage in stages:
         rank = _rank_of(replace(case, stage=stage))
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=case.world)
-        try:
+        with fake_group(case.world, rank):
             out.append(_measure_item(d, rank, case.world))
-        finally:
-            dist.destroy_process_group()
         gc.collect()
     return out
 

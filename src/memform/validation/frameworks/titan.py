@@ -66,8 +66,9 @@ torchtitan imports unconditionally: about 1 GB, so it is not in the ``frameworks
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 #: the recipes of torchtitan/models/{llama3,deepseek_v3}/config_registry.py this harness runs
 RECIPES = ("llama3_debugmodel", "llama3_8b", "llama3_70b", "llama3_405b", "deepseek_v3_16b", "deepseek_v3_671b")
@@ -484,16 +485,45 @@ def _fused_rms_norm_class():  # noqa: ANN202 - a torch.autograd.Function
     return FusedRMSNorm
 
 
-def measure(case: TitanCase) -> Step:
+@contextmanager
+def fake_rank(config, world: int, rank: int = 0) -> Iterator[tuple[Any, Any]]:  # noqa: ANN001
+    """Rank ``rank`` of torchtitan's job ``config`` on ``world`` fake ranks, set up as ``Trainer.__init__`` does
+    it: a ``fake`` process group (:func:`..ranks.fake_group`), ``ParallelDims.build_mesh``, the SPMD backend,
+    the model config updated from the job and the model built on meta in ``training.dtype``. Yields
+    (ParallelDims, the meta model); the group is destroyed after the block."""
     import torch
-    import torch.distributed as dist
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    config = case.job()
     from torchtitan.distributed import utils as dist_utils
     from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.tools.utils import set_default_dtype
+
+    from ..ranks import fake_group
+
+    with fake_group(world, rank):
+        dims = ParallelDims.from_config(config.parallelism, world)
+        dims.build_mesh()
+        dist_utils.set_spmd_backend(config.parallelism.spmd_backend)
+        mc = config.model_spec.model
+        mc.update_from_config(config=config)
+        with torch.device("meta"), set_default_dtype(getattr(torch, config.training.dtype)):
+            model = mc.build()
+        yield dims, model
+
+
+def parallelize(config, dims, model):  # noqa: ANN001, ANN201 - torchtitan's parallelized model
+    """The recipe's ``parallelize_fn`` (parallelize_llama, parallelize_deepseekv3) on the meta model, as
+    ``Trainer.__init__`` calls it without pipelining (outside fake mode: DeviceMesh bookkeeping reads real
+    rank tensors)."""
+    return config.model_spec.parallelize_fn(
+        model, parallel_dims=dims, training=config.training, parallelism=config.parallelism,
+        compile_config=config.compile, ac_config=config.activation_checkpoint, dump_folder=config.dump_folder)
+
+
+def measure(case: TitanCase) -> Step:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    config = case.job()
+    from torchtitan.distributed import utils as dist_utils
 
     from ..fsdp2 import _local, trace_step
     from ..tracker import storages_of
@@ -501,21 +531,13 @@ def measure(case: TitanCase) -> Step:
     # the traced rank: rank 0, or with PP the first rank of the stage (pp is the outermost mesh dimension:
     # ParallelDims.build_mesh ["pp", "dp_replicate", "fsdp", "cp", "tp"])
     rank = case.stage * (case.world // case.pp)
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=case.world)
-    try:
-        dims = ParallelDims.from_config(config.parallelism, case.world)
-        dims.build_mesh()
-        dist_utils.set_spmd_backend(config.parallelism.spmd_backend)
+    with fake_rank(config, case.world, rank) as (dims, model):
         mc = config.model_spec.model
-        mc.update_from_config(config=config)
-        with torch.device("meta"), set_default_dtype(getattr(torch, config.training.dtype)):
-            model = mc.build()
-            if case.fp8_all_gather:
-                _float8_all_gather(model)
+        if case.fp8_all_gather:
+            _float8_all_gather(model)
         loss_fn = config.loss.build(compile_config=config.compile)
-        # parallelized on meta, as the Trainer does (outside fake mode: DeviceMesh bookkeeping reads real
-        # rank tensors); materialised as fake tensors. With PP: pipeline_llm splits the model into this
-        # rank's stage and parallelizes it (Trainer.__init__)
+        # parallelized on meta, as the Trainer does; materialised as fake tensors. With PP: pipeline_llm splits
+        # the model into this rank's stage and parallelizes it (Trainer.__init__)
         if case.pp > 1:
             schedule, parts, first, last = config.model_spec.pipelining_fn(
                 model, parallel_dims=dims, training=config.training, parallelism=config.parallelism,
@@ -527,10 +549,7 @@ def measure(case: TitanCase) -> Step:
             model = parts[0]
         else:
             first = last = True
-            model = config.model_spec.parallelize_fn(
-                model, parallel_dims=dims, training=config.training, parallelism=config.parallelism,
-                compile_config=config.compile, ac_config=config.activation_checkpoint,
-                dump_folder=config.dump_folder)
+            model = parallelize(config, dims, model)
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device="cpu")
             trunc = torch.nn.init._no_grad_trunc_normal_
@@ -578,8 +597,6 @@ def measure(case: TitanCase) -> Step:
                               for t in st.values() if isinstance(t, torch.Tensor)]
             measured, by_op = trace_step(model, static, forward, step, states, tensor_parallel=case.tp > 1,
                                          copy_out_is_fsdp=True, probe=probe if case.pp > 1 else None)
-    finally:
-        dist.destroy_process_group()
     return Step(measured, by_op.get("activations_peak", {}), by_op)
 
 
