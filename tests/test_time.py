@@ -399,7 +399,10 @@ def test_context_parallelism_on_a_short_sequence_costs_time():
 
 def test_zero_2_and_zero_3_data_parallel_traffic():
     # ZeRO (Rajbhandari et al. 2020) §7.1-7.2, in DeepSpeed's bf16 (it communicates in the model's dtype):
-    # ZeRO-2 reduce-scatters the gradients and all-gathers the updated parameters once per step (2Ψ);
+    # ZeRO-2 reduce-scatters the gradients after every micro-batch's backward (its gradients stay sharded:
+    # DeepSpeed stage_1_and_2.py reduce_ready_partitions_and_remove_grads, "if self.partition_gradients or
+    # self.is_gradient_accumulation_boundary()") and all-gathers the updated parameters once per step
+    # ((m + 1)Ψ; 2Ψ in one micro-batch);
     # ZeRO-3 all-gathers the parameters for forward and again for backward and reduce-scatters the
     # gradients, every micro-batch (3Ψ), prefetched under that micro-batch's compute: only the excess shows
     d, m = 4, 4
@@ -409,8 +412,26 @@ def test_zero_2_and_zero_3_data_parallel_traffic():
     est = numbers(cfg)
     phi = est.stages[0].param_count
     ring = Fraction(d - 1, d) * phi * 2 * 10 ** 4    # one reduce-scatter or all-gather of Φ bf16 values
-    assert est.stages[0].time_ps["dp"] == pytest.approx(2 * ring, abs=16)
+    assert est.stages[0].time_ps["dp"] == pytest.approx((m + 1) * ring, abs=16)   # overlap_comm off: exposed
+    one = gpt(dp=d, m=1, zero=2)
+    one["training"]["framework"] = "deepspeed"
+    one["device"]["intra_node_bandwidth"] = 10 ** 8
+    assert numbers(one).stages[0].time_ps["dp"] == pytest.approx(2 * ring, abs=16)
+    # with overlap_comm each reduce-scatter hides under its own micro-batch's backward (2/3 of its compute
+    # without recompute, Narayanan §5.1), not under the whole step's; the parameters' all-gather after the
+    # optimizer step has no backward left to hide under
+    cfg["training"]["recompute"] = "none"
+    ovl = {"deepspeed.overlap_comm": True}
+    est = numbers(cfg, ovl)
+    st = est.stages[0]
+    bwd_ps = Fraction(2, 3) * st.time_ps["compute"] / m
+    assert 0 < bwd_ps < ring
+    assert st.time_ps["dp"] == pytest.approx(m * (ring - bwd_ps) + ring, abs=64)
+    cfg["parallel"]["grad_accumulation_shard"] = False   # gradients accumulated unsharded: once per step
+    assert numbers(cfg, ovl).stages[0].time_ps["dp"] < 2 * ring
     cfg["parallel"]["zero"] = 3
+    del cfg["parallel"]["grad_accumulation_shard"]
+    cfg["training"]["recompute"] = "full"
     est = numbers(cfg)
     st = est.stages[0]
     assert st.time_ps["dp"] == pytest.approx(m * 3 * ring - st.time_ps["compute"], abs=64)
