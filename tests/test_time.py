@@ -445,6 +445,42 @@ def test_zero_2_and_zero_3_data_parallel_traffic():
     assert st.time_ps["dp"] == pytest.approx(m * per_mb - st.time_ps["compute"], abs=64)
 
 
+def test_zero_2_reduces_in_every_backward_as_deepspeed_measured():
+    # the recording of bench/ds_zero2_reduce_count.py (DeepSpeed 0.19.8, two CPU ranks, 4 micro-batches): ZeRO-2
+    # reduces the whole gradient buffer in each of the 4 backwards, ZeRO-1 only in the last one; time.mf prices
+    # the same count, m reduce-scatters for ZeRO-2 and one for ZeRO-1 (zero2_rs_mb)
+    text = (ROOT / "bench" / "results" / "issue33-stop49" / "ds_zero2_reduce_count.txt").read_text(encoding="utf-8")
+    stages = {}
+    for block in text.split("ZeRO-")[1:]:
+        stage = int(block[0])
+        stages[stage] = {line.split("  ")[1].strip(): line for line in block.splitlines()[1:] if line.startswith("  ")}
+    reduced = {st: sorted(ph for ph, line in rows.items() if ph.startswith("backward") and "all_reduce 1.000" in line)
+               for st, rows in stages.items()}
+    m = 4
+    assert reduced[1] == [f"backward {m - 1}"]
+    assert reduced[2] == [f"backward {i}" for i in range(m)]
+    d = 2
+    rings = {}
+    for zero in (1, 2):
+        cfg = gpt(dp=d, m=m, zero=zero)
+        cfg["training"]["framework"] = "deepspeed"
+        cfg["device"]["intra_node_bandwidth"] = 10 ** 8
+        est = numbers(cfg)
+        rings[zero] = est.stages[0].time_ps["dp"] / (Fraction(d - 1, d) * est.stages[0].param_count * 2 * 10 ** 4)
+    assert rings[1] == pytest.approx(2, abs=1e-9) and rings[2] == pytest.approx(m + 1, abs=1e-9)
+    # Megatron-FSDP (the default profile's ZeRO-2) overlaps the reduce-scatter whatever --overlap-grad-reduce
+    # says (megatron_fsdp.py MegatronFSDP.__init__): each fp32 reduce-scatter shows only beyond its backward
+    cfg = gpt(dp=d, m=m, zero=2)
+    cfg["training"]["recompute"] = "none"
+    cfg["device"]["intra_node_bandwidth"] = 10 ** 8
+    st = numbers(cfg).stages[0]
+    phi = st.param_count
+    rs, ag = (Fraction(d - 1, d) * phi * w * 10 ** 4 for w in (4, 2))
+    bwd = Fraction(2, 3) * st.time_ps["compute"] / m
+    assert 0 < bwd < rs
+    assert st.time_ps["dp"] == pytest.approx(m * (rs - bwd) + ag, abs=64)
+
+
 def test_a_multi_token_prediction_module_adds_its_block_head_and_embedding_collectives():
     # DeepSeek-V3 §2.2: an MTP module embeds the next token with the shared embedding, projects, runs one
     # transformer block and the shared head. In Shoeybi et al.'s count (one all-reduce of s·b·h each):
