@@ -481,6 +481,27 @@ def test_zero_2_reduces_in_every_backward_as_deepspeed_measured():
     assert st.time_ps["dp"] == pytest.approx(m * (rs - bwd) + ag, abs=64)
 
 
+def test_fsdp_without_gradient_sync_reduce_scatters_once_per_step():
+    # FSDP2 with gradient sync off over m > 1 micro-batches (parallel.grad_accumulation_shard: false; FSDP
+    # no_sync, Zhao et al. 2023 §3.2.4 "accumulate unsharded gradients", which the memory model holds) still
+    # gathers its parameters in every micro-batch but reduce-scatters once, under the last backward
+    d, m = 4, 4
+    got = {}
+    for sync in (True, False):
+        cfg = gpt(dp=d, m=m, zero=3)
+        cfg["training"].update(framework="fsdp2", recompute="none")
+        cfg["parallel"]["grad_accumulation_shard"] = sync
+        cfg["device"]["intra_node_bandwidth"] = 10 ** 8
+        got[sync] = numbers(cfg).stages[0]
+    st = got[True]
+    ring = Fraction(d - 1, d) * st.param_count * 10 ** 4           # ps per byte per parameter
+    gathers, rs = 2 * 2 * ring, 4 * ring                             # bf16 forward + backward gathers, fp32 reduce-scatter
+    per_mb = st.time_ps["compute"] / m
+    assert st.time_ps["dp"] == pytest.approx(m * (gathers + rs - per_mb), abs=64)
+    bwd = Fraction(2, 3) * per_mb
+    assert got[False].time_ps["dp"] == pytest.approx(m * (gathers - per_mb) + rs - bwd, abs=64)
+
+
 def test_a_multi_token_prediction_module_adds_its_block_head_and_embedding_collectives():
     # DeepSeek-V3 §2.2: an MTP module embeds the next token with the shared embedding, projects, runs one
     # transformer block and the shared head. In Shoeybi et al.'s count (one all-reduce of s·b·h each):
