@@ -141,19 +141,25 @@ def test_complexity_counts_parallel_dimensions_and_short_sequence_cp(row, seq, p
 
 
 def test_the_simplest_plan_within_the_tolerance_comes_first_and_says_why():
-    # Llama 3 8B on 8 GPUs: ZeRO-3 is 4 % faster than ZeRO-2 in the model and CP 2 within 5 % too: plain
-    # data parallelism with ZeRO-2 is the plan a practitioner runs
+    # Llama 3 8B on 8 GPUs: plain data parallelism with ZeRO-2 is the plan a practitioner runs, and first; ZeRO-3
+    # is within 5 % (0.3 % slower in the model) and listed next. (Before ZeRO-2's reduce-scatter per
+    # micro-batch, time.mf zero2_rs_mb, with Megatron-FSDP's forced overlap, ZeRO-3 was the fastest by 0.3 %
+    # and plain ZeRO-2 came first as the simplest within the tolerance: test_the_simpler_plan_within_the_
+    # tolerance_survives_and_wins holds that rule)
     model = load_model(CFG)
     result = search(model, default_space(model, 8))
-    top = result.plans()[0]
-    assert (top["dp"], top["tp"], top["pp"], top["cp"]) == (8, 1, 1, 1) and top["zero"] != 3
-    assert "no ZeRO-3" in top["why"] and f"within {TIE_TOLERANCE:.0%}" in top["why"]
+    plans = result.plans()
+    top = plans[0]
+    assert (top["dp"], top["tp"], top["pp"], top["cp"]) == (8, 1, 1, 1) and top["zero"] == 2
+    assert (plans[1]["dp"], plans[1]["zero"]) == (8, 3)
+    assert plans[1]["step_seconds"] <= (1 + TIE_TOLERANCE) * top["step_seconds"]
+    assert f"within {TIE_TOLERANCE:.0%}" in top["why"] and "uses nothing" in top["why"]
     # the command's JSON and table, in this process (the search just run is cached: tests/cli_inprocess.py)
     r = memform_in_process("search", CFG, "--devices", "8", "--format", "json", "--no-progress", "--top", "3")
     rows = json.loads(r.stdout)["rows"]
     assert "why" in rows[0] and all("why" not in x for x in rows[1:])
     r = memform_in_process("search", CFG, "--devices", "8", "--no-progress", "--top", "3")
-    assert "first row: the simplest of the" in r.stdout
+    assert "first row: the fastest step" in r.stdout
 
 
 def test_plans_far_slower_than_the_best_are_dropped_unless_all():

@@ -399,7 +399,10 @@ def test_context_parallelism_on_a_short_sequence_costs_time():
 
 def test_zero_2_and_zero_3_data_parallel_traffic():
     # ZeRO (Rajbhandari et al. 2020) §7.1-7.2, in DeepSpeed's bf16 (it communicates in the model's dtype):
-    # ZeRO-2 reduce-scatters the gradients and all-gathers the updated parameters once per step (2Ψ);
+    # ZeRO-2 reduce-scatters the gradients after every micro-batch's backward (its gradients stay sharded:
+    # DeepSpeed stage_1_and_2.py reduce_ready_partitions_and_remove_grads, "if self.partition_gradients or
+    # self.is_gradient_accumulation_boundary()") and all-gathers the updated parameters once per step
+    # ((m + 1)Ψ; 2Ψ in one micro-batch);
     # ZeRO-3 all-gathers the parameters for forward and again for backward and reduce-scatters the
     # gradients, every micro-batch (3Ψ), prefetched under that micro-batch's compute: only the excess shows
     d, m = 4, 4
@@ -409,8 +412,26 @@ def test_zero_2_and_zero_3_data_parallel_traffic():
     est = numbers(cfg)
     phi = est.stages[0].param_count
     ring = Fraction(d - 1, d) * phi * 2 * 10 ** 4    # one reduce-scatter or all-gather of Φ bf16 values
-    assert est.stages[0].time_ps["dp"] == pytest.approx(2 * ring, abs=16)
+    assert est.stages[0].time_ps["dp"] == pytest.approx((m + 1) * ring, abs=16)   # overlap_comm off: exposed
+    one = gpt(dp=d, m=1, zero=2)
+    one["training"]["framework"] = "deepspeed"
+    one["device"]["intra_node_bandwidth"] = 10 ** 8
+    assert numbers(one).stages[0].time_ps["dp"] == pytest.approx(2 * ring, abs=16)
+    # with overlap_comm each reduce-scatter hides under its own micro-batch's backward (2/3 of its compute
+    # without recompute, Narayanan §5.1), not under the whole step's; the parameters' all-gather after the
+    # optimizer step has no backward left to hide under
+    cfg["training"]["recompute"] = "none"
+    ovl = {"deepspeed.overlap_comm": True}
+    est = numbers(cfg, ovl)
+    st = est.stages[0]
+    bwd_ps = Fraction(2, 3) * st.time_ps["compute"] / m
+    assert 0 < bwd_ps < ring
+    assert st.time_ps["dp"] == pytest.approx(m * (ring - bwd_ps) + ring, abs=64)
+    cfg["parallel"]["grad_accumulation_shard"] = False   # gradients accumulated unsharded: once per step
+    assert numbers(cfg, ovl).stages[0].time_ps["dp"] < 2 * ring
     cfg["parallel"]["zero"] = 3
+    del cfg["parallel"]["grad_accumulation_shard"]
+    cfg["training"]["recompute"] = "full"
     est = numbers(cfg)
     st = est.stages[0]
     assert st.time_ps["dp"] == pytest.approx(m * 3 * ring - st.time_ps["compute"], abs=64)
@@ -422,6 +443,63 @@ def test_zero_2_and_zero_3_data_parallel_traffic():
     st = est.stages[0]
     per_mb = Fraction(d - 1, d) * phi * (2 + 2 + 4) * 10 ** 4
     assert st.time_ps["dp"] == pytest.approx(m * per_mb - st.time_ps["compute"], abs=64)
+
+
+def test_zero_2_reduces_in_every_backward_as_deepspeed_measured():
+    # the recording of bench/ds_zero2_reduce_count.py (DeepSpeed 0.19.8, two CPU ranks, 4 micro-batches): ZeRO-2
+    # reduces the whole gradient buffer in each of the 4 backwards, ZeRO-1 only in the last one; time.mf prices
+    # the same count, m reduce-scatters for ZeRO-2 and one for ZeRO-1 (zero2_rs_mb)
+    text = (ROOT / "bench" / "results" / "issue33-stop49" / "ds_zero2_reduce_count.txt").read_text(encoding="utf-8")
+    stages = {}
+    for block in text.split("ZeRO-")[1:]:
+        stage = int(block[0])
+        stages[stage] = {line.split("  ")[1].strip(): line for line in block.splitlines()[1:] if line.startswith("  ")}
+    reduced = {st: sorted(ph for ph, line in rows.items() if ph.startswith("backward") and "all_reduce 1.000" in line)
+               for st, rows in stages.items()}
+    m = 4
+    assert reduced[1] == [f"backward {m - 1}"]
+    assert reduced[2] == [f"backward {i}" for i in range(m)]
+    d = 2
+    rings = {}
+    for zero in (1, 2):
+        cfg = gpt(dp=d, m=m, zero=zero)
+        cfg["training"]["framework"] = "deepspeed"
+        cfg["device"]["intra_node_bandwidth"] = 10 ** 8
+        est = numbers(cfg)
+        rings[zero] = est.stages[0].time_ps["dp"] / (Fraction(d - 1, d) * est.stages[0].param_count * 2 * 10 ** 4)
+    assert rings[1] == pytest.approx(2, abs=1e-9) and rings[2] == pytest.approx(m + 1, abs=1e-9)
+    # Megatron-FSDP (the default profile's ZeRO-2) overlaps the reduce-scatter whatever --overlap-grad-reduce
+    # says (megatron_fsdp.py MegatronFSDP.__init__): each fp32 reduce-scatter shows only beyond its backward
+    cfg = gpt(dp=d, m=m, zero=2)
+    cfg["training"]["recompute"] = "none"
+    cfg["device"]["intra_node_bandwidth"] = 10 ** 8
+    st = numbers(cfg).stages[0]
+    phi = st.param_count
+    rs, ag = (Fraction(d - 1, d) * phi * w * 10 ** 4 for w in (4, 2))
+    bwd = Fraction(2, 3) * st.time_ps["compute"] / m
+    assert 0 < bwd < rs
+    assert st.time_ps["dp"] == pytest.approx(m * (rs - bwd) + ag, abs=64)
+
+
+def test_fsdp_without_gradient_sync_reduce_scatters_once_per_step():
+    # FSDP2 with gradient sync off over m > 1 micro-batches (parallel.grad_accumulation_shard: false; FSDP
+    # no_sync, Zhao et al. 2023 §3.2.4 "accumulate unsharded gradients", which the memory model holds) still
+    # gathers its parameters in every micro-batch but reduce-scatters once, under the last backward
+    d, m = 4, 4
+    got = {}
+    for sync in (True, False):
+        cfg = gpt(dp=d, m=m, zero=3)
+        cfg["training"].update(framework="fsdp2", recompute="none")
+        cfg["parallel"]["grad_accumulation_shard"] = sync
+        cfg["device"]["intra_node_bandwidth"] = 10 ** 8
+        got[sync] = numbers(cfg).stages[0]
+    st = got[True]
+    ring = Fraction(d - 1, d) * st.param_count * 10 ** 4           # ps per byte per parameter
+    gathers, rs = 2 * 2 * ring, 4 * ring                             # bf16 forward + backward gathers, fp32 reduce-scatter
+    per_mb = st.time_ps["compute"] / m
+    assert st.time_ps["dp"] == pytest.approx(m * (gathers + rs - per_mb), abs=64)
+    bwd = Fraction(2, 3) * per_mb
+    assert got[False].time_ps["dp"] == pytest.approx(m * (gathers - per_mb) + rs - bwd, abs=64)
 
 
 def test_a_multi_token_prediction_module_adds_its_block_head_and_embedding_collectives():
