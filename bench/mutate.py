@@ -27,7 +27,9 @@ for a sibling (h<->f, t<->cp, g<->a). Each mutant is then classified, in this or
                  dp/tp/cp/ep/expert-tp/ZeRO/SP/distributed optimizer x each ``option`` of the loaded formula
                  files (drawn from its type's values), repaired where the loader refuses -- plus a targeted
                  draw for each value of a finite-valued option no draw reached (the run prints how many of
-                 them the space reaches, and which not). Each draw is then widened (:func:`_widen`; ``--space
+                 them the space reaches, and which not; the values are read from every formula file, and
+                 ``--coverage`` draws the space alone and records bench/results/mutate-coverage.json, which
+                 tests/test_mutate.py holds the files' declarations to). Each draw is then widened (:func:`_widen`; ``--space
                  narrow`` leaves this out: stop 43's space): a device preset (so that step-time terms are
                  told apart as step-time), a sequence length, the width with the head count, the layer count,
                  and one or two of the base's keys that a formula declares with a default DROPPED (the
