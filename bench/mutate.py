@@ -1244,6 +1244,11 @@ STOP49_PAIR_DRAWS: tuple[tuple[str, str, dict], ...] = (
     ("torch dualpipev x leading dense layers x full recompute", "configs/deepseek-v3.yaml",
      {"training.framework": "torch", "parallel.pp": 2, "parallel.vpp": 2, "training.num_micro_batches": 4,
       "parallel.pp_schedule": "torch-dualpipev", "training.recompute": "full", "model.num_layers": 8}),
+    # NemotronHRMSNorm's fp32 output under the transformers modeling with TP 2 + SP (hf-trainer/mamba.mf norm: the
+    # sequence split of its 8h + 4 bytes per token), which no draw joined
+    ("hf-trainer x nemotron-h fp32 norm output x TP 2 + SP", "configs/nemotron-h-8b.yaml",
+     {**_HF, "parallel.tp": 2, "parallel.sequence_parallel": True, "parallel.dp": 1,
+      "hf_trainer.modeling": "transformers", "model.norm_fp32_output": True}),
 )
 
 
