@@ -27,7 +27,9 @@ for a sibling (h<->f, t<->cp, g<->a). Each mutant is then classified, in this or
                  dp/tp/cp/ep/expert-tp/ZeRO/SP/distributed optimizer x each ``option`` of the loaded formula
                  files (drawn from its type's values), repaired where the loader refuses -- plus a targeted
                  draw for each value of a finite-valued option no draw reached (the run prints how many of
-                 them the space reaches, and which not). Each draw is then widened (:func:`_widen`; ``--space
+                 them the space reaches, and which not; the values are read from every formula file, and
+                 ``--coverage`` draws the space alone and records bench/results/mutate-coverage.json, which
+                 tests/test_mutate.py holds the files' declarations to). Each draw is then widened (:func:`_widen`; ``--space
                  narrow`` leaves this out: stop 43's space): a device preset (so that step-time terms are
                  told apart as step-time), a sequence length, the width with the head count, the layer count,
                  and one or two of the base's keys that a formula declares with a default DROPPED (the
@@ -659,6 +661,10 @@ def _classify_batch(mutants: list[Mutant], time_model: bool = False) -> list[tup
 
 #: framework profiles a draw picks from (formulas/frameworks/NAME.mf)
 PROFILES = ("megatron", "deepspeed", "fsdp2", "hf-trainer", "torch", "mindspore")
+#: (stop 49) the profiles a random draw picks from: PROFILES and the three that compose them (torch's FSDP1 and the
+#: HF Trainer over FSDP1 / FSDP2), which no random draw loaded before (PROFILES stays the recompute x profile pairs'
+#: list, so that their ``P<k>`` numbers keep)
+DRAW_PROFILES = PROFILES + ("fsdp1", "hf-fsdp1", "hf-fsdp2")
 #: draws the equivalence check estimates by default (per --seed); every mutant is checked against the
 #: draws that read its file, stopping at the first that tells it apart
 DEFAULT_DRAWS = 48
@@ -667,7 +673,7 @@ DRAW_SEED = 35
 #: a draw the loader refuses is drawn again (a new set of choices), at most this many times
 REDRAWS = 8
 #: a value no draw reached gets this many targeted draws (on bases whose files declare its option)
-TARGET_TRIES = 4
+TARGET_TRIES = 6
 #: toy architectures beside the bundled configs: the hybrid stack (mamba.mf) at 8 layers with every
 #: layer kind in reach (M Mamba-2, * attention, - MLP, E MoE, P parallel hybrid, S Mamba-1, C LFM2 conv),
 #: and a vision tower in front of a MoE language model (vision-moe.mf), so that every formula file is read
@@ -773,7 +779,7 @@ def _program_of(raw: dict, overrides: dict):
 
 
 def _draw_once(rng: random.Random, raw: dict, p_option: float, time_model: bool = False) -> dict:
-    over: dict = {"training.framework": rng.choice(PROFILES)}
+    over: dict = {"training.framework": rng.choice(DRAW_PROFILES)}
     for key, values in STRUCTURAL_DRAWS.items():
         over[key] = rng.choice(values)
     program = _program_of(raw, over)
@@ -1163,6 +1169,19 @@ REFUSAL_DRAWS: tuple[tuple[str, str, dict], ...] = (
     ("GQA heads not divisible by tp", "configs/llama3-8b.yaml", {"parallel.tp": 16, "parallel.dp": 1}),
     ("offload_param without ZeRO-3", "configs/llama3-8b.yaml",
      {"training.framework": "deepspeed", "parallel.zero": 2, "deepspeed.offload_param": "cpu"}),
+    # (stop 49) option values every config refuses, so that the space holds them (option_coverage counts a value a
+    # refusal draw pins): DeepSpeed's pipeline engine runs 1f1b only (deepspeed.mf ds_pp: the one profile whose
+    # option lists dualpipe), Megatron's --main-params-dtype is fp32 or fp16 (megatron-core.mf pao_master), the TE
+    # op fuser's grouped expert MLP is not modelled as an offloaded module (offload-decoder.mf fg_mods)
+    ("deepspeed x dualpipe", "configs/llama3-8b.yaml",
+     {"training.framework": "deepspeed", "parallel.pp": 2, "parallel.vpp": 2, "training.num_micro_batches": 4,
+      "parallel.pp_schedule": "dualpipe"}),
+    ("megatron main params in fp8", "configs/llama3-8b.yaml",
+     {"training.framework": "megatron", "megatron.main_params_dtype": "fp8"}),
+    ("image tokens beyond the sequence", "toy-vision-moe", {"model.seq_length": 62}),
+    ("offloaded fused grouped MLP", "configs/mixtral-8x7b.yaml",
+     {"training.framework": "megatron", "training.activation_offload": "modules",
+      "training.activation_offload_modules": ["fused_group_mlp"]}),
 )
 
 #: recompute x profile x schedule: each profile under selective and full recompute with a pipeline, its
@@ -1215,6 +1234,24 @@ STOP48_PAIR_DRAWS: tuple[tuple[str, str, dict], ...] = (
 )
 
 
+#: stop 49 (issue 35): a vision model whose image tokens fill its sequence exactly (vision.mf's require at its
+#: limit: a loosened or tightened merge^2 tells apart; the refusal draw below is one token pair short), and
+#: torch's DualPipeV over DeepSeek-V3 at 8 layers under full recompute (stage 0's chunk 0 holds two of its dense first layers,
+#: chunk 1 MoE layers, so which chunk's recompute term torch.mf's backward moment reads matters; the hybrid toy
+#: under torch's V schedules is refused: torch_p2p's bytes come out negative at stage 0, a bug left for the lead)
+STOP49_PAIR_DRAWS: tuple[tuple[str, str, dict], ...] = (
+    ("vision x image tokens filling the sequence", "toy-vision-moe", {"model.seq_length": 64}),
+    ("torch dualpipev x leading dense layers x full recompute", "configs/deepseek-v3.yaml",
+     {"training.framework": "torch", "parallel.pp": 2, "parallel.vpp": 2, "training.num_micro_batches": 4,
+      "parallel.pp_schedule": "torch-dualpipev", "training.recompute": "full", "model.num_layers": 8}),
+    # NemotronHRMSNorm's fp32 output under the transformers modeling with TP 2 + SP (hf-trainer/mamba.mf norm: the
+    # sequence split of its 8h + 4 bytes per token), which no draw joined
+    ("hf-trainer x nemotron-h fp32 norm output x TP 2 + SP", "configs/nemotron-h-8b.yaml",
+     {**_HF, "parallel.tp": 2, "parallel.sequence_parallel": True, "parallel.dp": 1,
+      "hf_trainer.modeling": "transformers", "model.norm_fp32_output": True}),
+)
+
+
 def pair_draws(seed: int) -> list[Draw]:
     """The option-pair draws (:data:`PAIR_DRAWS`, and recompute x profile x schedule), each pinned, repaired
     only in its unpinned keys (:func:`_repair`), ``draw P<k>``; refused ones are named on stderr."""
@@ -1238,7 +1275,8 @@ def pair_draws(seed: int) -> list[Draw]:
                 if sched in V_SCHEDULES:
                     over["parallel.vpp"] = 2
                 items.append((f"{prof} x {rc} x {sched}", base, over))
-    items += [(why, base, dict(over)) for why, base, over in MORE_PAIR_DRAWS + STOP47_PAIR_DRAWS + STOP48_PAIR_DRAWS]
+    items += [(why, base, dict(over)) for why, base, over in MORE_PAIR_DRAWS + STOP47_PAIR_DRAWS + STOP48_PAIR_DRAWS
+              + STOP49_PAIR_DRAWS]
     last_group = ""
     for i, (why, base, over) in enumerate(items):
         group = why.rsplit(" x ", 1)[0] if " x selective x " in why or " x full x " in why else why
@@ -1290,44 +1328,74 @@ def draw_configs(seed: int, n: int, p_option: float = 0.35, time_model: bool = F
     if not targeted:
         return out
     _, _, missing = option_coverage(out)
-    k = 0
-    for item in missing:
-        key, value = item.split("=", 1)
-        where = _declared_in(key)
-        profile = next((p for p in PROFILES if where and (f"frameworks/{p}.mf" in where or f"frameworks/{p}/" in where)),
-                       None)
-        rng = random.Random(f"{seed}:{item}")
-        tries = 0
-        for t in range(len(bases)):
-            name, raw = bases[(k + t) % len(bases)]
-            if tries == TARGET_TRIES:
-                break
-            try:
-                over = _draw_once(rng, raw, p_option, time_model)
-            except MemformError:
-                continue
-            if profile:
-                over["training.framework"] = profile
-            over[key] = _parse_value(value)
-            pinned: tuple[str, ...] = (key,)
-            if key == "parallel.pp_schedule" and value in V_SCHEDULES:
-                # a V schedule needs two chunks per stage and a pipeline (its require): pinned with it, or the
-                # repair takes vpp back and the value is never reached (stop 43: torch-zbv, zero-bubble-v)
-                over.update({"parallel.pp": 2, "parallel.vpp": 2, "training.num_micro_batches": 4})
-                pinned += ("parallel.pp", "parallel.vpp", "training.num_micro_batches")
-            if not _declares(raw, over, key):
-                continue
-            if wide:
-                _widen(random.Random(f"{seed}:{item}:{t}:wide"), raw, over, keep=pinned)
-            tries += 1
-            attempts = _repair(raw, over, rng, keep=pinned)
-            if attempts:
-                out.append(Draw(f"T{k}", name, over, attempts))
-                break
-        k += 1
+    for k, item in enumerate(missing):
+        d = targeted_draw(item, k, seed, bases, p_option, time_model, wide)
+        if d is not None:
+            out.append(d)
     if pairs:
         out += pair_draws(seed)
     return out
+
+
+def targeted_draw(item: str, k: int, seed: int, bases: list | None = None, p_option: float = 0.35,
+                  time_model: bool = False, wide: bool = True) -> Draw | None:
+    """The targeted draw ``T<k>`` of one option value ``item`` (``key=value``; :func:`draw_configs`), or None when
+    the loader refuses each of its :data:`TARGET_TRIES` tries: bases that declare the key in turn (from the
+    ``k``-th), under each profile whose program holds the declaring file in turn (:func:`_profiles_loading`; for a
+    model file's option the drawn profile, then the others of :data:`PROFILES`), with the value and its
+    :data:`TARGET_PINS` pinned."""
+    from memform.errors import MemformError
+
+    bases = bases or _bases()
+    key, value = item.split("=", 1)
+    where = _declared_in(key)
+    # (stop 49) every profile whose program holds the declaring file, in turn: fsdp1.mf is loaded by the
+    # fsdp1 and hf-fsdp1 profiles, neither of them in PROFILES, so no targeted draw reached its 18 values
+    profiles = _profiles_loading(where)
+    extra = TARGET_PINS.get(item, {})
+    rng = random.Random(f"{seed}:{item}")
+    tries = 0
+    for t in range(len(bases) * max(1, len(profiles))):
+        name, raw = bases[(k + t) % len(bases)]
+        if tries == TARGET_TRIES:
+            break
+        try:
+            over = _draw_once(rng, raw, p_option, time_model)
+        except MemformError:
+            continue
+        if profiles:
+            over["training.framework"] = profiles[t % len(profiles)]
+        elif t:
+            over["training.framework"] = PROFILES[t % len(PROFILES)]
+        over[key] = _parse_value(value)
+        pinned: tuple[str, ...] = (key,)
+        if extra:
+            over.update(extra)
+            pinned += tuple(extra)
+        if key == "parallel.pp_schedule" and value in V_SCHEDULES:
+            # a V schedule needs two chunks per stage and a pipeline (its require): pinned with it, or the
+            # repair takes vpp back and the value is never reached (stop 43: torch-zbv, zero-bubble-v)
+            over.update({"parallel.pp": 2, "parallel.vpp": 2, "training.num_micro_batches": 4})
+            pinned += ("parallel.pp", "parallel.vpp", "training.num_micro_batches")
+        if not _declares(raw, over, key):
+            continue
+        if wide:
+            _widen(random.Random(f"{seed}:{item}:{t}:wide"), raw, over, keep=pinned)
+        tries += 1
+        attempts = _repair(raw, over, rng, keep=pinned)
+        if attempts:
+            return Draw(f"T{k}", name, over, attempts)
+    # (stop 49) every try refused (the drawn rest clashes with the value): the value and its pins alone, on the
+    # bases in turn
+    for t in range(len(bases)):
+        name, raw = bases[(k + t) % len(bases)]
+        for prof in profiles or [extra.get("training.framework", PROFILES[0])]:
+            over = {"training.framework": prof, **extra, key: _parse_value(value)}
+            if key == "parallel.pp_schedule" and value in V_SCHEDULES:
+                over.update({"parallel.pp": 2, "parallel.vpp": 2, "training.num_micro_batches": 4})
+            if _declares(raw, over, key) and _repair(raw, over, rng, keep=tuple(over)):
+                return Draw(f"T{k}", name, over, 1)
+    return None
 
 
 _DECLARED: dict[str, str] = {}
@@ -1349,6 +1417,69 @@ def _declared_in(key: str) -> str:
     return _DECLARED.get(key, "")
 
 
+def _profiles_loading(where: str) -> list[str]:
+    """The bundled framework profiles whose program holds formula file ``where`` (repository-relative, as
+    :func:`_declared_in` names it): the profile itself (frameworks/NAME.mf), a profile's companions
+    (frameworks/NAME/F.mf) and every profile that includes either, transitively (hf-fsdp1 includes hf-trainer.mf
+    and fsdp1.mf; torch includes hf-trainer.mf); [] for a file outside frameworks/ (the base loads it)."""
+    from memform.lang.ast import Include
+    from memform.lang.parser import parse_file
+    if not where.startswith("formulas/frameworks/"):
+        return []
+    fw = ROOT / "formulas" / "frameworks"
+    names = sorted(p.stem for p in fw.glob("*.mf"))
+    target = (ROOT / where).resolve()
+
+    def loads(path: Path, seen: set) -> bool:
+        if path == target:
+            return True
+        if path in seen or not path.is_file():
+            return False
+        seen.add(path)
+        incs = [d for d in parse_file(path).decls if isinstance(d, Include)]
+        return any(loads((path.parent / d.path).resolve(), seen) for d in incs)
+
+    out = []
+    for name in names:
+        own = fw / name
+        if (target.parent == own.resolve() or loads((fw / f"{name}.mf").resolve(), set())
+                or any(loads(c.resolve(), set()) for c in sorted(own.glob("*.mf")))):
+            out.append(name)
+    # the profile named after the file first (fsdp1.mf: fsdp1, then hf-fsdp1)
+    stem = Path(where).parent.name if Path(where).parent.name != "frameworks" else Path(where).stem
+    return sorted(out, key=lambda n: n != stem)
+
+
+#: (stop 49) overrides a targeted draw of one option value pins with it, where the value needs another setting to
+#: be read at all or to be accepted (the repair would otherwise take the value back, or the draw never binds it):
+#: ``key=value`` -> overrides
+TARGET_PINS: dict[str, dict] = {
+    # ZeRO's 16-bit master weights need ZeRO 1-3 and the moments in their dtype (deepspeed.mf ds_mw requires)
+    "deepspeed.master_weights_and_grads=bf16": {"training.framework": "deepspeed", "parallel.zero": 2,
+                                                "training.precision.optimizer": "bf16"},
+    "deepspeed.master_weights_and_grads=fp16": {"training.framework": "deepspeed", "parallel.zero": 2,
+                                                "training.precision.optimizer": "fp16"},
+    "deepspeed.master_weights_and_grads=fp8": {"training.framework": "deepspeed", "parallel.zero": 2,
+                                               "training.precision.optimizer": "fp8"},
+    # the HF Trainer's AMP runs over fp32 parameters with 16-bit activations (hf-trainer.mf amp requires)
+    "hf_trainer.amp=fp16": {**_HF, "training.precision.activations": "fp16"},
+    "hf_trainer.ddp_gradient_as_bucket_view=true": {**_HF, "parallel.dp": 2},
+    "hf_trainer.optim=lion_8bit": dict(_HF),
+    # a 4-bit head needs a 4-bit base and an untied head (finetune.mf q4_head requires)
+    "lora.quantize_head=true": {"training.framework": "megatron", "lora.rank": 8, "lora.base_quant": "nf4",
+                                "model.tied_embeddings": False, "parallel.tp": 1, "parallel.sequence_parallel": False},
+    # DualPipe's two chunks per stage, an even pipeline; torch's interleaved schedule two chunks per stage
+    "parallel.pp_schedule=dualpipe": {"parallel.pp": 2, "parallel.vpp": 2, "training.num_micro_batches": 4},
+    "parallel.pp_schedule=torch-interleaved": {"training.framework": "torch", "parallel.pp": 2, "parallel.vpp": 2,
+                                               "training.num_micro_batches": 4},
+    # the optimizers the hf-trainer and fsdp1 profiles refuse (they read their own): megatron's
+    "training.optimizer=lion": {"training.framework": "megatron"},
+    "training.optimizer=sgd": {"training.framework": "megatron"},
+    "fsdp1.sharding_strategy=shard_grad_op": {"training.framework": "fsdp1", "parallel.tp": 1, "parallel.pp": 1,
+                                              "parallel.cp": 1, "training.optimizer": "adam"},
+}
+
+
 def _declares(raw: dict, over: dict, key: str) -> bool:
     try:
         return any(b.path == key for b in _program_of(raw, over).bindings.values())
@@ -1360,14 +1491,54 @@ def _parse_value(text: str):
     return {"true": True, "false": False}.get(text, text)
 
 
-def option_coverage(draws: list[Draw]) -> tuple[int, int, list[str]]:
+def _value_text(x) -> str:
+    """A drawn value as :func:`option_coverage` names it (``true`` / ``false`` for a bool)."""
+    return ("true" if x else "false") if isinstance(x, bool) else str(x)
+
+
+def _finite_values(t) -> set[str] | None:
+    """The values a finite-valued option type takes, as the coverage counts them (``None``: not finite)."""
+    return ({"true", "false"} if t.kind == "bool" or t.or_bool else set(t.choices) if t.kind in ("enum", "set")
+            else set(DTYPES) if t.kind == "dtype" else None)
+
+
+def declared_values(time_model: bool = False) -> dict[str, set[str]]:
+    """Every value of every finite-valued option (bool, enum, dtype; a set's each name) that a formula file of
+    formulas/ declares, by config key -- read from the files themselves, whether or not a draw loads them
+    (stop 49: the coverage counted only the options of files some draw loaded, so no draw reaching any of
+    fsdp1.mf's 18 values went unreported as long as no draw loaded fsdp1.mf). The step-time model's files
+    (:data:`TIME_FILES`) only with ``time_model``."""
+    from memform.lang.parser import parse_file     # the installation's stored trees: no lark parse
+    out: dict[str, set[str]] = {}
+    for p in sorted((ROOT / "formulas").rglob("*.mf")):
+        if not time_model and _matches(p, TIME_FILES):
+            continue
+        for d in parse_file(p).decls:
+            if getattr(d, "keyword", None) != "option":
+                continue
+            vals = _finite_values(d.type)
+            if vals:
+                out.setdefault(d.path, set()).update(vals)
+    return out
+
+
+def option_coverage(draws: list[Draw], time_model: bool = False) -> tuple[int, int, list[str]]:
     """(values reached, values in all, the unreached ``key=value``) over every finite-valued option
-    (bool, enum, dtype; a set's each name) of the formula files the draws load, and the profiles."""
+    (bool, enum, dtype; a set's each name) that a formula file declares (:func:`declared_values`) or the draws
+    load. A value is reached by an accepted draw that binds it, or by a refusal draw (``R<k>``,
+    :data:`REFUSAL_DRAWS`) that pins it: a value every config refuses (a ``require``) is in the space as the
+    refusal, and a mutant that loosens that require is live."""
     from memform.engine.config import get_path
     raws = dict(_bases())
     seen: dict[str, set] = {}
-    values: dict[str, set] = {}
+    values: dict[str, set] = {k: set(v) for k, v in declared_values(time_model).items()}
     for d in draws:
+        if str(d.index).startswith("R"):
+            for k, v in d.overrides.items():
+                if k in values:
+                    for x in (v if isinstance(v, (list, tuple)) else [v]):
+                        seen.setdefault(k, set()).add(_value_text(x))
+            continue
         from memform.engine.model import load_model
         try:
             m = load_model(*_split(raws[d.base], d.overrides), numeric=True)
@@ -1377,8 +1548,7 @@ def option_coverage(draws: list[Draw]) -> tuple[int, int, list[str]]:
             if b.keyword != "option":
                 continue
             t = b.type
-            allv = ({"true", "false"} if t.kind == "bool" or t.or_bool else set(t.choices) if t.kind in ("enum", "set")
-                    else set(DTYPES) if t.kind == "dtype" else None)
+            allv = _finite_values(t)
             if not allv:
                 continue
             values.setdefault(b.path, set()).update(allv)
@@ -1748,6 +1918,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="run only the mutants at FILE:LINE:COL (or whose label starts with the text given, e.g. "
                          "'formulas/torch.mf:77:20  number: 1 -> 0'); repeatable; '@PATH' reads one per line "
                          "(a previous run's survivors, re-checked after new tests); applied after --limit/--seed")
+    ap.add_argument("--coverage", metavar="PATH", nargs="?", const=str(COVERAGE_FILE.relative_to(ROOT)),
+                    help="draw the equivalence space only, print which values of the finite-valued options it reaches "
+                         "and which not, write them to PATH (default: %(const)s, which tests/test_mutate.py reads) and "
+                         "stop; exit status 1 if a value is unreached")
     ap.add_argument("--list", action="store_true", help="print the mutants and stop")
     ap.add_argument("--json", metavar="PATH", help="also write every mutant's outcome as JSON")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
@@ -1755,6 +1929,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker(*args.worker)
     start = time.perf_counter()
+    if args.coverage:
+        return write_coverage(Path(args.coverage), args.draw_seed, args.draws, args.time, args.space,
+                              not args.no_pairs)
     exclude = list(args.exclude or ()) + ([] if args.time else list(TIME_FILES))
     files = formula_files(args.files, exclude)
     if not files:
@@ -1784,7 +1961,7 @@ def main(argv: list[str] | None = None) -> int:
     set_space(args.space, args.draw_seed, args.draws, args.time, pairs=not args.no_pairs)
     base = _baseline()
     if args.space in ("draws", "narrow"):
-        reached, values, missing = option_coverage([d for d in _DRAWN if not str(d.index).startswith("R")])
+        reached, values, missing = option_coverage(list(_DRAWN), args.time)
         print(f"equivalence space: {len(base)} valid configs: {sum(isinstance(d.index, int) for d in _DRAWN)} of "
               f"{args.draws} draws (--draw-seed {args.draw_seed} --draws {args.draws}) and "
               f"{sum(not isinstance(d.index, int) and not str(d.index).startswith('P') for d in _DRAWN)} targeted "
@@ -1855,6 +2032,41 @@ def main(argv: list[str] | None = None) -> int:
           f"{valid} valid mutants ({100 * len(equivalent) / valid if valid else 0:.1f} %)"
           + (f", step-time only {len(timed)}" if timed else ""))
     return 0
+
+
+#: the recorded coverage of the default drawn space (``--coverage``): tests/test_mutate.py holds every option value
+#: the formula files declare today to it
+COVERAGE_FILE = ROOT / "bench" / "results" / "mutate-coverage.json"
+
+
+def write_coverage(path: Path, seed: int, n: int, time_model: bool, space: str, pairs: bool) -> int:
+    """``--coverage``: draw the space (:func:`draw_configs`), print and record (``path``, JSON) the values of the
+    finite-valued options it reaches, by key, and the unreached ones; 1 when a value is unreached."""
+    if space == "variants":
+        print("mutate: --coverage needs a drawn space (--space draws or narrow)", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    install_reader()
+    serve(None)
+    drawn = draw_configs(seed, n, time_model=time_model, wide=space == "draws", pairs=pairs)
+    reached, values, missing = option_coverage(drawn, time_model)
+    declared = declared_values(time_model)
+    by_key = {k: sorted(v - {m.split("=", 1)[1] for m in missing if m.split("=", 1)[0] == k})
+              for k, v in sorted(declared.items())}
+    kinds = {"random": sum(isinstance(d.index, int) for d in drawn),
+             "targeted": sum(str(d.index).startswith("T") for d in drawn),
+             "pair": sum(str(d.index).startswith("P") for d in drawn),
+             "refusal": sum(str(d.index).startswith("R") for d in drawn)}
+    print(f"drawn space (--draw-seed {seed} --draws {n}, --space {space}{'' if pairs else ' --no-pairs'}): "
+          f"{len(drawn)} configs ({', '.join(f'{v} {k}' for k, v in kinds.items())}); they reach {reached} of "
+          f"{values} values of the finite-valued options; unreached: {' '.join(missing) or 'none'}; "
+          f"{time.perf_counter() - start:.0f} s")
+    path.write_text(json.dumps({
+        "command": f"python bench/mutate.py --coverage --draw-seed {seed} --draws {n} --space {space}"
+                   + ("" if pairs else " --no-pairs") + (" --time" if time_model else ""),
+        "configs": kinds, "reached": reached, "values": values, "unreached": missing,
+        "reached_by_key": by_key}, indent=1) + "\n", encoding="utf-8")
+    return 1 if missing else 0
 
 
 def _only(items: list[str]) -> list[str]:

@@ -351,6 +351,33 @@ def test_mamba_sublayer_replays_tensors_of_its_hidden_state_shard(overrides, per
     assert act_tensor == per_tensor
 
 
+
+# ... and of a MoE sublayer of the hybrid stack ("E", mamba.mf moe_mlp_layer act_tensor): Megatron-Core's MoELayer in
+# the hybrid stack takes and returns the residual stream as the MambaLayer does, [s / t, b, h] under sequence
+# parallelism (megatron/core/transformer/moe/moe_layer.py; Korthikanti et al. 2022 §4.2.2), each divided over
+# context-parallel ranks: the hidden size h, never the experts' width. Nemotron-H-8B with its MLP sublayers made MoE
+# sublayers (the pattern of Nemotron 3's hybrid MoE models: hybrid_override_pattern "E"), bf16, s 8192, b 1.
+# (issue 35: seed 909's survivor mamba.mf:286:34 `h -> f`, the MoE sublayer's tensor at the width 21504)
+@pytest.mark.parametrize("overrides, per_tensor", [
+    ({}, 2 * 8192 * 4096 // 4),
+    ({"parallel.cp": 2, "parallel.dp": 1}, 2 * 8192 * 4096 // 4 // 2),
+    ({"training.micro_batch_size": 2}, 2 * 8192 * 2 * 4096 // 4),
+])
+def test_hybrid_moe_sublayer_replays_tensors_of_its_hidden_state_shard(overrides, per_tensor):
+    from estimate_helpers import numbers
+    from memform.allocator import estimate as alloc_estimate
+
+    pattern = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-".replace("-", "E")   # the bundled pattern, E for -
+    est = numbers(Path(__file__).resolve().parent.parent / "configs" / "nemotron-h-8b.yaml",
+                  {"model.hybrid_pattern": pattern, "model.num_experts": 8, "model.moe_top_k": 2,
+                   "model.moe_ffn_hidden_size": 1024, **overrides})
+    model = est.model
+    ev = model.evaluator()
+    (g,) = {(g.block, g.mode, g.bindings): g for g in est.stages[0].layers if g.block == "moe_mlp_layer"}.values()
+    act_tensor = alloc_estimate.granularity_numbers(ev, alloc_estimate.granularity_exprs(model, ev, g.block, g.mode,
+                                                                                        g.bindings))[2]
+    assert act_tensor == per_tensor
+
 # Muon's AdamW share of a Mamba-2 sublayer (mamba.mf mamba_layer adam_params): torch.optim.Muon takes 2-D parameters
 # only (torch/optim/_muon.py: "Muon only supports 2D parameters"), so of NemotronHMamba2Mixer's parameters
 # (modeling_nemotron_h.py: conv1d.weight [d_conv, 1, K] and its bias, in_proj, dt_bias, A_log, the gated norm, D,

@@ -354,3 +354,19 @@ def test_tower_forward_flops_equal_torch_flop_counter(model):
     n = case.patches + (1 if case.model == "llama4" else 0)     # Llama-4's class token joins the attention
     core = 4 * n * n * case.hv * case.Lv * case.b
     assert memform_fwd == counter.get_total_flops() + core
+
+
+# The image tokens of a sample fill part of the language model's sequence (vision.mf's require): each image of
+# image_size² pixels is (image_size / patch_size)² patches, merged spatial_merge_size² into one token (transformers
+# Qwen2VLPatchMerger: hidden_size · merge² -> hidden_size). configs/qwen2-vl-7b.yaml: 4 images of 448 px, 14 px
+# patches, merge 2: 4 · 32² / 4 = 1,024 tokens, which a 1,024-token sequence holds and a 1,022-token one does not
+# (even: TP 2 with sequence parallelism splits the sequence).
+# (issue 35: vision.mf:59:40, merge^2 -> merge^1 / ^3 / ^4, "equivalent" while no draw sat near the limit)
+@pytest.mark.parametrize("s, fits", [(1024, True), (1022, False)])
+def test_image_tokens_must_fit_in_the_sequence(s, fits):
+    cfg = Path(__file__).resolve().parent.parent / "configs" / "qwen2-vl-7b.yaml"
+    if fits:
+        assert numbers(cfg, {"model.seq_length": s}).stages[0].param_count > 0
+    else:
+        with pytest.raises(MemformError, match="the image tokens of a sample must fit in model.seq_length"):
+            numbers(cfg, {"model.seq_length": s})

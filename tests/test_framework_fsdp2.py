@@ -479,3 +479,25 @@ def test_embedding_unit_holds_the_first_blocks_backward_with_the_embedding_prefe
     expected = 2 * BLOCK70 + 2 * EMBED70 + 2 * BLOCK70 + 4 * BLOCK70
     assert expected > max(4 * EMBED70 + 4 * BLOCK70, 6 * EMBED70)
     assert by_block["embedding"]["comm"] == expected
+
+
+# The chunked loss under no_sync accumulation (fsdp2.mf output grad_bytes): from the second micro-batch on, the
+# final norm's accumulated gradient joins the head unit's reduce-scatter, and its sharded gradient is a view into
+# the unit-sized reduce output (FSDPParamGroup.post_backward, _fsdp_collectives.py foreach_reduce as_strided),
+# which keeps one more shard of the head unit alive: 4 B (fp32) per head/norm parameter over the 8 ranks, with 2 or
+# 8 chunks and 4 micro-batches, none with the whole loss (measured: bench/validate.py --frameworks --only pp2, a
+# (1024,) gradient on a 501 MiB storage). Llama-3-8B, FSDP over 8 ranks, grad_accumulation_shard false.
+# (issue 35: fsdp2.mf:156:57, `loss_chunks > 1` -> `> 0` / `> 2`, live once the space reached this corner)
+def test_chunked_loss_under_no_sync_keeps_one_more_head_shard():
+    from estimate_helpers import numbers
+
+    base = {"training.framework": "fsdp2", "parallel.tp": 1, "parallel.sequence_parallel": False, "parallel.zero": 3,
+            "parallel.pp": 1, "parallel.dp": 8, "parallel.grad_accumulation_shard": False,
+            "training.num_micro_batches": 4}
+    head = {}
+    for chunks in (1, 2, 8):
+        est = numbers(ROOT / "configs" / "llama3-8b.yaml", {**base, "training.loss_chunks": chunks})
+        (g,) = [g for g in est.stages[0].layers if g.block == "output"]
+        head[chunks] = g.per_layer_values["grads"]
+    shard = 4 * (128256 * 4096 + 4096) // 8
+    assert head[2] - head[1] == head[8] - head[1] == shard

@@ -314,3 +314,24 @@ def test_context_parallel_moments_are_those_of_the_split_sequence(framework, s, 
                     overrides={**over, "parallel.cp": 1, "model.seq_length": s // 2}).stages[0]
     assert split.moments == short.moments
     assert split.values["activations"] == short.values["activations"]
+
+
+# TrainingArguments optim adafactor on a decoder (frameworks/hf-trainer/finetune.mf af_exact): transformers'
+# Adafactor as the Trainer builds it (optimization.py Adafactor: beta1 None -- no first moment; a matrix keeps its
+# factored second moment, exp_avg_sq_row and exp_avg_sq_col, one value per row and per column; a vector its full
+# exp_avg_sq; fp32, grad.float()). Llama-3-8B, fp32, one rank: per layer q (h x qw) and o, k and v (h x kv), gate,
+# up and down (h x f), two norms; the untied embedding and head (v x h) and the final norm.
+# (issue 35: hf-trainer/finetune.mf:35:162, the `2 * trainable / h` bound taken as `* h`, which no test read)
+def test_adafactor_keeps_a_row_and_a_column_per_decoder_matrix():
+    over = {"training.framework": "hf-trainer", "hf_trainer.optim": "adafactor", "parallel.tp": 1,
+            "parallel.sequence_parallel": False, "parallel.zero": 0, "parallel.pp": 1, "parallel.cp": 1, "parallel.dp": 1,
+            "parallel.distributed_optimizer": False, "training.precision.params": "fp32",
+            "training.precision.grads": "fp32", "training.precision.optimizer": "fp32",
+            "training.precision.master_weights": False, "training.precision.activations": "fp32"}
+    h, L, v, f, qw, kv = 4096, 32, 128256, 14336, 4096, 8 * 128       # configs/llama3-8b.yaml
+    per_layer = (h + qw) + 2 * (h + kv) + (qw + h) + 3 * (h + f) + 2 * h
+    states = 4 * (L * per_layer + 2 * (v + h) + h)
+    assert numbers(ROOT / "configs" / "llama3-8b.yaml", over).stages[0].values["optimizer"] == states
+    # ... its states sharded over 8 data-parallel ranks (parallel.zero 1: common.mf shard_os)
+    over.update({"parallel.dp": 8, "parallel.zero": 1})
+    assert numbers(ROOT / "configs" / "llama3-8b.yaml", over).stages[0].values["optimizer"] == states // 8
