@@ -1348,10 +1348,11 @@ def targeted_draw(item: str, k: int, seed: int, bases: list | None = None, p_opt
 
     bases = bases or _bases()
     key, value = item.split("=", 1)
-    where = _declared_in(key)
-    # (stop 49) every profile whose program holds the declaring file, in turn: fsdp1.mf is loaded by the
-    # fsdp1 and hf-fsdp1 profiles, neither of them in PROFILES, so no targeted draw reached its 18 values
-    profiles = _profiles_loading(where)
+    # (stop 49) every profile whose program holds a declaring file, in turn: fsdp1.mf is loaded by the
+    # fsdp1 and hf-fsdp1 profiles, neither of them in PROFILES, so no targeted draw reached its 18 values; and a
+    # key two profiles declare (parallel.pp_schedule: deepspeed.mf, which refuses every schedule but 1f1b, and
+    # torch.mf) is drawn under both, or zero-bubble-v was reached only when a random draw happened to bind it
+    profiles = list(dict.fromkeys(p for where in _declaring(key) for p in _profiles_loading(where)))
     extra = TARGET_PINS.get(item, {})
     rng = random.Random(f"{seed}:{item}")
     tries = 0
@@ -1398,11 +1399,12 @@ def targeted_draw(item: str, k: int, seed: int, bases: list | None = None, p_opt
     return None
 
 
-_DECLARED: dict[str, str] = {}
+_DECLARED: dict[str, list[str]] = {}
 
 
-def _declared_in(key: str) -> str:
-    """The formula file that declares config key ``key`` (an option's file), '' when none does."""
+def _declaring(key: str) -> list[str]:
+    """The formula files that declare config key ``key`` (an option's or symbol's files, in path order), []
+    when none does."""
     if not _DECLARED:
         from memform.lang.parser import parse_text
         for p in sorted((ROOT / "formulas").rglob("*.mf")):
@@ -1412,14 +1414,16 @@ def _declared_in(key: str) -> str:
                 continue
             for d in decls:
                 if getattr(d, "path", None) and getattr(d, "keyword", None):
-                    _DECLARED.setdefault(d.path, p.relative_to(ROOT).as_posix())
-        _DECLARED.setdefault("", "")
-    return _DECLARED.get(key, "")
+                    files = _DECLARED.setdefault(d.path, [])
+                    if p.relative_to(ROOT).as_posix() not in files:
+                        files.append(p.relative_to(ROOT).as_posix())
+        _DECLARED.setdefault("", [])
+    return _DECLARED.get(key, [])
 
 
 def _profiles_loading(where: str) -> list[str]:
     """The bundled framework profiles whose program holds formula file ``where`` (repository-relative, as
-    :func:`_declared_in` names it): the profile itself (frameworks/NAME.mf), a profile's companions
+    :func:`_declaring` names them): the profile itself (frameworks/NAME.mf), a profile's companions
     (frameworks/NAME/F.mf) and every profile that includes either, transitively (hf-fsdp1 includes hf-trainer.mf
     and fsdp1.mf; torch includes hf-trainer.mf); [] for a file outside frameworks/ (the base loads it)."""
     from memform.lang.ast import Include
