@@ -1238,7 +1238,8 @@ STOP48_PAIR_DRAWS: tuple[tuple[str, str, dict], ...] = (
 #: limit: a loosened or tightened merge^2 tells apart; the refusal draw below is one token pair short), and
 #: torch's DualPipeV over DeepSeek-V3 at 8 layers under full recompute (stage 0's chunk 0 holds two of its dense first layers,
 #: chunk 1 MoE layers, so which chunk's recompute term torch.mf's backward moment reads matters; the hybrid toy
-#: under torch's V schedules is refused: torch_p2p's bytes come out negative at stage 0, a bug left for the lead)
+#: under torch's pipelines was refused -- torch_p2p's bytes negative at stage 0 -- until frameworks/torch/mamba.mf
+#: gave the hybrid layers their share of the receive buffers)
 STOP49_PAIR_DRAWS: tuple[tuple[str, str, dict], ...] = (
     ("vision x image tokens filling the sequence", "toy-vision-moe", {"model.seq_length": 64}),
     ("torch dualpipev x leading dense layers x full recompute", "configs/deepseek-v3.yaml",

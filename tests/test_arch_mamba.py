@@ -396,3 +396,22 @@ def test_muon_leaves_only_the_mamba_projections_to_its_momentum():
         opt[optimizer] = next(g for g in est.stages[0].layers if g.block == "mamba_layer").per_layer_values["optimizer"]
     h, d_in, G, N, H = 4096, 128 * 64, 8, 128, 128    # configs/nemotron-h-8b.yaml (its config.json)
     assert opt["adam"] - opt["muon"] == 4 * (h * (2 * d_in + 2 * G * N + H) + d_in * h)
+
+
+@pytest.mark.parametrize("schedule, vpp", [("1f1b", 1), ("torch-1f1b", 1), ("zero-bubble-v", 2), ("torch-zbv", 2)])
+def test_torch_pipeline_receive_buffers_count_the_hybrid_layers(schedule, vpp):
+    # frameworks/torch.mf counts a piece's receive buffers over its body layers (p·vp/L each); a hybrid
+    # stack's layers are mamba.mf's sublayers, not decoders (frameworks/torch/mamba.mf): with no share they
+    # summed to 0 and the first piece's -1 made stage 0's torch_p2p negative, refusing every pipelined
+    # hybrid under the torch profile. Schedule1F1B: stage 0 keeps m output-gradient buffers, stage 1 m input
+    # buffers, each one stage boundary's s·b·h/sd activation (fp32 under the torch profile: 4 bytes)
+    from estimate_helpers import numbers
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "nemotron-h-8b.yaml").read_text())
+    cfg["training"].update({"framework": "torch", "num_micro_batches": 4, "global_batch_size": 8})
+    cfg["parallel"].update({"pp": 2, "vpp": vpp, "pp_schedule": schedule})
+    m, s, h, t = 4, cfg["model"]["seq_length"], cfg["model"]["hidden_size"], cfg["parallel"]["tp"]
+    est = numbers(cfg)
+    p2p = [st.runtime["torch_p2p"] for st in est.stages]
+    assert all(x > 0 for x in p2p), p2p
+    if vpp == 1:
+        assert p2p == [m * 4 * s * h // t] * 2

@@ -197,6 +197,12 @@ def test_pipeline_transfers_are_one_activation_each_way_per_micro_batch():
     cfg["device"]["inter_node_bandwidth"] = 10 ** 10
     est = numbers(cfg)
     assert [st.time_ps["pp"] for st in est.stages] == [m * 2 * 2 * s * b * h // 2 * 100] * 2
+    # the same price under the torch profile (fp32 activations, as hf-trainer.mf's: 4 bytes each): its own
+    # `let pp_x` (the bytes of one transfer) once replaced time.mf's (the seconds of one), and the step priced
+    # bytes as seconds (3.4e8 s for Llama-2-7B at pp 2)
+    cfg = gpt(h=h, s=s, b=b, m=m, pp=2)
+    cfg["training"]["framework"] = "torch"
+    assert [st.time_ps["pp"] for st in numbers(cfg).stages] == [m * 2 * 4 * s * b * h] * 2
 
 
 def test_a_ring_slower_than_the_attention_shows_its_excess():
