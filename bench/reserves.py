@@ -4,15 +4,17 @@ one JSON line per case. Uses only the public numeric path, so it runs on older c
 
     PYTHONPATH=CHECKOUT/src python bench/reserves.py CHECKOUT > reserves.jsonl
 
-tests/test_reserves_unchanged.py compares the current code with tests/data/reserves-795b61f.jsonl, made
-this way at commit 795b61f (before tensors(...) entries had names and lets could read `stage`).
+tests/test_reserves_unchanged.py compares the current code with tests/data/reserves-f1ddafe.jsonl, made
+this way at commit f1ddafe (the first recording, tests/data/reserves-795b61f.jsonl in git history, was made
+before tensors(...) entries had names and lets could read `stage`).
 
     PYTHONPATH=CHECKOUT/src python bench/reserves.py CHECKOUT --offload > reserves-offload.jsonl
 
 prints the activation-offload cases instead (OFFLOAD: four configs under every profile with each
 training.activation_offload mode, and `none` set, which loads offload-decoder.mf and changes nothing),
-each stage's [peak, reserve, host bytes]: tests/data/reserves-offload-8deb83c.jsonl was made this way at
-commit 8deb83c, when Python (engine/config.py OFFLOAD_KEYS) still chose to load formulas/offload.mf.
+each stage's [peak, reserve, host bytes]: tests/data/reserves-offload-f1ddafe.jsonl was made this way at
+commit f1ddafe (the first, reserves-offload-8deb83c.jsonl, at 8deb83c, when Python -- engine/config.py
+OFFLOAD_KEYS -- still chose to load formulas/offload.mf).
 """
 
 from __future__ import annotations
