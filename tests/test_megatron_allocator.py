@@ -228,7 +228,9 @@ def test_megatron_buckets_the_first_pipeline_stage_only():
     stage 1 -- the same figures from the interpreter and the compiled fast path. Before (8deb83c: one bucket on
     every stage of a pipeline) the reserves were 418,906,112 and 282,542,080 bytes (`memform estimate
     configs/llama2-7b.yaml --set training.framework=megatron --set parallel.overlap_grad_reduce=true --json` at
-    8deb83c); stage 1's stays."""
+    8deb83c); stage 1's stays. Stage 0 replayed with one bucket gave 418,906,112 until issue 30's MLP backward
+    (stop 49: dense.mf mlp.bwd_grads releases fc2's input and counts the layer output's gradient) moved its
+    activations; 388,497,408 since."""
     from memform.engine.model import load_model
 
     config, over = LLAMA2_7B, OVERLAP
@@ -240,11 +242,11 @@ def test_megatron_buckets_the_first_pipeline_stage_only():
     _, alone = alloc_estimate.settings(load_model(config, {**over, "parallel.pp": 1}, numeric=True))
     assert alone.at(0).sharded.bucket == 40_000_000 * 4
     est = interpreted(config, over, numeric=True)
-    assert est.stages[1].reserve == 282_542_080 and est.stages[0].reserve != 418_906_112
+    assert est.stages[1].reserve == 282_542_080
     one_bucket = alloc_estimate.stage_reserve(est.stages[0], alloc_estimate.layer_blocks(est.stages[0], est.model,
                                                                                          est.model.evaluator()),
                                               alloc_estimate.settings(est.model)[0], kept.at(1))
-    assert one_bucket.reserve == 418_906_112
+    assert one_bucket.reserve == 388_497_408 and est.stages[0].reserve != one_bucket.reserve
 
 
 @pytest.mark.slow

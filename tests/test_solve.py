@@ -148,7 +148,9 @@ def test_solve_answers_only_values_every_requirement_accepts():
     tp = solve(model, "parallel.tp")
     assert tp.value == 8 and tp.refused_value == 5 and tp.refused_values == [5, 6, 7]
     assert any("num_heads" in r for r in tp.refused_by)
-    assert [float(r) for r in tp.continuous] == pytest.approx([4.04782], rel=1e-5)
+    # (4.04782 until stop 49's MLP backward -- dense.mf mlp.bwd_grads: fc2's input released, the layer output's
+    # gradient counted -- moved the activations)
+    assert [float(r) for r in tp.continuous] == pytest.approx([4.04391], rel=1e-5)
     r = _memform("solve", "configs/llama3-70b.yaml", "--for", "parallel.tp")
     assert "memory alone would allow t = 5; t = 5, 6, 7 are refused: parallel.tp must divide" in r.stdout, r.stdout
     r = _memform("solve", "configs/llama3-70b.yaml", "--for", "model.seq_length")
