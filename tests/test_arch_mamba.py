@@ -326,6 +326,19 @@ def test_bamba_counts_as_transformers_builds_it(tmp_path):
     assert total_params(draft.config()) == built == 18_392_256
 
 
+def _replayed_act_tensor(overrides: dict, block: str):
+    """Nemotron-H-8B's stage-0 ``block`` sublayer's ``act_tensor`` as the allocator replay reads it (numeric path)."""
+    from estimate_helpers import numbers
+    from memform.allocator import estimate as alloc_estimate
+
+    est = numbers(Path(__file__).resolve().parent.parent / "configs" / "nemotron-h-8b.yaml", overrides)
+    model = est.model
+    ev = model.evaluator()
+    (g,) = {(g.block, g.mode, g.bindings): g for g in est.stages[0].layers if g.block == block}.values()
+    return alloc_estimate.granularity_numbers(ev, alloc_estimate.granularity_exprs(model, ev, g.block, g.mode,
+                                                                                  g.bindings))[2]
+
+
 # The allocator replay's granularity of a Mamba-2 sublayer (mamba.mf mamba_layer act_tensor: its saved activations
 # replayed as tensors of the sublayer's hidden-state size). Megatron-Core's MambaLayer takes and returns the residual
 # stream as [s / t, b, h] under sequence parallelism and [s, b, h] without (megatron/core/ssm/mamba_layer.py; the
@@ -339,16 +352,7 @@ def test_bamba_counts_as_transformers_builds_it(tmp_path):
     ({"parallel.cp": 2, "parallel.dp": 1}, 2 * 8192 * 4096 // 4 // 2),
 ])
 def test_mamba_sublayer_replays_tensors_of_its_hidden_state_shard(overrides, per_tensor):
-    from estimate_helpers import numbers
-    from memform.allocator import estimate as alloc_estimate
-
-    est = numbers(Path(__file__).resolve().parent.parent / "configs" / "nemotron-h-8b.yaml", overrides)
-    model = est.model
-    ev = model.evaluator()
-    (g,) = {(g.block, g.mode, g.bindings): g for g in est.stages[0].layers if g.block == "mamba_layer"}.values()
-    act_tensor = alloc_estimate.granularity_numbers(ev, alloc_estimate.granularity_exprs(model, ev, g.block, g.mode,
-                                                                                        g.bindings))[2]
-    assert act_tensor == per_tensor
+    assert _replayed_act_tensor(overrides, "mamba_layer") == per_tensor
 
 
 
@@ -364,19 +368,10 @@ def test_mamba_sublayer_replays_tensors_of_its_hidden_state_shard(overrides, per
     ({"training.micro_batch_size": 2}, 2 * 8192 * 2 * 4096 // 4),
 ])
 def test_hybrid_moe_sublayer_replays_tensors_of_its_hidden_state_shard(overrides, per_tensor):
-    from estimate_helpers import numbers
-    from memform.allocator import estimate as alloc_estimate
-
     pattern = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-".replace("-", "E")   # the bundled pattern, E for -
-    est = numbers(Path(__file__).resolve().parent.parent / "configs" / "nemotron-h-8b.yaml",
-                  {"model.hybrid_pattern": pattern, "model.num_experts": 8, "model.moe_top_k": 2,
-                   "model.moe_ffn_hidden_size": 1024, **overrides})
-    model = est.model
-    ev = model.evaluator()
-    (g,) = {(g.block, g.mode, g.bindings): g for g in est.stages[0].layers if g.block == "moe_mlp_layer"}.values()
-    act_tensor = alloc_estimate.granularity_numbers(ev, alloc_estimate.granularity_exprs(model, ev, g.block, g.mode,
-                                                                                        g.bindings))[2]
-    assert act_tensor == per_tensor
+    moe = {"model.hybrid_pattern": pattern, "model.num_experts": 8, "model.moe_top_k": 2,
+           "model.moe_ffn_hidden_size": 1024}
+    assert _replayed_act_tensor({**moe, **overrides}, "moe_mlp_layer") == per_tensor
 
 # Muon's AdamW share of a Mamba-2 sublayer (mamba.mf mamba_layer adam_params): torch.optim.Muon takes 2-D parameters
 # only (torch/optim/_muon.py: "Muon only supports 2D parameters"), so of NemotronHMamba2Mixer's parameters
